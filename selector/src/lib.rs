@@ -1,0 +1,1 @@
+//! kace's pure decision core: workload profiles, pair features, models, policies and selection.
