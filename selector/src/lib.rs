@@ -1,1 +1,30 @@
-//! kace's pure decision core: workload profiles, pair features, models, policies and selection.
+//! kace's pure decision core: workload profiles, group features, normalisation, models,
+//! choosing rules, the production selection and the evaluation protocols.
+//!
+//! Nothing here touches files, processes, Slurm or SQLite: callers read data and pass it in
+//! (`dataset` parses from any `Read`), so every decision can be tested and benchmarked alone.
+//!
+//! # Layout
+//! - [`features`]: the ten features, [`Profile`], [`combine`] for groups of any size k.
+//! - [`zscore`], [`linear`]: normalisation and the paper's OLS model.
+//! - [`policy`]: single-feature rules, argmax/argmin with the artifact's tie rule, objectives.
+//! - [`selection`]: the filters and choice the prolog runs.
+//! - [`dataset`]: the artifact's `wN_` tables and split files.
+//! - [`eval`]: scoring against the oracle; the paper's exact protocol and kace's general one.
+//! - [`numpy_rng`]: NumPy-compatible permutations, to re-derive the paper's splits.
+
+pub mod dataset;
+pub mod error;
+pub mod eval;
+pub mod features;
+pub mod linear;
+pub mod numpy_rng;
+pub mod policy;
+pub mod selection;
+pub mod zscore;
+
+pub use error::{DataError, SelectorError};
+pub use features::{combine, Feature, Profile, FEATURE_COUNT};
+pub use linear::LinearModel;
+pub use policy::Objective;
+pub use selection::{select, Candidate, Predictor, Rejection, Selection, SelectionRules, Verdict};

@@ -1,0 +1,468 @@
+//! Colocation datasets in the artifact's `wN_` column scheme (any group size k), and the
+//! artifact's split files. Parsing reads from any `Read`; opening files is the caller's job.
+
+use std::collections::HashMap;
+use std::io::Read;
+
+use crate::error::DataError;
+use crate::features::{combine, Feature, Profile, FEATURE_COUNT};
+
+/// One measured colocation: k workloads that ran together, their profiles, and what each
+/// achieved while colocated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Group {
+    /// Workload names, in slot order (`workload1`, `workload2`, …).
+    pub workloads: Vec<String>,
+    /// Each member's profile (measured alone).
+    pub profiles: Vec<Profile>,
+    /// Each member's throughput while colocated (steps per second).
+    pub throughputs: Vec<f64>,
+}
+
+impl Group {
+    /// Group size k.
+    pub fn k(&self) -> usize {
+        self.workloads.len()
+    }
+
+    /// The paper's objective: the members' colocated throughputs summed.
+    pub fn total_throughput(&self) -> f64 {
+        self.throughputs.iter().sum()
+    }
+
+    /// Normalised progress: each member's colocated throughput over its exclusive one, summed.
+    pub fn normalised_progress(&self) -> f64 {
+        self.throughputs.iter().zip(&self.profiles).map(|(t, p)| t / p.exclusive_throughput()).sum()
+    }
+
+    /// The group's combined feature vector.
+    pub fn features(&self) -> [f64; FEATURE_COUNT] {
+        combine(self.profiles.iter())
+    }
+
+    /// Whether every member is the same workload (a self group).
+    pub fn is_self_group(&self) -> bool {
+        self.workloads.windows(2).all(|w| w[0] == w[1])
+    }
+
+    /// Whether `name` is one of the members.
+    pub fn contains(&self, name: &str) -> bool {
+        self.workloads.iter().any(|w| w == name)
+    }
+
+    /// Whether a member's name starts with `prefix` (the artifact's candidate rule).
+    pub fn has_member_starting_with(&self, prefix: &str) -> bool {
+        self.workloads.iter().any(|w| w.starts_with(prefix))
+    }
+}
+
+/// A set of colocation groups of one size k.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ColocationData {
+    /// Group size.
+    pub k: usize,
+    /// The groups, in file order.
+    pub groups: Vec<Group>,
+}
+
+impl ColocationData {
+    /// Every workload named in the data, sorted.
+    pub fn workloads(&self) -> Vec<String> {
+        let mut names: Vec<String> =
+            self.groups.iter().flat_map(|g| g.workloads.iter().cloned()).collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// The first group whose members are exactly `names` in that order.
+    pub fn find(&self, names: &[&str]) -> Option<usize> {
+        self.groups.iter().position(|g| {
+            g.workloads.len() == names.len() && g.workloads.iter().zip(names).all(|(a, b)| a == b)
+        })
+    }
+
+    /// Each workload's profile as it appears in the data (first occurrence).
+    pub fn profiles(&self) -> HashMap<String, Profile> {
+        let mut out = HashMap::new();
+        for g in &self.groups {
+            for (w, p) in g.workloads.iter().zip(&g.profiles) {
+                out.entry(w.clone()).or_insert(*p);
+            }
+        }
+        out
+    }
+}
+
+/// The column name of `feature` for slot `i` (1-based): `w{i}` followed by the artifact name.
+pub fn feature_column(slot: usize, feature: Feature) -> String {
+    format!("w{slot}{}", feature.artifact_name())
+}
+
+struct Table {
+    source: String,
+    header: Vec<String>,
+    records: Vec<(u64, csv::StringRecord)>,
+}
+
+impl Table {
+    fn read<R: Read>(source: &str, reader: R) -> Result<Table, DataError> {
+        let mut rdr =
+            csv::ReaderBuilder::new().has_headers(true).flexible(false).from_reader(reader);
+        let header: Vec<String> = rdr
+            .headers()
+            .map_err(|e| csv_error(source, e))?
+            .iter()
+            .map(|h| h.trim().to_string())
+            .collect();
+        let mut records = Vec::new();
+        for rec in rdr.records() {
+            let rec = rec.map_err(|e| csv_error(source, e))?;
+            let line = rec.position().map(|p| p.line()).unwrap_or(0);
+            records.push((line, rec));
+        }
+        Ok(Table { source: source.to_string(), header, records })
+    }
+
+    fn column(&self, name: &str) -> Result<usize, DataError> {
+        self.header.iter().position(|h| h == name).ok_or_else(|| {
+            DataError::new(&self.source, Some(1), Some(name), "missing column".into())
+        })
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.header.iter().any(|h| h == name)
+    }
+
+    fn text<'a>(&'a self, rec: &'a (u64, csv::StringRecord), col: usize) -> &'a str {
+        rec.1.get(col).unwrap_or("").trim()
+    }
+
+    fn number(&self, rec: &(u64, csv::StringRecord), col: usize) -> Result<f64, DataError> {
+        let raw = self.text(rec, col);
+        match raw.parse::<f64>() {
+            Ok(v) if v.is_finite() => Ok(v),
+            _ => Err(DataError::new(
+                &self.source,
+                Some(rec.0),
+                Some(&self.header[col]),
+                format!("expected a finite number, found '{}'", truncate(raw)),
+            )),
+        }
+    }
+
+    fn name(&self, rec: &(u64, csv::StringRecord), col: usize) -> Result<String, DataError> {
+        let raw = self.text(rec, col);
+        if raw.is_empty() {
+            return Err(DataError::new(
+                &self.source,
+                Some(rec.0),
+                Some(&self.header[col]),
+                "empty workload name".into(),
+            ));
+        }
+        Ok(raw.to_string())
+    }
+
+    fn integer(&self, rec: &(u64, csv::StringRecord), col: usize) -> Result<i64, DataError> {
+        let raw = self.text(rec, col);
+        raw.parse::<i64>().map_err(|_| {
+            DataError::new(
+                &self.source,
+                Some(rec.0),
+                Some(&self.header[col]),
+                format!("expected an integer, found '{}'", truncate(raw)),
+            )
+        })
+    }
+}
+
+fn truncate(s: &str) -> String {
+    if s.chars().count() > 40 {
+        format!("{}…", s.chars().take(40).collect::<String>())
+    } else {
+        s.to_string()
+    }
+}
+
+fn csv_error(source: &str, e: csv::Error) -> DataError {
+    let line = e.position().map(|p| p.line());
+    DataError::new(source, line, None, format!("malformed CSV: {e}"))
+}
+
+/// Reads a colocation table in the `wN_` scheme. The group size k is the number of
+/// `workload1…workloadK` columns; every `wI` feature column and `wIthroughput` must be present.
+/// Columns are found by name, so their order does not matter and extra columns are ignored.
+pub fn read_colocations<R: Read>(source: &str, reader: R) -> Result<ColocationData, DataError> {
+    let t = Table::read(source, reader)?;
+    let mut k = 0;
+    while t.has(&format!("workload{}", k + 1)) {
+        k += 1;
+    }
+    if k == 0 {
+        return Err(DataError::new(source, Some(1), Some("workload1"), "missing column".into()));
+    }
+    struct Slot {
+        name: usize,
+        features: [usize; FEATURE_COUNT],
+        throughput: usize,
+    }
+    let mut slots = Vec::with_capacity(k);
+    for i in 1..=k {
+        let mut features = [0; FEATURE_COUNT];
+        for f in Feature::ALL {
+            features[f.index()] = t.column(&feature_column(i, f))?;
+        }
+        slots.push(Slot {
+            name: t.column(&format!("workload{i}"))?,
+            features,
+            throughput: t.column(&format!("w{i}throughput"))?,
+        });
+    }
+    let mut groups = Vec::with_capacity(t.records.len());
+    for rec in &t.records {
+        let mut g = Group {
+            workloads: Vec::with_capacity(k),
+            profiles: Vec::with_capacity(k),
+            throughputs: Vec::with_capacity(k),
+        };
+        for s in &slots {
+            g.workloads.push(t.name(rec, s.name)?);
+            let mut values = [0.0; FEATURE_COUNT];
+            for (v, &col) in values.iter_mut().zip(&s.features) {
+                *v = t.number(rec, col)?;
+            }
+            g.profiles.push(Profile::new(values));
+            g.throughputs.push(t.number(rec, s.throughput)?);
+        }
+        groups.push(g);
+    }
+    if groups.is_empty() {
+        return Err(DataError::new(source, None, None, "no data rows".into()));
+    }
+    Ok(ColocationData { k, groups })
+}
+
+/// One row of `splits/n_occur_splits.csv`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SplitRow {
+    /// The n_occur setting.
+    pub n_occur: u32,
+    /// The shuffle seed.
+    pub seed: u32,
+    /// Whether the row is in the training file (else the test file).
+    pub train: bool,
+    /// Position in its file (orders candidates, which breaks ties).
+    pub row_in_file: usize,
+    /// The two workloads, in the pair table's order.
+    pub workloads: [String; 2],
+    /// For training rows: whether the trainer's inner 80 % split fitted on it.
+    pub in_fit_subset: bool,
+}
+
+/// Reads `splits/n_occur_splits.csv`.
+pub fn read_n_occur_splits<R: Read>(source: &str, reader: R) -> Result<Vec<SplitRow>, DataError> {
+    let t = Table::read(source, reader)?;
+    let (cn, cs, csp, cr, c1, c2, cf) = (
+        t.column("n_occur")?,
+        t.column("seed")?,
+        t.column("split")?,
+        t.column("row_in_file")?,
+        t.column("workload1")?,
+        t.column("workload2")?,
+        t.column("in_fit_subset")?,
+    );
+    let mut out = Vec::with_capacity(t.records.len());
+    for rec in &t.records {
+        let train = split_kind(&t, rec, csp)?;
+        let fit = t.text(rec, cf);
+        let in_fit_subset = match (train, fit) {
+            (true, "1") => true,
+            (true, "0") | (false, "") | (false, "0") => false,
+            _ => {
+                return Err(DataError::new(
+                    source,
+                    Some(rec.0),
+                    Some("in_fit_subset"),
+                    format!("expected 0 or 1 for a training row, empty otherwise, found '{fit}'"),
+                ))
+            }
+        };
+        out.push(SplitRow {
+            n_occur: nonneg(&t, rec, cn)?,
+            seed: nonneg(&t, rec, cs)?,
+            train,
+            row_in_file: nonneg(&t, rec, cr)? as usize,
+            workloads: [t.name(rec, c1)?, t.name(rec, c2)?],
+            in_fit_subset,
+        });
+    }
+    Ok(out)
+}
+
+/// One row of `splits/unseen_workload_splits.csv`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnseenSplitRow {
+    /// The workload held out of training.
+    pub heldout: String,
+    /// Whether the row is in the training file.
+    pub train: bool,
+    /// Position in its file.
+    pub row_in_file: usize,
+    /// The two workloads.
+    pub workloads: [String; 2],
+}
+
+/// Reads `splits/unseen_workload_splits.csv`.
+pub fn read_unseen_splits<R: Read>(
+    source: &str,
+    reader: R,
+) -> Result<Vec<UnseenSplitRow>, DataError> {
+    let t = Table::read(source, reader)?;
+    let (ch, csp, cr, c1, c2) = (
+        t.column("heldout_workload")?,
+        t.column("split")?,
+        t.column("row_in_file")?,
+        t.column("workload1")?,
+        t.column("workload2")?,
+    );
+    let mut out = Vec::with_capacity(t.records.len());
+    for rec in &t.records {
+        out.push(UnseenSplitRow {
+            heldout: t.name(rec, ch)?,
+            train: split_kind(&t, rec, csp)?,
+            row_in_file: nonneg(&t, rec, cr)? as usize,
+            workloads: [t.name(rec, c1)?, t.name(rec, c2)?],
+        });
+    }
+    Ok(out)
+}
+
+fn split_kind(t: &Table, rec: &(u64, csv::StringRecord), col: usize) -> Result<bool, DataError> {
+    match t.text(rec, col) {
+        "train" => Ok(true),
+        "test" => Ok(false),
+        other => Err(DataError::new(
+            &t.source,
+            Some(rec.0),
+            Some("split"),
+            format!("expected 'train' or 'test', found '{}'", truncate(other)),
+        )),
+    }
+}
+
+fn nonneg(t: &Table, rec: &(u64, csv::StringRecord), col: usize) -> Result<u32, DataError> {
+    let v = t.integer(rec, col)?;
+    u32::try_from(v).map_err(|_| {
+        DataError::new(
+            &t.source,
+            Some(rec.0),
+            Some(&t.header[col]),
+            format!("expected a non-negative integer, found {v}"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(k: usize) -> String {
+        let mut cols = Vec::new();
+        for i in 1..=k {
+            cols.push(format!("workload{i}"));
+            for f in Feature::ALL {
+                cols.push(feature_column(i, f));
+            }
+            cols.push(format!("w{i}throughput"));
+        }
+        cols.join(",")
+    }
+
+    fn row(names: &[&str], base: f64) -> String {
+        let mut cells = Vec::new();
+        for (i, n) in names.iter().enumerate() {
+            cells.push(n.to_string());
+            for j in 0..FEATURE_COUNT {
+                cells.push(format!("{}", base + (i * 10 + j) as f64));
+            }
+            cells.push(format!("{}", 5.0 + i as f64));
+        }
+        cells.join(",")
+    }
+
+    #[test]
+    fn reads_two_and_three_way_tables_by_name() {
+        let text = format!("{}\n{}\n{}\n", header(2), row(&["a", "b"], 1.0), row(&["a", "a"], 2.0));
+        let d = read_colocations("t.csv", text.as_bytes()).unwrap();
+        assert_eq!(d.k, 2);
+        assert_eq!(d.groups.len(), 2);
+        assert_eq!(d.groups[0].workloads, vec!["a", "b"]);
+        assert_eq!(d.groups[0].profiles[1].get(Feature::Threads), 11.0);
+        assert_eq!(d.groups[0].total_throughput(), 11.0);
+        assert!(d.groups[1].is_self_group());
+        assert_eq!(d.find(&["a", "b"]), Some(0));
+
+        let text = format!("{}\n{}\n", header(3), row(&["a", "b", "c"], 1.0));
+        let d = read_colocations("t3.csv", text.as_bytes()).unwrap();
+        assert_eq!(d.k, 3);
+        assert_eq!(d.groups[0].throughputs, vec![5.0, 6.0, 7.0]);
+    }
+
+    #[test]
+    fn column_order_does_not_matter() {
+        let h = header(2);
+        let r = row(&["x", "y"], 3.0);
+        let mut hc: Vec<&str> = h.split(',').collect();
+        let mut rc: Vec<&str> = r.split(',').collect();
+        hc.reverse();
+        rc.reverse();
+        let text = format!("{}\n{}\n", hc.join(","), rc.join(","));
+        let d = read_colocations("rev.csv", text.as_bytes()).unwrap();
+        let e = read_colocations("fwd.csv", format!("{h}\n{r}\n").as_bytes()).unwrap();
+        assert_eq!(d, e);
+    }
+
+    #[test]
+    fn malformed_rows_name_file_line_and_column() {
+        let mut bad = row(&["a", "b"], 1.0);
+        bad = bad.replacen("4", "four", 1);
+        let text = format!("{}\n{}\n{}\n", header(2), row(&["a", "b"], 1.0), bad);
+        let err = read_colocations("pairs.csv", text.as_bytes()).unwrap_err();
+        assert_eq!(err.source, "pairs.csv");
+        assert_eq!(err.line, Some(3));
+        assert!(err.column.is_some(), "{err}");
+        assert!(err.to_string().contains("pairs.csv, line 3, column"), "{err}");
+
+        let missing = header(2).replace("w2memcap", "w2memory");
+        let err = read_colocations("p.csv", format!("{missing}\n").as_bytes()).unwrap_err();
+        assert_eq!(err.column.as_deref(), Some("w2memcap"));
+
+        let err = read_colocations("p.csv", "a,b\n1,2\n".as_bytes()).unwrap_err();
+        assert_eq!(err.column.as_deref(), Some("workload1"));
+
+        let ragged = format!("{}\n1,2\n", header(2));
+        let err = read_colocations("r.csv", ragged.as_bytes()).unwrap_err();
+        assert!(err.message.contains("malformed CSV"), "{err}");
+
+        let nan = format!("{}\n{}\n", header(2), row(&["a", "b"], 1.0).replacen("1", "NaN", 1));
+        assert!(read_colocations("n.csv", nan.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn reads_split_files() {
+        let text = "n_occur,seed,split,row_in_file,workload1,workload2,in_fit_subset\n\
+                    3,10,train,0,a,b,1\n3,10,test,0,a,a,\n";
+        let rows = read_n_occur_splits("s.csv", text.as_bytes()).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert!(rows[0].train && rows[0].in_fit_subset);
+        assert!(!rows[1].train);
+        let bad = text.replace("train,0,a,b,1", "training,0,a,b,1");
+        let err = read_n_occur_splits("s.csv", bad.as_bytes()).unwrap_err();
+        assert_eq!((err.line, err.column.as_deref()), (Some(2), Some("split")));
+
+        let text = "heldout_workload,split,row_in_file,workload1,workload2\nx,test,0,a,x\n";
+        let rows = read_unseen_splits("u.csv", text.as_bytes()).unwrap();
+        assert_eq!(rows[0].heldout, "x");
+    }
+}

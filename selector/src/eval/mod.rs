@@ -1,0 +1,205 @@
+//! Scoring choices against the oracle: per-target results, their means, and fit quality.
+//! The two protocols live in [`paper`] (the artifact's, exactly) and [`colocations`] (any data).
+
+pub mod colocations;
+pub mod paper;
+
+use std::collections::BTreeMap;
+
+use crate::dataset::Group;
+use crate::features::{Feature, FEATURE_COUNT};
+use crate::policy::{argmax_first, rule_name, rule_pick, Objective};
+
+/// Report key of the paper's linear model.
+pub const KACE_LR: &str = "kace-lr";
+/// Report key of the oracle (always 1.0 after normalisation).
+pub const ORACLE: &str = "oracle";
+/// Report key of the random policy's expectation.
+pub const RANDOM: &str = "random";
+/// Report key of the paper's "best rule": per target, the best of random, sm%, memcap and mem%.
+pub const BEST_RULE: &str = "best-rule";
+
+/// How one policy did for one target workload in one run, normalised by the oracle.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TargetResult {
+    /// The target (high-priority) workload.
+    pub target: String,
+    /// The seed of the run.
+    pub seed: u32,
+    /// Number of candidate groups the target had.
+    pub candidates: usize,
+    /// The oracle's objective value (the best candidate's).
+    pub oracle: f64,
+    /// Policy key → objective of its pick / oracle.
+    pub normalised: BTreeMap<String, f64>,
+}
+
+/// Squared error and R² of a model's predictions, in z-scored target units.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FitQuality {
+    /// Mean squared error.
+    pub mse: f64,
+    /// Coefficient of determination.
+    pub r2: f64,
+}
+
+impl FitQuality {
+    /// Compares predictions with truth.
+    pub fn of(truth: &[f64], predicted: &[f64]) -> FitQuality {
+        let n = truth.len().max(1) as f64;
+        let mean = truth.iter().sum::<f64>() / n;
+        let sse: f64 = truth.iter().zip(predicted).map(|(t, p)| (t - p) * (t - p)).sum();
+        let sst: f64 = truth.iter().map(|t| (t - mean) * (t - mean)).sum();
+        FitQuality { mse: sse / n, r2: if sst > 0.0 { 1.0 - sse / sst } else { f64::NAN } }
+    }
+}
+
+/// A whole evaluation: every target of every seed, and the means.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvalReport {
+    /// The n_occur setting, when the protocol has one.
+    pub n_occur: Option<u32>,
+    /// Seeds evaluated.
+    pub seeds: Vec<u32>,
+    /// One result per (seed, target) with at least one candidate.
+    pub targets: Vec<TargetResult>,
+    /// Fit quality per seed, in seed order.
+    pub fit: Vec<FitQuality>,
+    /// Training rows per seed.
+    pub train_rows: Vec<usize>,
+}
+
+impl EvalReport {
+    /// Policy key → mean normalised objective over every (seed, target) row.
+    pub fn means(&self) -> BTreeMap<String, f64> {
+        mean_by_key(self.targets.iter())
+    }
+
+    /// Target → (policy key → mean over seeds).
+    pub fn per_target(&self) -> BTreeMap<String, BTreeMap<String, f64>> {
+        let mut names: Vec<&str> = self.targets.iter().map(|t| t.target.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+            .into_iter()
+            .map(|n| (n.to_string(), mean_by_key(self.targets.iter().filter(|t| t.target == n))))
+            .collect()
+    }
+
+    /// Mean MSE over seeds.
+    pub fn mse(&self) -> f64 {
+        mean(self.fit.iter().map(|f| f.mse))
+    }
+
+    /// Mean R² over seeds.
+    pub fn r2(&self) -> f64 {
+        mean(self.fit.iter().map(|f| f.r2))
+    }
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> f64 {
+    let (s, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+    if n == 0 {
+        f64::NAN
+    } else {
+        s / n as f64
+    }
+}
+
+fn mean_by_key<'a>(rows: impl Iterator<Item = &'a TargetResult>) -> BTreeMap<String, f64> {
+    let mut acc: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    for r in rows {
+        for (k, v) in &r.normalised {
+            let e = acc.entry(k.clone()).or_insert((0.0, 0));
+            e.0 += v;
+            e.1 += 1;
+        }
+    }
+    acc.into_iter().map(|(k, (s, n))| (k, s / n as f64)).collect()
+}
+
+/// Scores one target's candidates: the oracle, the random expectation, every single-feature
+/// rule, the best rule, and each model's pick (`model_picks`: report key → chosen index).
+pub fn score_target(
+    target: &str,
+    seed: u32,
+    candidates: &[&Group],
+    model_picks: &[(&str, usize)],
+    objective: Objective,
+) -> Option<TargetResult> {
+    let values: Vec<f64> = candidates.iter().map(|g| objective.value(g)).collect();
+    let oracle_idx = argmax_first(&values)?;
+    let oracle = values[oracle_idx];
+    if oracle <= 0.0 {
+        return None;
+    }
+    let features: Vec<[f64; FEATURE_COUNT]> = candidates.iter().map(|g| g.features()).collect();
+    let mut out = BTreeMap::new();
+    out.insert(ORACLE.to_string(), 1.0);
+    let random = values.iter().sum::<f64>() / values.len() as f64 / oracle;
+    out.insert(RANDOM.to_string(), random);
+    for f in Feature::ALL {
+        if let Some(i) = rule_pick(&features, f) {
+            out.insert(rule_name(f).to_string(), values[i] / oracle);
+        }
+    }
+    let best_rule = ["sm%", "memcap", "mem%"].iter().map(|k| out[*k]).fold(random, f64::max);
+    out.insert(BEST_RULE.to_string(), best_rule);
+    for (key, idx) in model_picks {
+        if let Some(v) = values.get(*idx) {
+            out.insert(key.to_string(), v / oracle);
+        }
+    }
+    Some(TargetResult {
+        target: target.to_string(),
+        seed,
+        candidates: candidates.len(),
+        oracle,
+        normalised: out,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::features::Profile;
+
+    fn group(names: [&str; 2], memcap: [f64; 2], thr: [f64; 2]) -> Group {
+        let mk = |m: f64| {
+            let mut f = [1.0; FEATURE_COUNT];
+            f[Feature::Memcap.index()] = m;
+            Profile::new(f)
+        };
+        Group {
+            workloads: names.iter().map(|s| s.to_string()).collect(),
+            profiles: vec![mk(memcap[0]), mk(memcap[1])],
+            throughputs: thr.to_vec(),
+        }
+    }
+
+    #[test]
+    fn scores_are_normalised_by_the_oracle() {
+        let a = group(["t", "x"], [1.0, 5.0], [10.0, 10.0]);
+        let b = group(["t", "y"], [1.0, 2.0], [5.0, 5.0]);
+        let c = group(["t", "z"], [1.0, 9.0], [4.0, 6.0]);
+        let r = score_target("t", 10, &[&a, &b, &c], &[(KACE_LR, 2)], Objective::ThroughputSum)
+            .unwrap();
+        assert_eq!(r.oracle, 20.0);
+        assert_eq!(r.normalised[ORACLE], 1.0);
+        assert_eq!(r.normalised["memcap"], 0.5);
+        assert_eq!(r.normalised[KACE_LR], 0.5);
+        assert!((r.normalised[RANDOM] - 40.0 / 3.0 / 20.0).abs() < 1e-12);
+        // All other features tie, so those rules pick the first row (the oracle here).
+        assert_eq!(r.normalised["threads"], 1.0);
+        assert_eq!(r.normalised[BEST_RULE], 1.0);
+        assert!(score_target("t", 10, &[], &[], Objective::ThroughputSum).is_none());
+    }
+
+    #[test]
+    fn fit_quality_of_a_perfect_and_a_mean_prediction() {
+        let t = [1.0, 2.0, 3.0];
+        assert_eq!(FitQuality::of(&t, &t), FitQuality { mse: 0.0, r2: 1.0 });
+        let q = FitQuality::of(&t, &[2.0, 2.0, 2.0]);
+        assert!((q.r2).abs() < 1e-15 && (q.mse - 2.0 / 3.0).abs() < 1e-15);
+    }
+}

@@ -1,0 +1,173 @@
+//! Ordinary least squares with intercept (minimum-norm, so rank-deficient inputs still solve),
+//! and the paper's linear model: OLS on z-scored features and target.
+
+use nalgebra::{DMatrix, DVector};
+use serde::{Deserialize, Serialize};
+
+use crate::error::SelectorError;
+use crate::zscore::ZScore;
+
+/// Fits `y ≈ intercept + X·coefficients` by least squares. Rank-deficient or collinear columns
+/// get the minimum-norm solution (singular values below `max(n, p) · ε · σ_max` are dropped, as
+/// LAPACK's `gelsd` does for scikit-learn).
+pub fn ols_with_intercept<R: AsRef<[f64]>>(
+    rows: &[R],
+    y: &[f64],
+) -> Result<(f64, Vec<f64>), SelectorError> {
+    let n = rows.len();
+    if n == 0 {
+        return Err(SelectorError::EmptyTrainingSet);
+    }
+    if y.len() != n {
+        return Err(SelectorError::DimensionMismatch { expected: n, found: y.len() });
+    }
+    let p = rows[0].as_ref().len();
+    for (i, r) in rows.iter().enumerate() {
+        let r = r.as_ref();
+        if r.len() != p {
+            return Err(SelectorError::DimensionMismatch { expected: p, found: r.len() });
+        }
+        if let Some(j) = r.iter().position(|v| !v.is_finite()) {
+            return Err(SelectorError::NonFinite { row: i, column: j });
+        }
+    }
+    if let Some(i) = y.iter().position(|v| !v.is_finite()) {
+        return Err(SelectorError::NonFinite { row: i, column: p });
+    }
+    // Centring removes the intercept from the system; it is recovered from the means afterwards.
+    let x_mean: Vec<f64> =
+        (0..p).map(|j| rows.iter().map(|r| r.as_ref()[j]).sum::<f64>() / n as f64).collect();
+    let y_mean = y.iter().sum::<f64>() / n as f64;
+    let x = DMatrix::from_fn(n, p, |i, j| rows[i].as_ref()[j] - x_mean[j]);
+    let yc = DVector::from_iterator(n, y.iter().map(|v| v - y_mean));
+    let coef: Vec<f64> = if p == 0 {
+        Vec::new()
+    } else {
+        let svd = x.svd(true, true);
+        let smax = svd.singular_values.iter().cloned().fold(0.0, f64::max);
+        let eps = (n.max(p) as f64) * f64::EPSILON * smax;
+        let sol = svd
+            .solve(&yc, eps)
+            .map_err(|e| SelectorError::Numerical(format!("least squares failed: {e}")))?;
+        sol.iter().copied().collect()
+    };
+    let intercept = y_mean - coef.iter().zip(&x_mean).map(|(c, m)| c * m).sum::<f64>();
+    Ok((intercept, coef))
+}
+
+/// The paper's model: OLS fitted on z-scored features and z-scored target.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinearModel {
+    /// Normalisation of the features, from the fit set (ddof = 1).
+    pub x_scale: ZScore,
+    /// Mean of the target over the fit set.
+    pub y_mean: f64,
+    /// Sample standard deviation of the target over the fit set.
+    pub y_std: f64,
+    /// Intercept in z-scored space (≈ 0 by construction).
+    pub intercept: f64,
+    /// Coefficients in z-scored space, one per feature.
+    pub coefficients: Vec<f64>,
+}
+
+impl LinearModel {
+    /// Fits the model on raw feature rows and raw targets.
+    pub fn fit<R: AsRef<[f64]>>(rows: &[R], y: &[f64]) -> Result<LinearModel, SelectorError> {
+        if rows.is_empty() {
+            return Err(SelectorError::EmptyTrainingSet);
+        }
+        let width = rows[0].as_ref().len();
+        let x_scale = ZScore::fit(rows, width, 1);
+        let (y_mean, y_std) = ZScore::fit_column(y, 1);
+        let xz: Vec<Vec<f64>> = rows.iter().map(|r| x_scale.apply(r.as_ref())).collect();
+        let yz: Vec<f64> = y.iter().map(|v| (v - y_mean) / y_std).collect();
+        let (intercept, coefficients) = ols_with_intercept(&xz, &yz)?;
+        Ok(LinearModel { x_scale, y_mean, y_std, intercept, coefficients })
+    }
+
+    /// Number of input features.
+    pub fn width(&self) -> usize {
+        self.coefficients.len()
+    }
+
+    /// Prediction in z-scored target units for a row already normalised.
+    #[inline]
+    pub fn predict_normalised(&self, z: &[f64]) -> f64 {
+        self.intercept + self.coefficients.iter().zip(z).map(|(c, v)| c * v).sum::<f64>()
+    }
+
+    /// Prediction in z-scored target units, normalising the row with `scale` (the fit set's,
+    /// or — in the paper's evaluation — the candidate set's own).
+    #[inline]
+    pub fn predict_with_scale(&self, row: &[f64], scale: &ZScore) -> f64 {
+        let mut acc = self.intercept;
+        for (j, (c, v)) in self.coefficients.iter().zip(row).enumerate() {
+            acc += c * scale.apply_one(j, *v);
+        }
+        acc
+    }
+
+    /// Prediction in the target's own units, normalising with the fit set's statistics.
+    #[inline]
+    pub fn predict(&self, row: &[f64]) -> f64 {
+        self.y_mean + self.y_std * self.predict_with_scale(row, &self.x_scale)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recovers_known_coefficients_exactly() {
+        let rows: Vec<[f64; 3]> =
+            (0..20).map(|i| [i as f64, ((i * 7) % 5) as f64, ((i * i) % 11) as f64]).collect();
+        let y: Vec<f64> =
+            rows.iter().map(|r| 3.0 + 2.0 * r[0] - 1.5 * r[1] + 0.25 * r[2]).collect();
+        let (b0, c) = ols_with_intercept(&rows, &y).unwrap();
+        assert!((b0 - 3.0).abs() < 1e-10, "{b0}");
+        for (got, want) in c.iter().zip([2.0, -1.5, 0.25]) {
+            assert!((got - want).abs() < 1e-10, "{got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn rank_deficient_input_gets_minimum_norm_solution() {
+        // Column 1 duplicates column 0: any split of the weight fits; minimum norm splits evenly.
+        let rows: Vec<[f64; 2]> = (0..10).map(|i| [i as f64, i as f64]).collect();
+        let y: Vec<f64> = rows.iter().map(|r| 1.0 + 4.0 * r[0]).collect();
+        let (b0, c) = ols_with_intercept(&rows, &y).unwrap();
+        assert!((b0 - 1.0).abs() < 1e-9);
+        assert!((c[0] - 2.0).abs() < 1e-9 && (c[1] - 2.0).abs() < 1e-9, "{c:?}");
+        // More features than rows also solves.
+        let wide = [[1.0, 2.0, 3.0, 4.0], [2.0, 1.0, 0.0, 1.0]];
+        let (_, c) = ols_with_intercept(&wide, &[1.0, 2.0]).unwrap();
+        assert_eq!(c.len(), 4);
+        assert!(c.iter().all(|v| v.is_finite()));
+    }
+
+    #[test]
+    fn bad_input_is_an_error_not_a_panic() {
+        let empty: [[f64; 2]; 0] = [];
+        assert!(matches!(ols_with_intercept(&empty, &[]), Err(SelectorError::EmptyTrainingSet)));
+        assert!(matches!(
+            ols_with_intercept(&[[1.0], [2.0]], &[1.0]),
+            Err(SelectorError::DimensionMismatch { .. })
+        ));
+        assert!(matches!(
+            ols_with_intercept(&[[1.0], [f64::NAN]], &[1.0, 2.0]),
+            Err(SelectorError::NonFinite { row: 1, column: 0 })
+        ));
+    }
+
+    #[test]
+    fn linear_model_predicts_in_target_units() {
+        let rows: Vec<[f64; 2]> = (0..12).map(|i| [i as f64, ((i * 5) % 7) as f64]).collect();
+        let y: Vec<f64> = rows.iter().map(|r| 10.0 + 3.0 * r[0] - r[1]).collect();
+        let m = LinearModel::fit(&rows, &y).unwrap();
+        assert!(m.intercept.abs() < 1e-12);
+        for (r, want) in rows.iter().zip(&y) {
+            assert!((m.predict(r) - want).abs() < 1e-9);
+        }
+    }
+}

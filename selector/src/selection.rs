@@ -1,0 +1,231 @@
+//! kace's production choice: given the jobs already on a GPU and the held candidates, filter out
+//! what cannot or should not share, predict the rest, and pick the best.
+
+use crate::features::{combine, Profile, FEATURE_COUNT};
+use crate::linear::LinearModel;
+use crate::policy::Objective;
+
+/// Anything that predicts a group's objective from its combined feature vector.
+pub trait Predictor {
+    /// The predicted objective, in the objective's own units.
+    fn predict(&self, features: &[f64; FEATURE_COUNT]) -> f64;
+}
+
+impl Predictor for LinearModel {
+    fn predict(&self, features: &[f64; FEATURE_COUNT]) -> f64 {
+        LinearModel::predict(self, features)
+    }
+}
+
+/// The filters and thresholds of a choice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SelectionRules {
+    /// The GPU's memory in GiB; `None` skips the memory check (unknown GPU).
+    pub gpu_memory_gib: Option<f64>,
+    /// Fraction of GPU memory kept free: the group must fit in `memory × (1 − margin)`.
+    pub memory_margin: f64,
+    /// Refuse candidates of another user (MPS serialises clients of different users).
+    pub require_same_user: bool,
+    /// A candidate is chosen only when the predicted group objective beats the running jobs
+    /// alone by this fraction (0.05 = 5 %).
+    pub min_gain: f64,
+    /// What the prediction and the baseline are measured in.
+    pub objective: Objective,
+}
+
+impl Default for SelectionRules {
+    fn default() -> Self {
+        SelectionRules {
+            gpu_memory_gib: None,
+            memory_margin: 0.05,
+            require_same_user: true,
+            min_gain: 0.0,
+            objective: Objective::ThroughputSum,
+        }
+    }
+}
+
+/// A held job that might join the GPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate<'a> {
+    /// Its profile, when the workload is known.
+    pub profile: Option<&'a Profile>,
+    /// Whether it belongs to the same user as the jobs on the GPU.
+    pub same_user: bool,
+}
+
+/// Why a candidate was not chosen.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Rejection {
+    /// No profile for its workload.
+    UnknownProfile,
+    /// Σ memcap would not fit in the GPU's usable memory.
+    MemoryDoesNotFit {
+        /// GiB the group would need.
+        needed_gib: f64,
+        /// GiB usable after the margin.
+        usable_gib: f64,
+    },
+    /// Another user's job: MPS would time-slice it, not share.
+    DifferentUser,
+    /// The predicted gain over the running jobs alone is below the threshold.
+    BelowGainThreshold {
+        /// Predicted group objective.
+        predicted: f64,
+        /// What it had to reach.
+        required: f64,
+    },
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rejection::UnknownProfile => write!(f, "unknown profile"),
+            Rejection::MemoryDoesNotFit { needed_gib, usable_gib } => {
+                write!(f, "memory does not fit ({needed_gib:.1} GiB > {usable_gib:.1} GiB)")
+            }
+            Rejection::DifferentUser => write!(f, "different user (MPS would serialise)"),
+            Rejection::BelowGainThreshold { predicted, required } => {
+                write!(f, "below gain threshold (predicted {predicted:.3} < {required:.3})")
+            }
+        }
+    }
+}
+
+/// The verdict on one candidate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    /// The predicted group objective, when the candidate got that far.
+    pub prediction: Option<f64>,
+    /// Why it was refused, if it was.
+    pub rejection: Option<Rejection>,
+}
+
+/// The outcome of a choice: one verdict per candidate (in input order) and the chosen index.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selection {
+    /// Verdicts, parallel to the candidates.
+    pub verdicts: Vec<Verdict>,
+    /// The chosen candidate, if any passed.
+    pub chosen: Option<usize>,
+    /// The running jobs' objective alone (the gain baseline).
+    pub baseline: f64,
+}
+
+/// Chooses the candidate whose group with `running` (the jobs already on the GPU, lead first)
+/// has the highest predicted objective, after the filters. Ties go to the earliest candidate,
+/// which callers order by submission so that the older job wins.
+pub fn select(
+    running: &[Profile],
+    candidates: &[Candidate<'_>],
+    predictor: &dyn Predictor,
+    rules: &SelectionRules,
+) -> Selection {
+    let baseline = match rules.objective {
+        Objective::ThroughputSum => running.iter().map(Profile::exclusive_throughput).sum(),
+        Objective::NormalisedProgress => running.len() as f64,
+    };
+    let required = baseline * (1.0 + rules.min_gain);
+    let running_mem: f64 = running.iter().map(Profile::memcap).sum();
+    let usable = rules.gpu_memory_gib.map(|m| m * (1.0 - rules.memory_margin));
+    let mut group: Vec<Profile> = running.to_vec();
+    group.push(Profile::new([0.0; FEATURE_COUNT]));
+    let last = group.len() - 1;
+    let mut chosen: Option<(usize, f64)> = None;
+    let verdicts = candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let reject = |r| Verdict { prediction: None, rejection: Some(r) };
+            let Some(p) = c.profile else { return reject(Rejection::UnknownProfile) };
+            if rules.require_same_user && !c.same_user {
+                return reject(Rejection::DifferentUser);
+            }
+            let needed = running_mem + p.memcap();
+            if let Some(usable_gib) = usable {
+                if needed > usable_gib {
+                    return reject(Rejection::MemoryDoesNotFit { needed_gib: needed, usable_gib });
+                }
+            }
+            group[last] = *p;
+            let predicted = predictor.predict(&combine(group.iter()));
+            // NaN predictions fail this test too, so they are never chosen.
+            if predicted.is_nan() || predicted <= required {
+                return Verdict {
+                    prediction: Some(predicted),
+                    rejection: Some(Rejection::BelowGainThreshold { predicted, required }),
+                };
+            }
+            if chosen.is_none_or(|(_, best)| predicted > best) {
+                chosen = Some((i, predicted));
+            }
+            Verdict { prediction: Some(predicted), rejection: None }
+        })
+        .collect();
+    Selection { verdicts, chosen: chosen.map(|c| c.0), baseline }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::features::Feature;
+
+    /// Predicts the group's summed exclusive throughput minus its memcap, so tests can steer it.
+    struct Toy;
+    impl Predictor for Toy {
+        fn predict(&self, f: &[f64; FEATURE_COUNT]) -> f64 {
+            f[Feature::ExclusiveThroughput.index()] - f[Feature::Memcap.index()]
+        }
+    }
+
+    fn prof(excl: f64, mem: f64) -> Profile {
+        let mut f = [0.0; FEATURE_COUNT];
+        f[Feature::ExclusiveThroughput.index()] = excl;
+        f[Feature::Memcap.index()] = mem;
+        Profile::new(f)
+    }
+
+    #[test]
+    fn filters_then_picks_the_best_prediction() {
+        let lead = [prof(10.0, 4.0)];
+        let (a, b, c, d) = (prof(5.0, 2.0), prof(9.0, 3.0), prof(30.0, 40.0), prof(50.0, 1.0));
+        let cands = [
+            Candidate { profile: None, same_user: true },
+            Candidate { profile: Some(&a), same_user: true },
+            Candidate { profile: Some(&b), same_user: true },
+            Candidate { profile: Some(&c), same_user: true },
+            Candidate { profile: Some(&d), same_user: false },
+        ];
+        let rules = SelectionRules { gpu_memory_gib: Some(32.0), ..SelectionRules::default() };
+        let s = select(&lead, &cands, &Toy, &rules);
+        assert_eq!(s.chosen, Some(2));
+        assert_eq!(s.baseline, 10.0);
+        assert_eq!(s.verdicts[0].rejection, Some(Rejection::UnknownProfile));
+        assert_eq!(s.verdicts[1].prediction, Some(9.0));
+        // 10 + 5 − 6 = 9 does not beat the lead alone (10).
+        assert!(matches!(s.verdicts[1].rejection, Some(Rejection::BelowGainThreshold { .. })));
+        assert_eq!(s.verdicts[2].prediction, Some(12.0));
+        assert!(matches!(
+            s.verdicts[3].rejection,
+            Some(Rejection::MemoryDoesNotFit { needed_gib, .. }) if needed_gib == 44.0
+        ));
+        assert_eq!(s.verdicts[4].rejection, Some(Rejection::DifferentUser));
+    }
+
+    #[test]
+    fn gain_threshold_and_ties() {
+        let lead = [prof(10.0, 0.0)];
+        let a = prof(2.0, 0.0);
+        let cands = [
+            Candidate { profile: Some(&a), same_user: true },
+            Candidate { profile: Some(&a), same_user: true },
+        ];
+        let loose = SelectionRules::default();
+        assert_eq!(select(&lead, &cands, &Toy, &loose).chosen, Some(0));
+        let strict = SelectionRules { min_gain: 0.25, ..loose };
+        let s = select(&lead, &cands, &Toy, &strict);
+        assert_eq!(s.chosen, None);
+        assert!(s.verdicts.iter().all(|v| v.rejection.is_some()));
+        assert_eq!(select(&lead, &[], &Toy, &strict).chosen, None);
+    }
+}
