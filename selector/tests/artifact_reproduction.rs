@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use kace_selector::dataset::{
     read_colocations, read_n_occur_splits, read_unseen_splits, ColocationData, SplitRow,
@@ -44,7 +44,7 @@ fn load() -> Option<Artifact> {
 }
 
 /// Rows of a results CSV as column → text maps.
-fn results(dir: &PathBuf, file: &str) -> Vec<HashMap<String, String>> {
+fn results(dir: &Path, file: &str) -> Vec<HashMap<String, String>> {
     let mut rdr = csv::Reader::from_path(dir.join("results").join(file)).expect("results file");
     let header: Vec<String> = rdr.headers().unwrap().iter().map(str::to_string).collect();
     rdr.records()
