@@ -1,27 +1,35 @@
 //! `kace`, the admin command: parses arguments, runs one subcommand, maps errors to exit codes.
 
+mod eval;
+mod output;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+use crate::output::Format;
 
 /// Interference-aware GPU co-scheduling for Slurm.
 #[derive(Debug, Parser)]
 #[command(name = "kace", version, about, long_about = None)]
 struct Cli {
+    /// Output format.
+    #[arg(long, global = true, value_enum, default_value_t = Format::Table)]
+    format: Format,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Print the version and exit.
-    Version,
+    /// Evaluate choosing policies against the oracle on measured colocations.
+    Eval(eval::EvalArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
-        Ok(code) => code,
+        Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("kace: {err:#}");
             ExitCode::from(1)
@@ -29,11 +37,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Version => {
-            println!("kace {}", env!("CARGO_PKG_VERSION"));
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Eval(args) => eval::run(args, cli.format),
     }
 }

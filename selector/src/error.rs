@@ -85,6 +85,8 @@ impl fmt::Display for SelectorError {
 
 impl std::error::Error for SelectorError {}
 
+impl std::error::Error for DataError {}
+
 impl From<DataError> for SelectorError {
     fn from(e: DataError) -> Self {
         SelectorError::Data(e)

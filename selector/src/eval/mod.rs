@@ -1,6 +1,7 @@
 //! Scoring choices against the oracle: per-target results, their means, and fit quality.
 //! The two protocols live in [`paper`] (the artifact's, exactly) and [`colocations`] (any data).
 
+pub mod chart;
 pub mod colocations;
 pub mod paper;
 

@@ -1,0 +1,208 @@
+//! `kace eval` end to end through the built binary: JSON keys and values, tables, plots, and
+//! clear errors for bad input. Tests needing the artifact skip with a message when it is absent.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn kace(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kace")).args(args).output().expect("kace runs")
+}
+
+fn artifact() -> Option<PathBuf> {
+    let dir = std::env::var_os("KACE_ARTIFACT_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/kace-artifact")
+    });
+    if dir.join("pairs").is_dir() {
+        Some(dir)
+    } else {
+        eprintln!("skipping: artifact data not found at {}", dir.display());
+        None
+    }
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kace-eval-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn paper_json_has_the_documented_keys_and_the_papers_numbers() {
+    let Some(dir) = artifact() else { return };
+    let out = kace(&[
+        "eval",
+        "paper",
+        "--data",
+        dir.to_str().unwrap(),
+        "--n-occur",
+        "3",
+        "--format",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    assert_eq!(v["n_occur"], 3);
+    assert_eq!(v["seeds"], serde_json::json!([10, 20, 30, 40, 50]));
+    let nt = &v["normalized_throughput"];
+    for (k, want) in [
+        ("kace-lr", 0.9063),
+        ("best-rule", 0.8374),
+        ("memcap", 0.7850),
+        ("mem%", 0.7182),
+        ("random", 0.5431),
+        ("sm%", 0.3543),
+        ("oracle", 1.0),
+    ] {
+        let got = nt[k].as_f64().unwrap_or_else(|| panic!("key {k} present"));
+        assert!((got - want).abs() < 0.0005, "{k}: {got} vs {want}");
+    }
+    assert!((v["mse"].as_f64().unwrap() - 0.1442).abs() < 0.0005);
+    assert!((v["r2"].as_f64().unwrap() - 0.8547).abs() < 0.0005);
+}
+
+#[test]
+fn unseen_table_and_plots() {
+    let Some(dir) = artifact() else { return };
+    let d = tmp("plots");
+    let fig4 = d.join("fig4.svg");
+    let out = kace(&[
+        "eval",
+        "paper",
+        "--data",
+        dir.to_str().unwrap(),
+        "--unseen",
+        "--plot",
+        fig4.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.lines().any(|l| l.starts_with("kace-lr") && l.contains("0.888")), "{text}");
+    assert!(std::fs::read_to_string(&fig4).unwrap().contains("kace-lr"));
+
+    let fig5 = d.join("fig5.svg");
+    let out = kace(&[
+        "eval",
+        "paper",
+        "--data",
+        dir.to_str().unwrap(),
+        "--n-occur",
+        "3",
+        "--per-workload",
+        "--plot",
+        fig5.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let svg = std::fs::read_to_string(&fig5).unwrap();
+    assert!(svg.contains("whisper-large-v2_batch8-inf"));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("albert-base-v2_batch2-train"));
+    std::fs::remove_dir_all(d).ok();
+}
+
+#[test]
+fn colocations_runs_on_three_way_data() {
+    let Some(dir) = artifact() else { return };
+    let f = dir.join("multiinstance/total_labels_batch2-8_targetMPS100.csv");
+    let out = kace(&[
+        "eval",
+        "colocations",
+        "--data",
+        f.to_str().unwrap(),
+        "--n-occur",
+        "3",
+        "--seeds",
+        "10,20",
+        "--format",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["seeds"], serde_json::json!([10, 20]));
+    let nt = &v["normalized_throughput"];
+    assert!(nt["kace-lr"].as_f64().unwrap() > nt["best-rule"].as_f64().unwrap());
+}
+
+#[test]
+fn train_on_one_file_test_on_another() {
+    let d = tmp("split");
+    // Two tiny synthetic 2-way tables: workload "new" appears only in the test file.
+    let header = {
+        let mut c = Vec::new();
+        for i in 1..=2 {
+            c.push(format!("workload{i}"));
+            for f in kace_selector::Feature::ALL {
+                c.push(format!("w{i}{}", f.artifact_name()));
+            }
+            c.push(format!("w{i}throughput"));
+        }
+        c.join(",")
+    };
+    let row = |a: &str, b: &str, fa: f64, fb: f64, t: f64| {
+        let mut c = vec![a.to_string()];
+        c.extend((0..10).map(|j| format!("{}", fa + j as f64)));
+        c.push(format!("{t}"));
+        c.push(b.to_string());
+        c.extend((0..10).map(|j| format!("{}", fb + j as f64 * 0.5)));
+        c.push(format!("{}", t / 2.0));
+        c.join(",")
+    };
+    let train = d.join("train.csv");
+    let test = d.join("test.csv");
+    let mut tr = vec![header.clone()];
+    for i in 0..12 {
+        let x = i as f64;
+        tr.push(row(&format!("a{}", i % 4), &format!("b{}", i % 3), x, 2.0 * x, 10.0 + 3.0 * x));
+    }
+    std::fs::write(&train, tr.join("\n")).unwrap();
+    let te = [
+        header,
+        row("new", "a1", 1.0, 2.0, 5.0),
+        row("new", "b2", 9.0, 1.0, 40.0),
+        row("a1", "b2", 3.0, 3.0, 20.0),
+    ];
+    std::fs::write(&test, te.join("\n")).unwrap();
+    let out = kace(&[
+        "eval",
+        "colocations",
+        "--data",
+        train.to_str().unwrap(),
+        "--test",
+        test.to_str().unwrap(),
+        "--format",
+        "json",
+        "--per-workload",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Only the unseen workload is a target.
+    assert_eq!(v["rows"], 1);
+    assert!(v["per_workload"]["new"].is_object());
+    std::fs::remove_dir_all(d).ok();
+}
+
+#[test]
+fn malformed_data_is_a_clear_error() {
+    let d = tmp("bad");
+    let bad = d.join("bad.csv");
+    std::fs::write(&bad, "workload1,workload2\nx,y\n").unwrap();
+    let out = kace(&["eval", "colocations", "--data", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.csv, line 1, column 'w1_Threads': missing column"), "{err}");
+    assert!(!err.contains("panicked"));
+
+    let out = kace(&["eval", "colocations", "--data", d.join("absent.csv").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("couldn't open"));
+
+    let out = kace(&["eval", "paper", "--data", d.to_str().unwrap(), "--n-occur", "3"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("couldn't open") && err.contains("pairs"), "{err}");
+    let out = kace(&["eval", "paper", "--data", d.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "--n-occur is required without --unseen");
+
+    let out = kace(&["eval", "paper", "--data", "x", "--seeds", "ten"]);
+    assert_eq!(out.status.code(), Some(2), "clap rejects bad option values");
+    std::fs::remove_dir_all(d).ok();
+}
