@@ -1,1 +1,172 @@
-//! kace's SPANK plugin: a thin shell over Slurm's C hooks (filled by the SPANK issue).
+//! kace's SPANK plugin, loaded by Slurm from plugstack.conf: the C entry points, the one panic
+//! boundary they all go through, and the dispatch by context. The logic lives in pure modules
+//! ([`workload`], [`config`], [`layout`]) that other crates may reuse.
+//!
+//! | context | hook | what happens |
+//! |---|---|---|
+//! | sbatch, srun | `init` | registers `--kace-colocate[=WORKLOAD]` |
+//! | sbatch, srun | option callback | validates the value; a bad one stops the submission |
+//! | sbatch, srun | `init_post_opt` | `KACE_COLOCATE=<workload or empty>` in the job-control env |
+//! | slurmd | `init` | parses the plugstack.conf arguments; logs the version, or the error |
+//! | slurmstepd | `user_init` | MPS and progress variables for a kace job's tasks |
+//! | prolog | `job_prolog` | logs the workload a kace job asked for |
+
+pub mod config;
+mod ffi;
+pub mod layout;
+mod option;
+mod remote;
+mod slurm;
+pub mod workload;
+
+use std::ffi::{c_char, c_int, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use slurm::{log, Context, Handle, Level};
+
+mod version {
+    include!(concat!(env!("OUT_DIR"), "/slurm_version.rs"));
+}
+pub use version::SLURM_VERSION_NUMBER;
+
+#[allow(non_upper_case_globals)]
+#[no_mangle]
+pub static plugin_name: [u8; 5] = *b"kace\0";
+
+#[allow(non_upper_case_globals)]
+#[no_mangle]
+pub static plugin_type: [u8; 6] = *b"spank\0";
+
+/// Must equal the loading Slurm's major.minor, hence read from its headers by build.rs.
+#[allow(non_upper_case_globals)]
+#[no_mangle]
+pub static plugin_version: u32 = SLURM_VERSION_NUMBER;
+
+/// Runs one hook body. A panic never unwinds into Slurm: it is logged and turned into
+/// `on_panic` (-1 where failing is safe, 0 where a failure would drain the node or kill a job).
+fn boundary(phase: &str, on_panic: c_int, body: impl FnOnce() -> c_int) -> c_int {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(rc) => rc,
+        Err(payload) => {
+            let cause = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            // Logging itself must not unwind out of here either.
+            let _ = catch_unwind(|| {
+                log(Level::Error, &format!("kace: {phase}: couldn't finish the hook: {cause}"))
+            });
+            on_panic
+        }
+    }
+}
+
+/// The plugin arguments from plugstack.conf, as byte strings.
+///
+/// # Safety
+/// `argv` must point to `argc` NUL-terminated strings that outlive the hook call.
+unsafe fn args<'a>(argc: c_int, argv: *const *const c_char) -> Vec<&'a [u8]> {
+    if argv.is_null() {
+        return Vec::new();
+    }
+    (0..usize::try_from(argc).unwrap_or(0))
+        .map(|i| *argv.add(i))
+        .filter(|p| !p.is_null())
+        .map(|p| CStr::from_ptr(p).to_bytes())
+        .collect()
+}
+
+/// `slurm_spank_init`: every context but job_script.
+///
+/// # Safety
+/// Called by Slurm with a live handle and its `argc`/`argv`.
+#[no_mangle]
+pub unsafe extern "C" fn slurm_spank_init(
+    sp: ffi::Spank,
+    argc: c_int,
+    argv: *const *const c_char,
+) -> c_int {
+    boundary("init", -1, || match Context::current() {
+        Context::Allocator | Context::Local | Context::Remote => {
+            match Handle::new(sp).register_option(&option::OPTION) {
+                Ok(()) => 0,
+                Err(e) => {
+                    log(
+                        Level::Error,
+                        &format!("kace: init: couldn't register --kace-colocate: {e}"),
+                    );
+                    -1
+                }
+            }
+        }
+        Context::Slurmd => match config::parse(args(argc, argv)) {
+            Ok(c) => {
+                let v = SLURM_VERSION_NUMBER;
+                log(
+                    Level::Info,
+                    &format!(
+                        "kace: slurmd: plugin {} for Slurm {}.{:02}.{}, mps_root={} progress_root={}",
+                        env!("CARGO_PKG_VERSION"),
+                        v >> 16,
+                        (v >> 8) & 0xff,
+                        v & 0xff,
+                        c.mps_root.display(),
+                        c.progress_root.display()
+                    ),
+                );
+                0
+            }
+            Err(e) => {
+                log(Level::Error, &format!("kace: slurmd: couldn't parse plugin arguments: {e}"));
+                -1
+            }
+        },
+        Context::JobScript | Context::Unknown => 0,
+    })
+}
+
+/// `slurm_spank_init_post_opt`: sbatch/srun publish the request.
+///
+/// # Safety
+/// Called by Slurm with a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn slurm_spank_init_post_opt(
+    sp: ffi::Spank,
+    _argc: c_int,
+    _argv: *const *const c_char,
+) -> c_int {
+    boundary("init_post_opt", -1, || match Context::current() {
+        Context::Allocator | Context::Local => option::publish(Handle::new(sp)),
+        _ => 0,
+    })
+}
+
+/// `slurm_spank_user_init`: slurmstepd sets a kace job's task environment.
+///
+/// # Safety
+/// Called by Slurm with a live handle and its `argc`/`argv`.
+#[no_mangle]
+pub unsafe extern "C" fn slurm_spank_user_init(
+    sp: ffi::Spank,
+    argc: c_int,
+    argv: *const *const c_char,
+) -> c_int {
+    boundary("user_init", 0, || match Context::current() {
+        Context::Remote => remote::set_task_env(Handle::new(sp), &args(argc, argv)),
+        _ => 0,
+    })
+}
+
+/// `slurm_spank_job_prolog`: job_script context; always 0 (a failure would drain the node).
+///
+/// # Safety
+/// Called by Slurm with a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn slurm_spank_job_prolog(
+    sp: ffi::Spank,
+    _argc: c_int,
+    _argv: *const *const c_char,
+) -> c_int {
+    boundary("job_prolog", 0, || option::note_in_prolog(Handle::new(sp)))
+}
