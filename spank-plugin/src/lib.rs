@@ -13,6 +13,7 @@
 
 pub mod config;
 mod ffi;
+mod guard;
 pub mod layout;
 mod option;
 mod remote;
@@ -20,7 +21,6 @@ mod slurm;
 pub mod workload;
 
 use std::ffi::{c_char, c_int, CStr};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use slurm::{log, Context, Handle, Level};
 
@@ -42,24 +42,9 @@ pub static plugin_type: [u8; 6] = *b"spank\0";
 #[no_mangle]
 pub static plugin_version: u32 = SLURM_VERSION_NUMBER;
 
-/// Runs one hook body. A panic never unwinds into Slurm: it is logged and turned into
-/// `on_panic` (-1 where failing is safe, 0 where a failure would drain the node or kill a job).
+/// Runs one hook body inside the plugin's single panic boundary, logging through Slurm.
 fn boundary(phase: &str, on_panic: c_int, body: impl FnOnce() -> c_int) -> c_int {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(rc) => rc,
-        Err(payload) => {
-            let cause = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".to_string());
-            // Logging itself must not unwind out of here either.
-            let _ = catch_unwind(|| {
-                log(Level::Error, &format!("kace: {phase}: couldn't finish the hook: {cause}"))
-            });
-            on_panic
-        }
-    }
+    guard::run(phase, on_panic, body, |msg| log(Level::Error, msg))
 }
 
 /// The plugin arguments from plugstack.conf, as byte strings.
@@ -169,4 +154,35 @@ pub unsafe extern "C" fn slurm_spank_job_prolog(
     _argv: *const *const c_char,
 ) -> c_int {
     boundary("job_prolog", 0, || option::note_in_prolog(Handle::new(sp)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// build.rs must take the version from the installed headers when they exist, and fall back
+    /// to 22.05 only when they do not.
+    #[test]
+    fn plugin_version_comes_from_the_installed_slurm_headers() {
+        if std::env::var_os("KACE_SLURM_VERSION").is_some() {
+            return;
+        }
+        match std::fs::read_to_string("/usr/include/slurm/slurm_version.h") {
+            Ok(header) => {
+                let line = header
+                    .lines()
+                    .find(|l| l.starts_with("#define SLURM_VERSION_NUMBER"))
+                    .expect("slurm_version.h defines SLURM_VERSION_NUMBER");
+                let hex = line.rsplit("0x").next().unwrap();
+                assert_eq!(plugin_version, u32::from_str_radix(hex.trim(), 16).unwrap());
+            }
+            Err(_) => assert_eq!(plugin_version, 0x16_05_00),
+        }
+    }
+
+    #[test]
+    fn exported_names_are_nul_terminated_c_strings() {
+        assert_eq!(CStr::from_bytes_with_nul(&plugin_name).unwrap(), c"kace");
+        assert_eq!(CStr::from_bytes_with_nul(&plugin_type).unwrap(), c"spank");
+    }
 }

@@ -14,13 +14,34 @@ const WAIT: Duration = Duration::from_secs(30);
 /// The rule as the plugin and the gate state it.
 const RULE: &str = "1 to 128 of A-Z a-z 0-9 . _ + -";
 
-/// Each job's prolog environment lands in `<dir>/hooks/<jobid>.prolog.env`.
+/// A hook script that records its environment in `<dir>/hooks/<jobid>.<name>.env`.
+fn recorder(name: &str) -> Hook {
+    Hook::Script(format!("/usr/bin/env > {{dir}}/hooks/$SLURM_JOB_ID.{name}.env\nexit 0"))
+}
+
 fn cluster(test: &str) -> Option<Arc<Cluster>> {
     kace_e2e::shared(test, || {
-        Cluster::builder().prolog(Hook::Script(
-            "/usr/bin/env > {dir}/hooks/$SLURM_JOB_ID.prolog.env\nexit 0".into(),
-        ))
+        Cluster::builder()
+            .prolog(recorder("prolog"))
+            .epilog(recorder("epilog"))
+            .epilog_slurmctld(recorder("epilog_slurmctld"))
     })
+}
+
+/// The environment a recording hook saw for job `id`, waiting for it (EpilogSlurmctld runs
+/// after the job is already reported complete).
+fn hook_env(c: &Cluster, id: u32, hook: &str) -> String {
+    let path = c.dir().join(format!("hooks/{id}.{hook}.env"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match std::fs::read_to_string(&path) {
+            Ok(text) if !text.is_empty() => return text,
+            _ if std::time::Instant::now() >= deadline => {
+                panic!("no {hook} environment for job {id} at {}", path.display())
+            }
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
 }
 
 /// A batch script printing the variables the plugin sets for tasks.
@@ -61,6 +82,22 @@ fn sbatch_help_lists_the_option() {
     assert!(line.contains("[WORKLOAD]"), "{line}");
     let text = out.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(text.contains("WORKLOAD defaults to the job name"), "{out}");
+}
+
+#[test]
+fn slurmd_logs_the_plugin_and_its_slurm_version_once() {
+    let Some(c) = cluster("slurmd_logs_the_plugin_and_its_slurm_version_once") else { return };
+    // "slurm 22.05.8"
+    let version = c.run_ok("scontrol", &["-V"]).unwrap();
+    let version = version.split_whitespace().nth(1).unwrap().to_string();
+    for node in ["n1", "n2"] {
+        let log = c.slurmd_log(node);
+        let expected = format!(
+            "kace: slurmd: plugin {} for Slurm {version}, mps_root=",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert_eq!(log.matches(&expected).count(), 1, "{node}: {expected:?} not once in:\n{log}");
+    }
 }
 
 #[test]
@@ -130,6 +167,14 @@ fn invalid_values_are_refused_with_the_rule() {
             "{arg:?}: control characters echoed: {ours:?}"
         );
     }
+    // srun (local context) refuses too, before asking for an allocation.
+    let out = c.run("srun", &["--kace-colocate=a;b", "true"]).unwrap();
+    assert!(!out.status.success(), "srun accepted a bad value");
+    assert!(
+        stderr(&out).contains("kace: option: couldn't accept workload \"a;b\""),
+        "{}",
+        stderr(&out)
+    );
     // The bare form with a job name that is no workload name: the gate refuses it.
     let out = c.run("sbatch", &["--kace-colocate", "-J", "my job", "--wrap", "true"]).unwrap();
     let err = stderr(&out);
@@ -152,8 +197,9 @@ fn null_literal_is_the_bare_form() {
     assert_daemons_up(&c);
 }
 
-/// A kace job released by root runs; its prolog sees SPANK_KACE_COLOCATE and its tasks the MPS
-/// and progress variables; n1's slurmd log has no kace error.
+/// A kace job released by root runs; its Prolog, Epilog and EpilogSlurmctld see
+/// SPANK_KACE_COLOCATE (empty for the bare form: the gate resolved the job name into
+/// AdminComment), its tasks the MPS and progress variables; n1's slurmd log has no kace error.
 #[test]
 fn released_kace_job_gets_prolog_and_task_environment() {
     let Some(c) = cluster("released_kace_job_gets_prolog_and_task_environment") else { return };
@@ -165,10 +211,11 @@ fn released_kace_job_gets_prolog_and_task_environment() {
         let job = c.wait_done(id, WAIT).unwrap();
         assert_eq!(field(&job, "JobState"), "COMPLETED", "{option}: {job:?}");
 
-        let prolog = std::fs::read_to_string(c.dir().join(format!("hooks/{id}.prolog.env")))
-            .unwrap_or_else(|e| panic!("{option}: no prolog env for job {id}: {e}"));
         let line = format!("SPANK_KACE_COLOCATE={spank_value}\n");
-        assert!(prolog.contains(&line), "{option}: prolog env lacks {line:?}:\n{prolog}");
+        for hook in ["prolog", "epilog", "epilog_slurmctld"] {
+            let env = hook_env(&c, id, hook);
+            assert!(env.contains(&line), "{option}: {hook} env lacks {line:?}:\n{env}");
+        }
 
         let out = c.job_output(id);
         assert!(out.contains(&format!("PIPE={dir}/mps/0/pipe\n")), "{option}: {out}");
