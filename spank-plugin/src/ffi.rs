@@ -42,6 +42,10 @@ pub const S_JOB_ID: c_int = 2;
 
 /// `ESPANK_SUCCESS`.
 pub const ESPANK_SUCCESS: c_int = 0;
+/// `ESPANK_ERROR`; from `spank_option_getopt` it means "the option wasn't used".
+pub const ESPANK_ERROR: c_int = 3000;
+/// `ESPANK_ENV_NOEXIST`: the variable is not in the job's environment.
+pub const ESPANK_ENV_NOEXIST: c_int = 3004;
 
 extern "C" {
     pub fn spank_context() -> c_int;

@@ -18,6 +18,7 @@ pub mod layout;
 mod option;
 mod remote;
 mod slurm;
+mod slurmd;
 pub mod workload;
 
 use std::ffi::{c_char, c_int, CStr};
@@ -73,40 +74,8 @@ pub unsafe extern "C" fn slurm_spank_init(
     argv: *const *const c_char,
 ) -> c_int {
     boundary("init", -1, || match Context::current() {
-        Context::Allocator | Context::Local | Context::Remote => {
-            match Handle::new(sp).register_option(&option::OPTION) {
-                Ok(()) => 0,
-                Err(e) => {
-                    log(
-                        Level::Error,
-                        &format!("kace: init: couldn't register --kace-colocate: {e}"),
-                    );
-                    -1
-                }
-            }
-        }
-        Context::Slurmd => match config::parse(args(argc, argv)) {
-            Ok(c) => {
-                let v = SLURM_VERSION_NUMBER;
-                log(
-                    Level::Info,
-                    &format!(
-                        "kace: slurmd: plugin {} for Slurm {}.{:02}.{}, mps_root={} progress_root={}",
-                        env!("CARGO_PKG_VERSION"),
-                        v >> 16,
-                        (v >> 8) & 0xff,
-                        v & 0xff,
-                        c.mps_root.display(),
-                        c.progress_root.display()
-                    ),
-                );
-                0
-            }
-            Err(e) => {
-                log(Level::Error, &format!("kace: slurmd: couldn't parse plugin arguments: {e}"));
-                -1
-            }
-        },
+        Context::Allocator | Context::Local | Context::Remote => option::register(Handle::new(sp)),
+        Context::Slurmd => slurmd::check_config(&args(argc, argv)),
         Context::JobScript | Context::Unknown => 0,
     })
 }

@@ -60,6 +60,17 @@ extern "C" fn on_option(_val: c_int, optarg: *const c_char, remote: c_int) -> c_
     })
 }
 
+/// sbatch, srun and slurmstepd: make the option known (in slurmstepd, so its value is passed on).
+pub fn register(sp: Handle) -> c_int {
+    match sp.register_option(&OPTION) {
+        Ok(()) => 0,
+        Err(e) => {
+            log(Level::Error, &format!("kace: init: couldn't register --kace-colocate: {e}"));
+            -1
+        }
+    }
+}
+
 /// sbatch/srun, after option processing: hand the request to slurmctld (the gate) and to the
 /// prolog/epilog through the job-control environment.
 pub fn publish(sp: Handle) -> c_int {

@@ -95,8 +95,7 @@ impl Handle {
             ffi::ESPANK_SUCCESS if arg.is_null() => Ok(Some(Vec::new())),
             // SAFETY: on success Slurm points `arg` at a NUL-terminated string it owns.
             ffi::ESPANK_SUCCESS => Ok(Some(unsafe { CStr::from_ptr(arg) }.to_bytes().to_vec())),
-            // ESPANK_ERROR: "the option wasn't used".
-            3000 => Ok(None),
+            ffi::ESPANK_ERROR => Ok(None),
             code => Err(SpankError { call: "spank_option_getopt", code }),
         }
     }
@@ -122,8 +121,7 @@ impl Handle {
                 buf.truncate(end);
                 Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
             }
-            // ESPANK_ENV_NOEXIST
-            3004 => Ok(None),
+            ffi::ESPANK_ENV_NOEXIST => Ok(None),
             code => Err(SpankError { call: "spank_getenv", code }),
         }
     }
