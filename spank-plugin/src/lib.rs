@@ -1,1 +1,157 @@
-//! kace's SPANK plugin: a thin shell over Slurm's C hooks (filled by the SPANK issue).
+//! kace's SPANK plugin, loaded by Slurm from plugstack.conf: the C entry points, the one panic
+//! boundary they all go through, and the dispatch by context. The logic lives in pure modules
+//! ([`workload`], [`config`], [`layout`]) that other crates may reuse.
+//!
+//! | context | hook | what happens |
+//! |---|---|---|
+//! | sbatch, srun | `init` | registers `--kace-colocate[=WORKLOAD]` |
+//! | sbatch, srun | option callback | validates the value; a bad one stops the submission |
+//! | sbatch, srun | `init_post_opt` | `KACE_COLOCATE=<workload or empty>` in the job-control env |
+//! | slurmd | `init` | parses the plugstack.conf arguments; logs the version, or the error |
+//! | slurmstepd | `user_init` | MPS and progress variables for a kace job's tasks |
+//! | prolog | `job_prolog` | logs the workload a kace job asked for |
+
+pub mod config;
+mod ffi;
+mod guard;
+pub mod layout;
+mod option;
+mod remote;
+mod slurm;
+mod slurmd;
+pub mod workload;
+
+use std::ffi::{c_char, c_int, CStr};
+
+use slurm::{log, Context, Handle, Level};
+
+mod version {
+    include!(concat!(env!("OUT_DIR"), "/slurm_version.rs"));
+}
+pub use version::SLURM_VERSION_NUMBER;
+
+#[allow(non_upper_case_globals)]
+#[no_mangle]
+pub static plugin_name: [u8; 5] = *b"kace\0";
+
+#[allow(non_upper_case_globals)]
+#[no_mangle]
+pub static plugin_type: [u8; 6] = *b"spank\0";
+
+/// Must equal the loading Slurm's major.minor, hence read from its headers by build.rs.
+#[allow(non_upper_case_globals)]
+#[no_mangle]
+pub static plugin_version: u32 = SLURM_VERSION_NUMBER;
+
+/// Runs one hook body inside the plugin's single panic boundary, logging through Slurm.
+fn boundary(phase: &str, on_panic: c_int, body: impl FnOnce() -> c_int) -> c_int {
+    guard::run(phase, on_panic, body, |msg| log(Level::Error, msg))
+}
+
+/// The plugin arguments from plugstack.conf, as byte strings.
+///
+/// # Safety
+/// `argv` must point to `argc` NUL-terminated strings that outlive the hook call.
+unsafe fn args<'a>(argc: c_int, argv: *const *const c_char) -> Vec<&'a [u8]> {
+    if argv.is_null() {
+        return Vec::new();
+    }
+    (0..usize::try_from(argc).unwrap_or(0))
+        .map(|i| *argv.add(i))
+        .filter(|p| !p.is_null())
+        .map(|p| CStr::from_ptr(p).to_bytes())
+        .collect()
+}
+
+/// `slurm_spank_init`: every context but job_script.
+///
+/// # Safety
+/// Called by Slurm with a live handle and its `argc`/`argv`.
+#[no_mangle]
+pub unsafe extern "C" fn slurm_spank_init(
+    sp: ffi::Spank,
+    argc: c_int,
+    argv: *const *const c_char,
+) -> c_int {
+    boundary("init", -1, || match Context::current() {
+        Context::Allocator | Context::Local | Context::Remote => option::register(Handle::new(sp)),
+        Context::Slurmd => slurmd::check_config(&args(argc, argv)),
+        Context::JobScript | Context::Unknown => 0,
+    })
+}
+
+/// `slurm_spank_init_post_opt`: sbatch/srun publish the request.
+///
+/// # Safety
+/// Called by Slurm with a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn slurm_spank_init_post_opt(
+    sp: ffi::Spank,
+    _argc: c_int,
+    _argv: *const *const c_char,
+) -> c_int {
+    boundary("init_post_opt", -1, || match Context::current() {
+        Context::Allocator | Context::Local => option::publish(Handle::new(sp)),
+        _ => 0,
+    })
+}
+
+/// `slurm_spank_user_init`: slurmstepd sets a kace job's task environment.
+///
+/// # Safety
+/// Called by Slurm with a live handle and its `argc`/`argv`.
+#[no_mangle]
+pub unsafe extern "C" fn slurm_spank_user_init(
+    sp: ffi::Spank,
+    argc: c_int,
+    argv: *const *const c_char,
+) -> c_int {
+    boundary("user_init", 0, || match Context::current() {
+        Context::Remote => remote::set_task_env(Handle::new(sp), &args(argc, argv)),
+        _ => 0,
+    })
+}
+
+/// `slurm_spank_job_prolog`: job_script context; always 0 (a failure would drain the node).
+///
+/// # Safety
+/// Called by Slurm with a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn slurm_spank_job_prolog(
+    sp: ffi::Spank,
+    _argc: c_int,
+    _argv: *const *const c_char,
+) -> c_int {
+    boundary("job_prolog", 0, || option::note_in_prolog(Handle::new(sp)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// build.rs must take the version from the installed headers when they exist, and fall back
+    /// to 22.05 only when they do not.
+    #[test]
+    fn plugin_version_comes_from_the_installed_slurm_headers() {
+        if std::env::var_os("KACE_SLURM_VERSION").is_some() {
+            return;
+        }
+        match std::fs::read_to_string("/usr/include/slurm/slurm_version.h") {
+            Ok(header) => {
+                let line = header
+                    .lines()
+                    .find(|l| l.starts_with("#define SLURM_VERSION_NUMBER"))
+                    .expect("slurm_version.h defines SLURM_VERSION_NUMBER");
+                let hex = line.rsplit("0x").next().unwrap();
+                assert_eq!(plugin_version, u32::from_str_radix(hex.trim(), 16).unwrap());
+            }
+            Err(_) => assert_eq!(plugin_version, 0x16_05_00),
+        }
+    }
+
+    #[test]
+    fn exported_names_are_nul_terminated_c_strings() {
+        assert_eq!(CStr::from_bytes_with_nul(&plugin_name).unwrap(), c"kace");
+        assert_eq!(CStr::from_bytes_with_nul(&plugin_type).unwrap(), c"spank");
+    }
+}

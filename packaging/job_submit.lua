@@ -1,0 +1,88 @@
+--[[
+kace's submission gate, for Slurm's job_submit/lua plugin (slurm.conf: JobSubmitPlugins=lua;
+Slurm 22.05 reads job_submit.lua from the directory slurm.conf is in).
+
+A job that asks for colocation (sbatch --kace-colocate[=WORKLOAD]: the kace SPANK plugin puts
+KACE_COLOCATE=<workload, or empty for "the job name"> into its SPANK job environment) is
+  * held (priority 0) until kace releases it beside a partner, and
+  * marked admin_comment = "kace:<workload>", a field only root can change, so kace can trust it.
+The workload is validated again here: the plugin runs on the submit host, which users control.
+A bad workload refuses the submission with a message saying what is allowed.
+Every other job passes untouched.
+
+Priority 0 set here is a *user* hold (JobHeldUser), which users may normally release;
+slurm_job_modify below refuses that release from anyone but root for a kace job.
+]]
+
+local MAX_LEN = 128
+local RULE = "a workload name is 1 to 128 of A-Z a-z 0-9 . _ + -"
+local PREFIX = "kace:"
+
+-- The KACE_COLOCATE value of the job's SPANK environment, or nil when the job did not ask.
+-- In 22.05 spank_job_env is a 0-based table (or nil), so iterate with pairs, not ipairs.
+local function kace_request(job_desc)
+  local env = job_desc.spank_job_env
+  if env == nil then
+    return nil
+  end
+  for _, v in pairs(env) do
+    if type(v) == "string" and string.sub(v, 1, 14) == "KACE_COLOCATE=" then
+      return string.sub(v, 15)
+    end
+  end
+  return nil
+end
+
+local function valid_workload(w)
+  return w ~= nil and #w >= 1 and #w <= MAX_LEN and not string.find(w, "[^A-Za-z0-9%._%+%-]")
+end
+
+-- An untrusted value made printable and short for a message.
+local function quote(s)
+  local shown = string.gsub(string.sub(s, 1, 40), "[%c\128-\255\"\\]", function(c)
+    return string.format("\\x%02x", string.byte(c))
+  end)
+  if #s > 40 then
+    return string.format("\"%s\"... (%d bytes)", shown, #s)
+  end
+  return "\"" .. shown .. "\""
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  local req = kace_request(job_desc)
+  if req == nil then
+    -- A user must not pass a job off as one kace marked.
+    local ac = job_desc.admin_comment
+    if submit_uid ~= 0 and ac ~= nil and string.sub(ac, 1, #PREFIX) == PREFIX then
+      slurm.log_user("kace: couldn't accept admin_comment %s: only kace sets it", quote(ac))
+      return slurm.ESLURM_ACCESS_DENIED
+    end
+    return slurm.SUCCESS
+  end
+
+  local workload, source = req, "--kace-colocate value"
+  if workload == "" then
+    workload, source = job_desc.name or "", "job name"
+  end
+  if not valid_workload(workload) then
+    slurm.log_user("kace: couldn't accept workload %s (the %s): %s; name it with --kace-colocate=WORKLOAD",
+      quote(workload), source, RULE)
+    return slurm.ERROR
+  end
+
+  job_desc.admin_comment = PREFIX .. workload
+  job_desc.priority = 0
+  slurm.log_verbose("kace: gate: holding a job of uid %u as workload %s", submit_uid, workload)
+  return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  local ac = job_rec.admin_comment
+  -- `scontrol release` arrives as priority = INFINITE; other updates carry NO_VAL.
+  if modify_uid ~= 0 and ac ~= nil and string.sub(ac, 1, #PREFIX) == PREFIX
+      and job_desc.priority == slurm.INFINITE then
+    slurm.log_info("kace: gate: refused uid %u releasing kace job %u", modify_uid, job_rec.job_id)
+    return slurm.ESLURM_ACCESS_DENIED
+  end
+  return slurm.SUCCESS
+end

@@ -1,0 +1,82 @@
+//! Reads `SLURM_VERSION_NUMBER` from the Slurm headers the plugin is built against, so the
+//! `plugin_version` symbol matches the Slurm that will load the plugin (Slurm refuses a plugin
+//! whose major.minor differ from its own).
+//!
+//! Header search: `$SLURM_INCLUDE_DIR/slurm/slurm_version.h`, then
+//! `/usr/include/slurm/slurm_version.h`. When neither exists the build still succeeds (so the rest
+//! of the workspace builds and tests on a machine without libslurm-dev) with a `cargo:warning`,
+//! and the plugin carries `FALLBACK_VERSION` (Debian 12's Slurm 22.05); `KACE_SLURM_VERSION`
+//! (e.g. `0x160508`) overrides both, for cross builds.
+
+use std::env;
+use std::fs;
+use std::path::PathBuf;
+
+/// Debian 12's Slurm 22.05; Slurm compares only major.minor for SPANK plugins.
+const FALLBACK_VERSION: u32 = 0x16_05_00;
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=SLURM_INCLUDE_DIR");
+    println!("cargo:rerun-if-env-changed=KACE_SLURM_VERSION");
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR for build scripts"));
+
+    let (version, source) = match env::var("KACE_SLURM_VERSION") {
+        Ok(v) => match parse_number(&v) {
+            Some(n) => (n, format!("KACE_SLURM_VERSION={v}")),
+            None => {
+                eprintln!("error: KACE_SLURM_VERSION={v:?} is not a number like 0x160508");
+                std::process::exit(1);
+            }
+        },
+        Err(_) => from_headers(),
+    };
+
+    let text = format!(
+        "/// `SLURM_VERSION_NUMBER` the plugin was built against ({source}).\n\
+         pub const SLURM_VERSION_NUMBER: u32 = {version:#x};\n"
+    );
+    fs::write(out.join("slurm_version.rs"), text).expect("OUT_DIR is writable");
+}
+
+fn from_headers() -> (u32, String) {
+    let mut candidates = Vec::new();
+    if let Some(dir) = env::var_os("SLURM_INCLUDE_DIR") {
+        candidates.push(PathBuf::from(dir).join("slurm/slurm_version.h"));
+    }
+    candidates.push(PathBuf::from("/usr/include/slurm/slurm_version.h"));
+    for header in &candidates {
+        println!("cargo:rerun-if-changed={}", header.display());
+        let Ok(text) = fs::read_to_string(header) else { continue };
+        match version_from_header(&text) {
+            Some(n) => return (n, header.display().to_string()),
+            None => {
+                eprintln!("error: {} has no `#define SLURM_VERSION_NUMBER`", header.display());
+                std::process::exit(1);
+            }
+        }
+    }
+    println!(
+        "cargo:warning=kace-spank: no slurm/slurm_version.h found (install libslurm-dev or set \
+         SLURM_INCLUDE_DIR); plugin_version falls back to {FALLBACK_VERSION:#x} (Slurm 22.05), \
+         which only a Slurm 22.05 will load"
+    );
+    (FALLBACK_VERSION, "fallback: no slurm_version.h found".to_string())
+}
+
+fn version_from_header(text: &str) -> Option<u32> {
+    text.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next(), words.next()) {
+            (Some("#define"), Some("SLURM_VERSION_NUMBER"), Some(value)) => parse_number(value),
+            _ => None,
+        }
+    })
+}
+
+fn parse_number(s: &str) -> Option<u32> {
+    let s = s.trim();
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16).ok(),
+        None => s.parse().ok(),
+    }
+}

@@ -1,0 +1,97 @@
+//! Where kace's per-GPU MPS directories and per-job progress files live. Pure, and public so the
+//! prolog (which starts the MPS control daemon) and the epilog (which reads progress) compute
+//! exactly the paths the plugin gives the job's tasks.
+//!
+//! Layout, for `mps_root=/run/kace/mps`, `progress_root=/var/spool/kace/progress`:
+//! ```text
+//! /run/kace/mps/<gpu>/pipe            CUDA_MPS_PIPE_DIRECTORY of the daemon for GPU <gpu>
+//! /run/kace/mps/<gpu>/log             CUDA_MPS_LOG_DIRECTORY of that daemon
+//! /var/spool/kace/progress/<job>.progress   KACE_PROGRESS_FILE of job <job>
+//! ```
+//! `<gpu>` is the node-global GPU index (the first entry of `SLURM_JOB_GPUS`, which Slurm gives
+//! in host numbering both to the prolog and to the job, falling back to `CUDA_VISIBLE_DEVICES`).
+
+use std::path::{Path, PathBuf};
+
+/// A node-global GPU index, as Slurm numbers the node's `gpu` gres.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct GpuIndex(pub u32);
+
+/// One GPU's MPS directories.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsDirs {
+    /// `CUDA_MPS_PIPE_DIRECTORY`: where the control daemon's socket lives.
+    pub pipe: PathBuf,
+    /// `CUDA_MPS_LOG_DIRECTORY`: where the control daemon writes its logs.
+    pub log: PathBuf,
+}
+
+/// The MPS directories of GPU `gpu` under `mps_root`.
+pub fn mps_dirs(mps_root: &Path, gpu: GpuIndex) -> MpsDirs {
+    let base = mps_root.join(gpu.0.to_string());
+    MpsDirs { pipe: base.join("pipe"), log: base.join("log") }
+}
+
+/// The progress file of job `job_id` under `progress_root`.
+pub fn progress_file(progress_root: &Path, job_id: u32) -> PathBuf {
+    progress_root.join(format!("{job_id}.progress"))
+}
+
+/// The GPU whose MPS daemon a job uses, from the job's `SLURM_JOB_GPUS` and
+/// `CUDA_VISIBLE_DEVICES`. A kace job holds one GPU (a shard of it); if it holds several, the
+/// first listed is used, since one process talks to one MPS daemon. `None` when neither
+/// variable starts with a plain index (unset, empty, `NoDevFiles`, a `GPU-<uuid>`).
+pub fn job_gpu(
+    slurm_job_gpus: Option<&str>,
+    cuda_visible_devices: Option<&str>,
+) -> Option<GpuIndex> {
+    [slurm_job_gpus, cuda_visible_devices].into_iter().flatten().find_map(first_index)
+}
+
+fn first_index(list: &str) -> Option<GpuIndex> {
+    let first = list.split(',').next()?.trim();
+    if first.is_empty() || first.len() > 9 || !first.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    first.parse().ok().map(GpuIndex)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mps_dirs_follow_the_documented_layout() {
+        let d = mps_dirs(Path::new("/run/kace/mps"), GpuIndex(3));
+        assert_eq!(d.pipe, Path::new("/run/kace/mps/3/pipe"));
+        assert_eq!(d.log, Path::new("/run/kace/mps/3/log"));
+    }
+
+    #[test]
+    fn progress_file_is_per_job() {
+        let p = progress_file(Path::new("/var/spool/kace/progress"), 4711);
+        assert_eq!(p, Path::new("/var/spool/kace/progress/4711.progress"));
+    }
+
+    #[test]
+    fn slurm_job_gpus_wins_over_cuda_visible_devices() {
+        // Under ConstrainDevices the job sees CUDA_VISIBLE_DEVICES=0 for host GPU 1.
+        assert_eq!(job_gpu(Some("1"), Some("0")), Some(GpuIndex(1)));
+        assert_eq!(job_gpu(None, Some("2")), Some(GpuIndex(2)));
+        assert_eq!(job_gpu(Some(""), Some("2")), Some(GpuIndex(2)));
+    }
+
+    #[test]
+    fn first_gpu_of_a_list_is_used() {
+        assert_eq!(job_gpu(Some("4,5"), None), Some(GpuIndex(4)));
+        assert_eq!(job_gpu(Some(" 7 ,1"), None), Some(GpuIndex(7)));
+    }
+
+    #[test]
+    fn no_plain_index_means_no_gpu() {
+        assert_eq!(job_gpu(None, None), None);
+        assert_eq!(job_gpu(Some("NoDevFiles"), Some("GPU-8f2a")), None);
+        assert_eq!(job_gpu(Some("-1"), None), None);
+        assert_eq!(job_gpu(Some("99999999999"), None), None);
+    }
+}

@@ -1,0 +1,617 @@
+//! A real Slurm cluster on localhost for one test binary: slurmctld plus one `slurmd -N <node>`
+//! per node, in a fresh directory, with fake GPUs, the kace plugin and gate. It starts and stops
+//! only its own daemons, and removes its directory when dropped.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use crate::conf::{self, Hooks, Layout, NodeSpec};
+use crate::{plugin, sys, HarnessError};
+
+/// PATH for every Slurm command the harness runs (Slurm's own hooks get none).
+const PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+const POLL: Duration = Duration::from_millis(50);
+
+/// A prolog/epilog-type hook.
+#[derive(Debug, Clone)]
+pub enum Hook {
+    /// An existing executable (e.g. a kace binary).
+    Path(PathBuf),
+    /// A bash script body, written into the cluster directory; `{dir}` in it is replaced by the
+    /// cluster directory. It runs as root with no PATH and must exit 0 (else Slurm drains the node).
+    Script(String),
+}
+
+/// Builds a [`Cluster`]; see [`Cluster::builder`].
+#[derive(Debug, Clone)]
+pub struct ClusterBuilder {
+    nodes: Vec<NodeSpec>,
+    typed: bool,
+    plugin: bool,
+    plugin_args: Option<String>,
+    gate: Option<PathBuf>,
+    prolog: Option<Hook>,
+    epilog: Option<Hook>,
+    prolog_slurmctld: Option<Hook>,
+    epilog_slurmctld: Option<Hook>,
+    extra: Vec<String>,
+}
+
+impl ClusterBuilder {
+    /// Replaces the nodes (default: `n1` and `n2`, one GPU with 4 shards each).
+    pub fn nodes(mut self, nodes: Vec<NodeSpec>) -> Self {
+        self.nodes = nodes;
+        self
+    }
+
+    /// Typed GPUs and shards (`g0`, `g1`, ... per node), for placement on a given GPU.
+    pub fn typed_gpus(mut self, typed: bool) -> Self {
+        self.typed = typed;
+        self
+    }
+
+    /// Load the kace SPANK plugin (default: yes).
+    pub fn plugin(mut self, on: bool) -> Self {
+        self.plugin = on;
+        self
+    }
+
+    /// The plugin's plugstack.conf arguments (default: `mps_root=<dir>/mps
+    /// progress_root=<dir>/progress`; `{dir}` is replaced by the cluster directory).
+    pub fn plugin_args(mut self, args: &str) -> Self {
+        self.plugin_args = Some(args.to_string());
+        self
+    }
+
+    /// The job_submit.lua to use (default: the repository's `packaging/job_submit.lua`);
+    /// `None` runs without a gate.
+    pub fn gate(mut self, lua: Option<PathBuf>) -> Self {
+        self.gate = lua;
+        self
+    }
+
+    pub fn prolog(mut self, hook: Hook) -> Self {
+        self.prolog = Some(hook);
+        self
+    }
+
+    pub fn epilog(mut self, hook: Hook) -> Self {
+        self.epilog = Some(hook);
+        self
+    }
+
+    pub fn prolog_slurmctld(mut self, hook: Hook) -> Self {
+        self.prolog_slurmctld = Some(hook);
+        self
+    }
+
+    pub fn epilog_slurmctld(mut self, hook: Hook) -> Self {
+        self.epilog_slurmctld = Some(hook);
+        self
+    }
+
+    /// An extra slurm.conf line.
+    pub fn slurm_conf_line(mut self, line: &str) -> Self {
+        self.extra.push(line.to_string());
+        self
+    }
+
+    /// Writes the configuration, starts the daemons and waits until every node is idle.
+    pub fn start(self) -> Result<Cluster, HarnessError> {
+        let started = Instant::now();
+        let dir = new_dir()?;
+        // From here on, an error drops `cluster`, which stops what was started and removes `dir`.
+        let mut cluster = Cluster {
+            conf: dir.join("etc/slurm.conf"),
+            dir,
+            nodes: Vec::new(),
+            ctld: None,
+            slurmds: Vec::new(),
+            keep: std::env::var_os("KACE_E2E_KEEP").is_some(),
+        };
+        let dir = cluster.dir.clone();
+        for sub in ["etc", "spool/ctld", "log", "run", "dev", "out", "hooks", "mps", "progress"] {
+            mkdir(&dir.join(sub))?;
+        }
+        // Jobs of unprivileged users write their output and work here.
+        for sub in ["out", "work"] {
+            let p = dir.join(sub);
+            mkdir(&p)?;
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o1777)).map_err(io_err(&p))?;
+        }
+
+        let hook = |name: &str, h: &Option<Hook>| -> Result<Option<PathBuf>, HarnessError> {
+            match h {
+                None => Ok(None),
+                Some(Hook::Path(p)) => Ok(Some(p.clone())),
+                Some(Hook::Script(body)) => {
+                    let p = dir.join("hooks").join(name);
+                    let text = format!(
+                        "#!/bin/bash\n{}\n",
+                        body.replace("{dir}", &dir.display().to_string())
+                    );
+                    write(&p, &text)?;
+                    fs::set_permissions(&p, fs::Permissions::from_mode(0o755))
+                        .map_err(io_err(&p))?;
+                    Ok(Some(p))
+                }
+            }
+        };
+        let hooks = Hooks {
+            prolog: hook("prolog", &self.prolog)?,
+            epilog: hook("epilog", &self.epilog)?,
+            prolog_slurmctld: hook("prolog_slurmctld", &self.prolog_slurmctld)?,
+            epilog_slurmctld: hook("epilog_slurmctld", &self.epilog_slurmctld)?,
+        };
+
+        let mut nodes = Vec::new();
+        for n in &self.nodes {
+            nodes.push((n.clone(), free_port()?));
+        }
+        let layout = Layout {
+            dir: dir.clone(),
+            hostname: short_hostname()?,
+            ctld_port: free_port()?,
+            nodes,
+            typed: self.typed,
+            hooks,
+            gate: self.gate.is_some(),
+            plugstack: self.plugin,
+            extra: self.extra.clone(),
+        };
+
+        for (_, _, global) in layout.gpus() {
+            // Fake GPUs: Slurm accepts only character or block devices in gres.conf.
+            let dev = layout.gpu_device(global);
+            run_checked(Command::new("mknod").arg(&dev).args(["c", "195", &global.to_string()]))?;
+        }
+        write(&cluster.conf, &layout.slurm_conf())?;
+        write(&dir.join("etc/gres.conf"), &layout.gres_conf())?;
+        if self.plugin {
+            // A private copy: a rebuild during the run must not swap the .so under the daemons.
+            let so = dir.join("etc/libkace_spank.so");
+            let built = plugin::plugin_path()?;
+            fs::copy(&built, &so).map_err(io_err(&built))?;
+            let default_args = "mps_root={dir}/mps progress_root={dir}/progress".to_string();
+            let args = self.plugin_args.clone().unwrap_or(default_args);
+            let args = args.replace("{dir}", &dir.display().to_string());
+            write(&dir.join("etc/plugstack.conf"), &conf::plugstack_conf(&so, &args))?;
+        }
+        if let Some(lua) = &self.gate {
+            fs::copy(lua, dir.join("etc/job_submit.lua")).map_err(io_err(lua))?;
+        }
+        cluster.nodes = layout.nodes.iter().map(|(n, _)| n.clone()).collect();
+        for node in &cluster.nodes {
+            mkdir(&dir.join("spool").join(&node.name))?;
+        }
+
+        cluster.ctld = Some(cluster.spawn("slurmctld", &["-D"], "slurmctld")?);
+        for node in cluster.nodes.clone() {
+            let d = cluster.spawn(
+                "slurmd",
+                &["-D", "-N", &node.name],
+                &format!("slurmd-{}", node.name),
+            )?;
+            cluster.slurmds.push((node.name.clone(), d));
+        }
+        cluster.wait_idle(Duration::from_secs(60))?;
+        eprintln!("kace-e2e: cluster {} up in {:.1?}", dir.display(), started.elapsed());
+        Ok(cluster)
+    }
+}
+
+/// One daemon the harness started, in foreground mode (`-D`), so it is our child.
+#[derive(Debug)]
+struct Daemon {
+    name: String,
+    child: Mutex<Child>,
+}
+
+impl Daemon {
+    fn running(&self) -> bool {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        matches!(child.try_wait(), Ok(None))
+    }
+
+    fn stop(&self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        if !matches!(child.try_wait(), Ok(None)) {
+            return;
+        }
+        sys::signal(child.id(), sys::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if !matches!(child.try_wait(), Ok(None)) {
+                return;
+            }
+            sleep(POLL);
+        }
+        eprintln!("kace-e2e: {} ignored SIGTERM for 10 s; killing it", self.name);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// A running test cluster. Dropping it cancels its jobs, stops its daemons (and any process
+/// still running on their behalf) and removes its directory (kept when `KACE_E2E_KEEP` is set).
+#[derive(Debug)]
+pub struct Cluster {
+    dir: PathBuf,
+    conf: PathBuf,
+    nodes: Vec<NodeSpec>,
+    ctld: Option<Daemon>,
+    slurmds: Vec<(String, Daemon)>,
+    keep: bool,
+}
+
+/// `scontrol show job` fields of one job.
+pub type JobInfo = BTreeMap<String, String>;
+
+impl Cluster {
+    /// Defaults: nodes `n1`, `n2` with one untyped GPU (4 shards) each, the kace plugin, the
+    /// repository's gate, no hooks.
+    pub fn builder() -> ClusterBuilder {
+        ClusterBuilder {
+            nodes: vec![NodeSpec::new("n1", 1), NodeSpec::new("n2", 1)],
+            typed: false,
+            plugin: true,
+            plugin_args: None,
+            gate: Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/job_submit.lua")),
+            prolog: None,
+            epilog: None,
+            prolog_slurmctld: None,
+            epilog_slurmctld: None,
+            extra: Vec::new(),
+        }
+    }
+
+    /// The cluster's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Its slurm.conf (what `SLURM_CONF` points to in every command).
+    pub fn conf(&self) -> &Path {
+        &self.conf
+    }
+
+    pub fn nodes(&self) -> &[NodeSpec] {
+        &self.nodes
+    }
+
+    /// A Slurm command set up for this cluster (`SLURM_CONF`, a PATH, cwd = the cluster dir).
+    pub fn command(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env("SLURM_CONF", &self.conf).env("PATH", PATH).current_dir(&self.dir);
+        c
+    }
+
+    /// Runs `program args` and returns its output, whatever its exit status.
+    pub fn run(&self, program: &str, args: &[&str]) -> Result<Output, HarnessError> {
+        let mut c = self.command(program);
+        c.args(args).stdin(Stdio::null());
+        c.output().map_err(|e| HarnessError::Io {
+            what: format!("couldn't run {program}"),
+            source: e.to_string(),
+        })
+    }
+
+    /// Runs `program args`, failing unless it exits 0; returns stdout.
+    pub fn run_ok(&self, program: &str, args: &[&str]) -> Result<String, HarnessError> {
+        let mut c = self.command(program);
+        c.args(args);
+        run_checked(&mut c)
+    }
+
+    /// `sbatch --parsable` with output to `out/<jobid>.out`; returns the job id. `args` come
+    /// after the harness's own options, so they can override them.
+    pub fn sbatch(&self, args: &[&str]) -> Result<u32, HarnessError> {
+        let out_pattern = format!("--output={}/out/%j.out", self.dir.display());
+        let chdir = format!("--chdir={}/work", self.dir.display());
+        let mut full = vec!["--parsable", out_pattern.as_str(), chdir.as_str()];
+        full.extend_from_slice(args);
+        let out = self.run_ok("sbatch", &full)?;
+        parse_job_id(&out)
+    }
+
+    /// The fields of `scontrol -o show job <id>`.
+    pub fn job(&self, id: u32) -> Result<JobInfo, HarnessError> {
+        let out = self.run_ok("scontrol", &["-o", "show", "job", &id.to_string()])?;
+        Ok(parse_fields(&out))
+    }
+
+    /// Polls the job until `pred` holds, for at most `timeout`.
+    pub fn wait_job(
+        &self,
+        id: u32,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&JobInfo) -> bool,
+    ) -> Result<JobInfo, HarnessError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let info = self.job(id)?;
+            if pred(&info) {
+                return Ok(info);
+            }
+            if Instant::now() >= deadline {
+                return Err(HarnessError::Timeout {
+                    what: format!("job {id} to be {what}"),
+                    waited: timeout,
+                    detail: format!("{info:?}"),
+                });
+            }
+            sleep(POLL);
+        }
+    }
+
+    /// Waits until the job has ended (any final state) and returns its fields.
+    pub fn wait_done(&self, id: u32, timeout: Duration) -> Result<JobInfo, HarnessError> {
+        self.wait_job(id, "finished", timeout, |j| {
+            let s = j.get("JobState").map(String::as_str).unwrap_or("");
+            !matches!(s, "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING" | "SUSPENDED" | "")
+        })
+    }
+
+    /// The job's output file (`out/<jobid>.out`), or "" if it has none yet.
+    pub fn job_output(&self, id: u32) -> String {
+        fs::read_to_string(self.dir.join(format!("out/{id}.out"))).unwrap_or_default()
+    }
+
+    /// Whether this node's slurmd is still running.
+    pub fn slurmd_running(&self, node: &str) -> bool {
+        self.slurmds.iter().any(|(n, d)| n == node && d.running())
+    }
+
+    pub fn slurmctld_running(&self) -> bool {
+        self.ctld.as_ref().is_some_and(Daemon::running)
+    }
+
+    /// The node's slurmd log so far.
+    pub fn slurmd_log(&self, node: &str) -> String {
+        fs::read_to_string(self.dir.join(format!("log/slurmd-{node}.log"))).unwrap_or_default()
+    }
+
+    pub fn slurmctld_log(&self) -> String {
+        fs::read_to_string(self.dir.join("log/slurmctld.log")).unwrap_or_default()
+    }
+
+    fn spawn(&self, program: &str, args: &[&str], log: &str) -> Result<Daemon, HarnessError> {
+        let out_path = self.dir.join(format!("log/{log}.out"));
+        let out = fs::File::create(&out_path).map_err(io_err(&out_path))?;
+        let err = out.try_clone().map_err(io_err(&out_path))?;
+        let child = self
+            .command(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| HarnessError::Io {
+                what: format!("couldn't start {program}"),
+                source: e.to_string(),
+            })?;
+        Ok(Daemon { name: log.to_string(), child: Mutex::new(child) })
+    }
+
+    fn wait_idle(&self, timeout: Duration) -> Result<(), HarnessError> {
+        let deadline = Instant::now() + timeout;
+        let mut last = String::new();
+        loop {
+            let ctld = self.ctld.iter().map(|d| ("slurmctld".to_string(), d, self.slurmctld_log()));
+            let slurmds =
+                self.slurmds.iter().map(|(n, d)| (format!("slurmd -N {n}"), d, self.slurmd_log(n)));
+            if let Some((daemon, _, log)) = ctld.chain(slurmds).find(|(_, d, _)| !d.running()) {
+                return Err(HarnessError::DaemonExited { daemon, log: tail(&log, 40) });
+            }
+            if let Ok(out) = self.run("sinfo", &["-h", "-N", "-o", "%N %t"]) {
+                last = String::from_utf8_lossy(&out.stdout).into_owned();
+                let states: BTreeMap<&str, &str> =
+                    last.lines().filter_map(|l| l.split_once(' ')).collect();
+                if self.nodes.iter().all(|n| states.get(n.name.as_str()) == Some(&"idle")) {
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(HarnessError::Timeout {
+                    what: "all nodes to be idle".into(),
+                    waited: timeout,
+                    detail: format!("sinfo: {last}\n{}", self.log_tails()),
+                });
+            }
+            sleep(POLL);
+        }
+    }
+
+    fn log_tails(&self) -> String {
+        let mut s = String::new();
+        if let Ok(entries) = fs::read_dir(self.dir.join("log")) {
+            for e in entries.flatten() {
+                let text = fs::read_to_string(e.path()).unwrap_or_default();
+                s.push_str(&format!("--- {}\n{}", e.path().display(), tail(&text, 15)));
+            }
+        }
+        s
+    }
+
+    /// Cancels every job and waits (briefly) for the queue to drain, so no slurmstepd outlives
+    /// the slurmds.
+    fn cancel_all(&self) {
+        let Ok(out) = self.run("squeue", &["-h", "-o", "%i"]) else { return };
+        let ids: Vec<String> =
+            String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_string).collect();
+        if ids.is_empty() {
+            return;
+        }
+        let mut args = vec!["--quiet"];
+        args.extend(ids.iter().map(String::as_str));
+        let _ = self.run("scancel", &args);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            match self.run("squeue", &["-h", "-o", "%i"]) {
+                Ok(o) if o.stdout.iter().all(u8::is_ascii_whitespace) => return,
+                Ok(_) => sleep(POLL),
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Processes started on behalf of this cluster that are still alive: anything whose
+    /// environment carries this cluster's `SLURM_CONF` (slurmstepd, job tasks, hooks).
+    fn stragglers(&self) -> Vec<u32> {
+        let needle = format!("SLURM_CONF={}", self.conf.display()).into_bytes();
+        let me = std::process::id();
+        let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&pid| pid != me)
+            .filter(|pid| {
+                fs::read(format!("/proc/{pid}/environ"))
+                    .map(|env| env.split(|&b| b == 0).any(|kv| kv == needle.as_slice()))
+                    .unwrap_or(false)
+            })
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.slurmctld_running() {
+            self.cancel_all();
+        }
+        for (_, d) in &self.slurmds {
+            d.stop();
+        }
+        if let Some(c) = &self.ctld {
+            c.stop();
+        }
+        for pid in self.stragglers() {
+            eprintln!("kace-e2e: killing leftover process {pid} of {}", self.dir.display());
+            sys::signal(pid, sys::SIGKILL);
+        }
+        if self.keep {
+            eprintln!("kace-e2e: KACE_E2E_KEEP is set; leaving {}", self.dir.display());
+        } else if let Err(e) = fs::remove_dir_all(&self.dir) {
+            eprintln!("kace-e2e: couldn't remove {}: {e}", self.dir.display());
+        }
+    }
+}
+
+/// Splits `scontrol -o show job` output into its `Key=Value` fields.
+pub fn parse_fields(line: &str) -> JobInfo {
+    line.split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The job id in `sbatch --parsable` output (`<id>` or `<id>;<cluster>`).
+pub fn parse_job_id(out: &str) -> Result<u32, HarnessError> {
+    let first = out.trim().split(';').next().unwrap_or("");
+    first
+        .parse()
+        .map_err(|_| HarnessError::Unexpected(format!("sbatch --parsable printed {out:?}")))
+}
+
+/// The last `n` lines of `text`.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].iter().map(|l| format!("{l}\n")).collect()
+}
+
+fn new_dir() -> Result<PathBuf, HarnessError> {
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    loop {
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("kace-e2e-{}-{n}", std::process::id()));
+        match fs::create_dir(&p) {
+            Ok(()) => {
+                // Unprivileged job users must reach the plugin copy and out/, work/.
+                fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).map_err(io_err(&p))?;
+                return Ok(p);
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(io_err(&p)(e)),
+        }
+    }
+}
+
+fn free_port() -> Result<u16, HarnessError> {
+    // Bind-then-release: another process could take the port before Slurm does, but the window is
+    // milliseconds and a collision fails loudly at start.
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| HarnessError::Io {
+        what: "couldn't find a free port".into(),
+        source: e.to_string(),
+    })?;
+    l.local_addr().map(|a| a.port()).map_err(|e| HarnessError::Io {
+        what: "couldn't find a free port".into(),
+        source: e.to_string(),
+    })
+}
+
+fn short_hostname() -> Result<String, HarnessError> {
+    let out = run_checked(Command::new("hostname").arg("-s"))?;
+    Ok(out.trim().to_string())
+}
+
+fn mkdir(p: &Path) -> Result<(), HarnessError> {
+    fs::create_dir_all(p).map_err(io_err(p))
+}
+
+fn write(p: &Path, text: &str) -> Result<(), HarnessError> {
+    fs::write(p, text).map_err(io_err(p))
+}
+
+fn io_err(p: &Path) -> impl Fn(io::Error) -> HarnessError + '_ {
+    move |e| HarnessError::Io {
+        what: format!("couldn't use {}", p.display()),
+        source: e.to_string(),
+    }
+}
+
+fn run_checked(c: &mut Command) -> Result<String, HarnessError> {
+    let shown = format!("{c:?}");
+    let out = c.stdin(Stdio::null()).output().map_err(|e| HarnessError::Io {
+        what: format!("couldn't run {shown}"),
+        source: e.to_string(),
+    })?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(HarnessError::Command {
+            command: shown,
+            status: out.status.code(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_fields_are_split_on_the_first_equals() {
+        let f = parse_fields("JobId=7 JobName=wrap AdminComment=kace:a=b Priority=0\n");
+        assert_eq!(f["JobId"], "7");
+        assert_eq!(f["AdminComment"], "kace:a=b");
+        assert_eq!(f["Priority"], "0");
+    }
+
+    #[test]
+    fn parsable_job_id_with_and_without_cluster() {
+        assert_eq!(parse_job_id("42\n").unwrap(), 42);
+        assert_eq!(parse_job_id("43;kacee2e\n").unwrap(), 43);
+        assert!(parse_job_id("Submitted batch job 4").is_err());
+    }
+}

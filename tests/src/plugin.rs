@@ -1,0 +1,92 @@
+//! Finds the kace SPANK plugin (`libkace_spank.so`) for the test cluster, building it when it is
+//! missing or older than its sources, so `cargo test --workspace` works from a clean tree.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::SystemTime;
+
+use crate::HarnessError;
+
+const SO: &str = "libkace_spank.so";
+
+/// The plugin to load: `$KACE_SPANK_SO` if set, else the `.so` cargo built next to the test
+/// binary (`target/<profile>/`), else one built into `target/kace-e2e-plugin/`.
+pub fn plugin_path() -> Result<PathBuf, HarnessError> {
+    static FOUND: OnceLock<Result<PathBuf, HarnessError>> = OnceLock::new();
+    FOUND.get_or_init(locate).clone()
+}
+
+fn locate() -> Result<PathBuf, HarnessError> {
+    if let Some(p) = std::env::var_os("KACE_SPANK_SO") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(HarnessError::Plugin(format!("KACE_SPANK_SO={} does not exist", p.display())))
+        };
+    }
+    let sources = newest_source();
+    let exe = std::env::current_exe()
+        .map_err(|e| HarnessError::Plugin(format!("couldn't find the test binary: {e}")))?;
+    // Test binaries live in target/<profile>/deps/.
+    let deps = exe.parent().map(Path::to_path_buf);
+    let profile = deps.as_deref().and_then(Path::parent).map(Path::to_path_buf);
+    for dir in [profile.clone(), deps].into_iter().flatten() {
+        let so = dir.join(SO);
+        if is_fresh(&so, sources) {
+            return Ok(so);
+        }
+    }
+    // A separate target dir: the outer `cargo test` may still hold the lock on its own.
+    let target = profile
+        .as_deref()
+        .and_then(Path::parent)
+        .map(|t| t.join("kace-e2e-plugin"))
+        .unwrap_or_else(|| std::env::temp_dir().join("kace-e2e-plugin"));
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let out = Command::new(cargo)
+        .args(["build", "--offline", "-p", "kace-spank", "--manifest-path"])
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target)
+        .output()
+        .map_err(|e| {
+            HarnessError::Plugin(format!("couldn't run cargo build -p kace-spank: {e}"))
+        })?;
+    if !out.status.success() {
+        return Err(HarnessError::Plugin(format!(
+            "cargo build -p kace-spank failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    let so = target.join("debug").join(SO);
+    if so.is_file() {
+        Ok(so)
+    } else {
+        Err(HarnessError::Plugin(format!("cargo build -p kace-spank made no {}", so.display())))
+    }
+}
+
+fn mtime(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// The newest modification time among the plugin's sources.
+fn newest_source() -> Option<SystemTime> {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../spank-plugin");
+    let mut files = vec![crate_dir.join("build.rs"), crate_dir.join("Cargo.toml")];
+    if let Ok(entries) = std::fs::read_dir(crate_dir.join("src")) {
+        files.extend(entries.flatten().map(|e| e.path()));
+    }
+    files.iter().filter_map(|f| mtime(f)).max()
+}
+
+fn is_fresh(so: &Path, sources: Option<SystemTime>) -> bool {
+    match (mtime(so), sources) {
+        (Some(built), Some(src)) => built >= src,
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}

@@ -1,0 +1,295 @@
+//! The kace SPANK plugin and the gate on a real Slurm cluster: the option, holds and marks, the
+//! environment of prologs and tasks, hostile values, and daemon health after each case.
+//!
+//! All cases share one cluster (started by the first test, ~2 s). Jobs with valid input run on
+//! n1, whose slurmd log must then hold no kace error; forged hostile values go to n2.
+
+use std::process::Output;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kace_e2e::{Cluster, Hook};
+
+const WAIT: Duration = Duration::from_secs(30);
+/// The rule as the plugin and the gate state it.
+const RULE: &str = "1 to 128 of A-Z a-z 0-9 . _ + -";
+
+/// A hook script that records its environment in `<dir>/hooks/<jobid>.<name>.env`.
+fn recorder(name: &str) -> Hook {
+    Hook::Script(format!("/usr/bin/env > {{dir}}/hooks/$SLURM_JOB_ID.{name}.env\nexit 0"))
+}
+
+fn cluster(test: &str) -> Option<Arc<Cluster>> {
+    kace_e2e::shared(test, || {
+        Cluster::builder()
+            .prolog(recorder("prolog"))
+            .epilog(recorder("epilog"))
+            .epilog_slurmctld(recorder("epilog_slurmctld"))
+    })
+}
+
+/// The environment a recording hook saw for job `id`, waiting for it (EpilogSlurmctld runs
+/// after the job is already reported complete).
+fn hook_env(c: &Cluster, id: u32, hook: &str) -> String {
+    let path = c.dir().join(format!("hooks/{id}.{hook}.env"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match std::fs::read_to_string(&path) {
+            Ok(text) if !text.is_empty() => return text,
+            _ if std::time::Instant::now() >= deadline => {
+                panic!("no {hook} environment for job {id} at {}", path.display())
+            }
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// A batch script printing the variables the plugin sets for tasks.
+const PRINT_ENV: &str = "echo PIPE=$CUDA_MPS_PIPE_DIRECTORY; echo LOG=$CUDA_MPS_LOG_DIRECTORY; \
+                         echo PROGRESS=$KACE_PROGRESS_FILE; echo GPUS=$SLURM_JOB_GPUS";
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn field<'a>(job: &'a kace_e2e::JobInfo, key: &str) -> &'a str {
+    job.get(key).map(String::as_str).unwrap_or("")
+}
+
+fn assert_daemons_up(c: &Cluster) {
+    assert!(c.slurmctld_running(), "slurmctld died; log:\n{}", c.slurmctld_log());
+    for n in ["n1", "n2"] {
+        assert!(c.slurmd_running(n), "slurmd {n} died; log:\n{}", c.slurmd_log(n));
+    }
+}
+
+/// `error:` lines mentioning kace in n1's slurmd log (which includes its slurmstepds).
+fn kace_errors_on_n1(c: &Cluster) -> Vec<String> {
+    c.slurmd_log("n1")
+        .lines()
+        .filter(|l| l.contains("error") && l.contains("kace:"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn sbatch_help_lists_the_option() {
+    let Some(c) = cluster("sbatch_help_lists_the_option") else { return };
+    let out = c.run_ok("sbatch", &["--help"]).unwrap();
+    let line = out.lines().find(|l| l.contains("--kace-colocate")).unwrap_or_else(|| {
+        panic!("sbatch --help has no --kace-colocate:\n{out}");
+    });
+    assert!(line.contains("[WORKLOAD]"), "{line}");
+    let text = out.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(text.contains("WORKLOAD defaults to the job name"), "{out}");
+}
+
+#[test]
+fn slurmd_logs_the_plugin_and_its_slurm_version_once() {
+    let Some(c) = cluster("slurmd_logs_the_plugin_and_its_slurm_version_once") else { return };
+    // "slurm 22.05.8"
+    let version = c.run_ok("scontrol", &["-V"]).unwrap();
+    let version = version.split_whitespace().nth(1).unwrap().to_string();
+    for node in ["n1", "n2"] {
+        let log = c.slurmd_log(node);
+        let expected = format!(
+            "kace: slurmd: plugin {} for Slurm {version}, mps_root=",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert_eq!(log.matches(&expected).count(), 1, "{node}: {expected:?} not once in:\n{log}");
+    }
+}
+
+#[test]
+fn valued_and_bare_forms_are_held_and_marked() {
+    let Some(c) = cluster("valued_and_bare_forms_are_held_and_marked") else { return };
+    let cases: [(&[&str], &str); 4] = [
+        (&["--kace-colocate=bert-large_v1.5+amp"], "kace:bert-large_v1.5+amp"),
+        (&["--kace-colocate", "-J", "resnet50"], "kace:resnet50"),
+        // An empty value is the bare form.
+        (&["--kace-colocate=", "-J", "lstm"], "kace:lstm"),
+        // `--wrap` jobs are named "wrap".
+        (&["--kace-colocate"], "kace:wrap"),
+    ];
+    for (args, mark) in cases {
+        let mut full = args.to_vec();
+        full.extend(["--gres=shard:1", "-w", "n1", "--wrap", "true"]);
+        let id = c.sbatch(&full).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        let job = c.job(id).unwrap();
+        assert_eq!(field(&job, "JobState"), "PENDING", "{args:?}: {job:?}");
+        assert_eq!(field(&job, "Reason"), "JobHeldUser", "{args:?}: {job:?}");
+        assert_eq!(field(&job, "Priority"), "0", "{args:?}: {job:?}");
+        assert_eq!(field(&job, "AdminComment"), mark, "{args:?}: {job:?}");
+        c.run_ok("scancel", &[&id.to_string()]).unwrap();
+    }
+    assert_daemons_up(&c);
+}
+
+#[test]
+fn a_plain_job_is_neither_held_nor_marked() {
+    let Some(c) = cluster("a_plain_job_is_neither_held_nor_marked") else { return };
+    let id = c.sbatch(&["--gres=shard:1", "-w", "n1", "--wrap", PRINT_ENV]).unwrap();
+    let job = c.wait_done(id, WAIT).unwrap();
+    assert_eq!(field(&job, "JobState"), "COMPLETED", "{job:?}");
+    assert!(!field(&job, "AdminComment").starts_with("kace:"), "{job:?}");
+    // Not a kace job: the plugin leaves its tasks alone.
+    let out = c.job_output(id);
+    assert!(out.contains("PIPE=\n") && out.contains("PROGRESS=\n"), "{out}");
+    assert_daemons_up(&c);
+}
+
+#[test]
+fn invalid_values_are_refused_with_the_rule() {
+    let Some(c) = cluster("invalid_values_are_refused_with_the_rule") else { return };
+    let long = format!("--kace-colocate={}", "x".repeat(129));
+    let huge = format!("--kace-colocate={}", "y".repeat(100_000));
+    let bad = [
+        "--kace-colocate=a b",
+        "--kace-colocate=../../etc/passwd",
+        "--kace-colocate=$(id)",
+        "--kace-colocate=a\nb",
+        "--kace-colocate=\x01\x1b[31m",
+        "--kace-colocate=caf\u{e9}",
+        long.as_str(),
+        huge.as_str(),
+    ];
+    for arg in bad {
+        let out = c.run("sbatch", &[arg, "--gres=shard:1", "--wrap", "true"]).unwrap();
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{arg:?} was accepted: {err}");
+        assert!(err.contains("kace: option: couldn't accept workload"), "{arg:?}: {err}");
+        assert!(err.contains(RULE), "{arg:?}: {err}");
+        // sbatch itself echoes the raw argument ("Invalid --kace-colocate argument"); the
+        // plugin's own message must not.
+        let ours = err.lines().find(|l| l.contains("kace: option:")).unwrap_or_default();
+        assert!(
+            !ours.chars().any(char::is_control),
+            "{arg:?}: control characters echoed: {ours:?}"
+        );
+    }
+    // srun (local context) refuses too, before asking for an allocation.
+    let out = c.run("srun", &["--kace-colocate=a;b", "true"]).unwrap();
+    assert!(!out.status.success(), "srun accepted a bad value");
+    assert!(
+        stderr(&out).contains("kace: option: couldn't accept workload \"a;b\""),
+        "{}",
+        stderr(&out)
+    );
+    // The bare form with a job name that is no workload name: the gate refuses it.
+    let out = c.run("sbatch", &["--kace-colocate", "-J", "my job", "--wrap", "true"]).unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success(), "accepted: {err}");
+    assert!(err.contains("couldn't accept workload \"my job\" (the job name)"), "{err}");
+    assert!(err.contains(RULE), "{err}");
+    // Slurm's own job-name sanitising aside, nothing was queued.
+    let queue = c.run_ok("squeue", &["-h", "-n", "my job", "-o", "%i"]).unwrap();
+    assert!(queue.trim().is_empty(), "{queue}");
+    assert_daemons_up(&c);
+}
+
+#[test]
+fn null_literal_is_the_bare_form() {
+    let Some(c) = cluster("null_literal_is_the_bare_form") else { return };
+    let id = c.sbatch(&["--kace-colocate=(null)", "-J", "nulljob", "--wrap", "true"]).unwrap();
+    let job = c.job(id).unwrap();
+    assert_eq!(field(&job, "AdminComment"), "kace:nulljob", "{job:?}");
+    c.run_ok("scancel", &[&id.to_string()]).unwrap();
+    assert_daemons_up(&c);
+}
+
+/// A kace job released by root runs; its Prolog, Epilog and EpilogSlurmctld see
+/// SPANK_KACE_COLOCATE (empty for the bare form: the gate resolved the job name into
+/// AdminComment), its tasks the MPS and progress variables; n1's slurmd log has no kace error.
+#[test]
+fn released_kace_job_gets_prolog_and_task_environment() {
+    let Some(c) = cluster("released_kace_job_gets_prolog_and_task_environment") else { return };
+    let dir = c.dir().display().to_string();
+    for (option, spank_value) in [("--kace-colocate=bert", "bert"), ("--kace-colocate", "")] {
+        let args = [option, "-J", "envjob", "--gres=shard:1", "-w", "n1", "--wrap", PRINT_ENV];
+        let id = c.sbatch(&args).unwrap();
+        c.run_ok("scontrol", &["release", &id.to_string()]).unwrap();
+        let job = c.wait_done(id, WAIT).unwrap();
+        assert_eq!(field(&job, "JobState"), "COMPLETED", "{option}: {job:?}");
+
+        let line = format!("SPANK_KACE_COLOCATE={spank_value}\n");
+        for hook in ["prolog", "epilog", "epilog_slurmctld"] {
+            let env = hook_env(&c, id, hook);
+            assert!(env.contains(&line), "{option}: {hook} env lacks {line:?}:\n{env}");
+        }
+
+        let out = c.job_output(id);
+        assert!(out.contains(&format!("PIPE={dir}/mps/0/pipe\n")), "{option}: {out}");
+        assert!(out.contains(&format!("LOG={dir}/mps/0/log\n")), "{option}: {out}");
+        assert!(
+            out.contains(&format!("PROGRESS={dir}/progress/{id}.progress\n")),
+            "{option}: {out}"
+        );
+    }
+    assert_daemons_up(&c);
+    let errors = kace_errors_on_n1(&c);
+    assert!(errors.is_empty(), "kace errors in n1's slurmd log: {errors:#?}");
+}
+
+/// Values that bypass sbatch's check (a forged option variable in the job environment) reach the
+/// plugin in slurmstepd: it logs them escaped and runs the job as a plain one; slurmd lives on.
+#[test]
+fn forged_hostile_values_in_slurmstepd_are_survived() {
+    let Some(c) = cluster("forged_hostile_values_in_slurmstepd_are_survived") else { return };
+    let dir = c.dir().display().to_string();
+    let long = "z".repeat(100_000);
+    // (value, whether slurmstepd takes it as the bare form and sets the task variables)
+    let cases = [("\x02\x1b[2Jctl", false), (long.as_str(), false), ("", true), ("(null)", true)];
+    for (value, bare) in cases {
+        // slurmstepd reads a batch job's options from this variable of the job environment.
+        let export = format!("--export=ALL,_SLURM_SPANK_OPTION_kace_kace_colocate={value}");
+        let id = c.sbatch(&[&export, "--gres=shard:1", "-w", "n2", "--wrap", PRINT_ENV]).unwrap();
+        let job = c.wait_done(id, WAIT).unwrap();
+        let shown: String = value.chars().take(12).collect();
+        assert_eq!(field(&job, "JobState"), "COMPLETED", "{shown:?}: {job:?}");
+        let out = c.job_output(id);
+        let pipe = if bare { format!("PIPE={dir}/mps/0/pipe\n") } else { "PIPE=\n".into() };
+        assert!(out.contains(&pipe), "{shown:?}: {out}");
+        assert_daemons_up(&c);
+    }
+    let log = c.slurmd_log("n2");
+    assert!(
+        log.contains(r#"couldn't accept workload "\x02\x1b[2Jctl": byte 0 is "\x02""#),
+        "{log}"
+    );
+    assert!(log.contains("... (100000 bytes): it is 100000 bytes long"), "{log}");
+    assert!(!log.contains("\x1b"), "a control character reached the log");
+}
+
+/// The gate's modify hook: the submitting user cannot release a kace hold; root can.
+#[test]
+fn only_root_releases_a_kace_job() {
+    let Some(c) = cluster("only_root_releases_a_kace_job") else { return };
+    const NOBODY: u32 = 65534;
+    let as_nobody = |program: &str, args: &[&str]| {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = c.command(program);
+        cmd.uid(NOBODY).gid(NOBODY).env("HOME", "/nonexistent").args(args);
+        cmd.output().unwrap()
+    };
+    let out_opt = format!("--output={}/out/%j.out", c.dir().display());
+    let chdir = format!("--chdir={}/work", c.dir().display());
+    let args = ["--parsable", &out_opt, &chdir, "--kace-colocate=userjob", "--wrap", "true"];
+    let sub = as_nobody("sbatch", &args);
+    assert!(sub.status.success(), "nobody's sbatch failed: {}", stderr(&sub));
+    let id = kace_e2e::parse_job_id(&String::from_utf8_lossy(&sub.stdout)).unwrap();
+    let job = c.job(id).unwrap();
+    assert_eq!(field(&job, "AdminComment"), "kace:userjob", "{job:?}");
+    assert_eq!(field(&job, "Reason"), "JobHeldUser", "{job:?}");
+
+    let rel = as_nobody("scontrol", &["release", &id.to_string()]);
+    assert!(!rel.status.success(), "nobody released a kace job");
+    assert!(stderr(&rel).contains("Access/permission denied"), "{}", stderr(&rel));
+    let upd = as_nobody("scontrol", &["update", &format!("jobid={id}"), "AdminComment=kace:other"]);
+    assert!(!upd.status.success(), "nobody changed the admin comment");
+    assert_eq!(field(&c.job(id).unwrap(), "Reason"), "JobHeldUser");
+
+    c.run_ok("scontrol", &["release", &id.to_string()]).unwrap();
+    let job = c.wait_done(id, WAIT).unwrap();
+    assert_eq!(field(&job, "JobState"), "COMPLETED", "{job:?}");
+    assert_daemons_up(&c);
+}
