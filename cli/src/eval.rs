@@ -1,18 +1,24 @@
-//! `kace eval`: runs the paper's protocol or kace's general one on data files and prints the
-//! normalised throughput of every policy.
+//! `kace eval`: runs the paper's protocol or kace's general one on data files, under both the
+//! paper's and kace's production training protocol, and prints every policy's normalised
+//! objective.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Subcommand};
+use clap::{Args, Subcommand, ValueEnum};
 use kace_selector::dataset::{
     read_colocations, read_n_occur_splits, read_unseen_splits, ColocationData,
 };
 use kace_selector::eval::chart::{per_target_bars, policy_bars};
 use kace_selector::eval::paper::PAPER_SEEDS;
-use kace_selector::eval::{colocations, paper, EvalReport, BEST_RULE, KACE_LR, ORACLE, RANDOM};
-use serde_json::json;
+use kace_selector::eval::{
+    colocations, paper, EvalOptions, EvalReport, ModelChoice, Protocol, BEST_RULE, KACE, KACE_LR,
+    ORACLE, RANDOM,
+};
+use kace_selector::Objective;
+use serde_json::{json, Value};
 
 use crate::output::{table, Format};
 
@@ -31,23 +37,45 @@ enum EvalCommand {
     Colocations(ColocationArgs),
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ModelArg {
+    /// kace's per-job slowdown model (the production default).
+    Kace,
+    /// The paper's linear regression.
+    KaceLr,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ObjectiveArg {
+    /// The paper's objective: Σ colocated throughput (steps/s).
+    ThroughputSum,
+    /// Σ colocated / exclusive throughput per job.
+    NormalisedProgress,
+}
+
 /// Options every evaluation shares.
 #[derive(Debug, Args)]
 struct Common {
     /// Seeds of the runs, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = PAPER_SEEDS.to_vec())]
     seeds: Vec<u32>,
+    /// Evaluate only this model (default: every model).
+    #[arg(long, value_enum)]
+    model: Option<ModelArg>,
+    /// What a choice is worth.
+    #[arg(long, value_enum, default_value_t = ObjectiveArg::ThroughputSum)]
+    objective: ObjectiveArg,
     /// Write an SVG bar chart of the result to this file.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
-    /// Also report (and, with --plot, chart) each target workload's own result.
+    /// Put each target workload's own result in the JSON and chart it per workload.
     #[arg(long)]
     per_workload: bool,
 }
 
 #[derive(Debug, Args)]
 struct PaperArgs {
-    /// The artifact folder (with pairs/, splits/, results/).
+    /// The artifact folder (with pairs/ and splits/).
     #[arg(long, value_name = "DIR")]
     data: PathBuf,
     /// Minimum training appearances per workload (2…10; 3 is the paper's "~20 %" setting).
@@ -75,66 +103,111 @@ struct ColocationArgs {
     common: Common,
 }
 
+/// The two protocols' reports of one evaluation; `native` is the one the command is about.
+struct Evaluation {
+    title: String,
+    native: Protocol,
+    reports: Vec<EvalReport>,
+}
+
+impl Evaluation {
+    fn native(&self) -> &EvalReport {
+        self.reports.iter().find(|r| r.protocol == self.native).unwrap_or(&self.reports[0])
+    }
+}
+
 /// Runs `kace eval`.
 pub fn run(args: EvalArgs, format: Format) -> Result<()> {
-    let (report, common, title) = match args.command {
-        EvalCommand::Paper(a) => {
-            let pairs =
-                load_colocations(&a.data.join("pairs/MPS100_kernel_labels_targetMPS100.csv"))?;
-            if a.unseen {
-                let path = a.data.join("splits/unseen_workload_splits.csv");
-                let rows = read_unseen_splits(&path.display().to_string(), open(&path)?)?;
-                let r = paper::evaluate_unseen(&pairs, &rows).context("couldn't evaluate")?;
-                (r, a.common, "KACE paper, unseen workloads".to_string())
-            } else {
-                check_seeds(&a.common.seeds)?;
-                let n_occur = a.n_occur.unwrap_or(3);
-                let path = a.data.join("splits/n_occur_splits.csv");
-                let splits = read_n_occur_splits(&path.display().to_string(), open(&path)?)?;
-                let r = paper::evaluate_paper(&pairs, &splits, n_occur, &a.common.seeds)
-                    .context("couldn't evaluate")?;
-                (r, a.common, format!("KACE paper protocol, n_occur={n_occur}"))
-            }
-        }
-        EvalCommand::Colocations(a) => {
-            let data = load_colocations(&a.data)?;
-            let r = match &a.test {
-                Some(test) => {
-                    let test = load_colocations(test)?;
-                    if test.k != data.k {
-                        bail!(
-                            "couldn't evaluate: --data has groups of {} but --test of {}",
-                            data.k,
-                            test.k
-                        );
-                    }
-                    colocations::evaluate_train_test(&data, &test)
-                }
-                None => {
-                    check_seeds(&a.common.seeds)?;
-                    colocations::evaluate_split(&data, a.n_occur, &a.common.seeds)
-                }
-            }
-            .context("couldn't evaluate")?;
-            let title = format!("{} ({}-way), n_occur={}", a.data.display(), data.k, a.n_occur);
-            (r, a.common, title)
-        }
+    let (eval, common) = match args.command {
+        EvalCommand::Paper(a) => (eval_paper(&a)?, a.common),
+        EvalCommand::Colocations(a) => (eval_colocations(&a)?, a.common),
     };
-    if report.targets.is_empty() {
-        bail!("couldn't evaluate: no target workload had a candidate in the test data");
+    if eval.native().targets.is_empty() {
+        bail!("couldn't evaluate: no target workload had two or more candidates in the test data");
     }
-    print!("{}", render(&report, format, common.per_workload));
+    print!("{}", render(&eval, format, common.per_workload));
     if let Some(path) = &common.plot {
-        write_plot(path, &title, &report, common.per_workload)?;
+        write_plot(path, &eval, common.per_workload)?;
     }
     Ok(())
 }
 
-fn check_seeds(seeds: &[u32]) -> Result<()> {
-    if seeds.is_empty() {
+fn options(c: &Common, protocol: Protocol) -> Result<EvalOptions> {
+    if c.seeds.is_empty() {
         bail!("couldn't evaluate: --seeds is empty");
     }
-    Ok(())
+    Ok(EvalOptions {
+        protocol,
+        objective: match c.objective {
+            ObjectiveArg::ThroughputSum => Objective::ThroughputSum,
+            ObjectiveArg::NormalisedProgress => Objective::NormalisedProgress,
+        },
+        models: match c.model {
+            None => ModelChoice::ALL.to_vec(),
+            Some(ModelArg::Kace) => vec![ModelChoice::Kace],
+            Some(ModelArg::KaceLr) => vec![ModelChoice::KaceLr],
+        },
+        ..EvalOptions::default()
+    })
+}
+
+const PROTOCOLS: [Protocol; 2] = [Protocol::Paper, Protocol::Production];
+
+fn eval_paper(a: &PaperArgs) -> Result<Evaluation> {
+    let pairs = load_colocations(&a.data.join("pairs/MPS100_kernel_labels_targetMPS100.csv"))?;
+    let mut reports = Vec::new();
+    let title = if a.unseen {
+        let path = a.data.join("splits/unseen_workload_splits.csv");
+        let rows = read_unseen_splits(&path.display().to_string(), open(&path)?)?;
+        for p in PROTOCOLS {
+            let opts = options(&a.common, p)?;
+            reports
+                .push(paper::evaluate_unseen(&pairs, &rows, &opts).context("couldn't evaluate")?);
+        }
+        "KACE artifact, unseen workloads".to_string()
+    } else {
+        let n_occur = a.n_occur.unwrap_or(3);
+        let path = a.data.join("splits/n_occur_splits.csv");
+        let splits = read_n_occur_splits(&path.display().to_string(), open(&path)?)?;
+        for p in PROTOCOLS {
+            let opts = options(&a.common, p)?;
+            reports.push(
+                paper::evaluate_paper(&pairs, &splits, n_occur, &a.common.seeds, &opts)
+                    .context("couldn't evaluate")?,
+            );
+        }
+        format!("KACE artifact, n_occur={n_occur}")
+    };
+    Ok(Evaluation { title, native: Protocol::Paper, reports })
+}
+
+fn eval_colocations(a: &ColocationArgs) -> Result<Evaluation> {
+    let data = load_colocations(&a.data)?;
+    let test = match &a.test {
+        Some(t) => {
+            let test = load_colocations(t)?;
+            if test.k != data.k {
+                bail!(
+                    "couldn't evaluate: --data has groups of {} but --test of {}",
+                    data.k,
+                    test.k
+                );
+            }
+            Some(test)
+        }
+        None => None,
+    };
+    let mut reports = Vec::new();
+    for p in PROTOCOLS {
+        let opts = options(&a.common, p)?;
+        let r = match &test {
+            Some(test) => colocations::evaluate_train_test(&data, test, &opts),
+            None => colocations::evaluate_split(&data, a.n_occur, &a.common.seeds, &opts),
+        };
+        reports.push(r.context("couldn't evaluate")?);
+    }
+    let title = format!("{} ({}-way), n_occur={}", a.data.display(), data.k, a.n_occur);
+    Ok(Evaluation { title, native: Protocol::Production, reports })
 }
 
 fn open(path: &Path) -> Result<File> {
@@ -145,85 +218,128 @@ fn load_colocations(path: &Path) -> Result<ColocationData> {
     Ok(read_colocations(&path.display().to_string(), open(path)?)?)
 }
 
-/// Policies in report order: the model, the paper's named rules, then the other rules.
-fn ordered_policies(report: &EvalReport) -> Vec<(String, f64)> {
-    let means = report.means();
-    let first = [KACE_LR, ORACLE, BEST_RULE, "memcap", "mem%", RANDOM, "sm%"];
-    let mut out: Vec<(String, f64)> =
-        first.iter().filter_map(|k| means.get(*k).map(|v| (k.to_string(), *v))).collect();
-    for (k, v) in &means {
-        if !first.contains(&k.as_str()) {
-            out.push((k.clone(), *v));
-        }
-    }
+/// Policies in report order: the models, the paper's named rules, then the other rules.
+const FIRST: [&str; 8] = [KACE, KACE_LR, ORACLE, BEST_RULE, "memcap", "mem%", RANDOM, "sm%"];
+
+fn ordered_keys(means: &BTreeMap<String, f64>) -> Vec<String> {
+    let mut out: Vec<String> =
+        FIRST.iter().filter(|k| means.contains_key(**k)).map(|k| k.to_string()).collect();
+    out.extend(means.keys().filter(|k| !FIRST.contains(&k.as_str())).cloned());
     out
 }
 
-fn render(report: &EvalReport, format: Format, per_workload: bool) -> String {
-    let policies = ordered_policies(report);
+fn protocol_json(r: &EvalReport, per_workload: bool) -> Value {
+    let means = r.means();
+    let nt: serde_json::Map<String, Value> =
+        ordered_keys(&means).into_iter().map(|k| (k.clone(), json!(means[&k]))).collect();
+    let fit: serde_json::Map<String, Value> =
+        r.model_fit.keys().map(|m| (m.clone(), json!({"mse": r.mse(m), "r2": r.r2(m)}))).collect();
+    let mut v = json!({
+        "normalized_throughput": nt,
+        "mse": r.mse(KACE_LR),
+        "r2": r.r2(KACE_LR),
+        "model_fit": fit,
+        "rows": r.targets.len(),
+        "train_rows": r.train_rows,
+    });
+    if per_workload {
+        v["per_workload"] = json!(r.per_target());
+    }
+    v
+}
+
+fn render(eval: &Evaluation, format: Format, per_workload: bool) -> String {
+    let native = eval.native();
     match format {
         Format::Json => {
-            let mut doc = json!({
-                "n_occur": report.n_occur,
-                "seeds": report.seeds,
-                "normalized_throughput": policies.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
-                "mse": report.mse(),
-                "r2": report.r2(),
-                "rows": report.targets.len(),
-                "train_rows": report.train_rows,
-            });
-            if per_workload {
-                doc["per_workload"] = json!(report.per_target());
-            }
+            let mut doc = protocol_json(native, per_workload);
+            doc["n_occur"] = json!(native.n_occur);
+            doc["seeds"] = json!(native.seeds);
+            doc["protocol"] = json!(native.protocol.key());
+            doc["objective"] = json!(native.objective.key());
+            doc["by_protocol"] = eval
+                .reports
+                .iter()
+                .map(|r| (r.protocol.key().to_string(), protocol_json(r, per_workload)))
+                .collect::<serde_json::Map<_, _>>()
+                .into();
             let mut s = serde_json::to_string_pretty(&doc).unwrap_or_default();
             s.push('\n');
             s
         }
         Format::Table => {
-            let rows: Vec<Vec<String>> =
-                policies.iter().map(|(k, v)| vec![k.clone(), format!("{v:.4}")]).collect();
-            let mut s = table(&["policy", "normalised throughput"], &rows);
-            s.push_str(&format!(
-                "\n(seed, target) rows: {}   training rows per seed: {:?}\nMSE {:.4}   R² {:.4}  (z-scored test targets, mean over seeds)\n",
-                report.targets.len(),
-                report.train_rows,
-                report.mse(),
-                report.r2()
-            ));
-            if per_workload {
-                let cols = [KACE_LR, BEST_RULE, "memcap", RANDOM];
-                let per = report.per_target();
-                let rows: Vec<Vec<String>> = per
-                    .iter()
-                    .map(|(t, m)| {
-                        let mut r = vec![t.clone()];
-                        r.extend(cols.iter().map(|c| {
-                            m.get(*c).map(|v| format!("{v:.4}")).unwrap_or_else(|| "-".into())
-                        }));
-                        r
-                    })
+            let means: Vec<BTreeMap<String, f64>> =
+                eval.reports.iter().map(EvalReport::means).collect();
+            let mut header = vec!["policy".to_string()];
+            header.extend(eval.reports.iter().map(|r| format!("{} protocol", r.protocol.key())));
+            let rows: Vec<Vec<String>> = ordered_keys(&native.means())
+                .into_iter()
+                .map(|k| {
+                    let mut row = vec![k.clone()];
+                    row.extend(
+                        means.iter().map(|m| m.get(&k).map_or("-".into(), |v| format!("{v:.4}"))),
+                    );
+                    row
+                })
+                .collect();
+            let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
+            let mut s =
+                format!("{} — normalised {} (oracle = 1)\n\n", eval.title, native.objective.key());
+            s.push_str(&table(&header_refs, &rows));
+            s.push('\n');
+            for r in &eval.reports {
+                let fits: Vec<String> = r
+                    .model_fit
+                    .keys()
+                    .map(|m| format!("{m}: MSE {:.4}, R² {:.4}", r.mse(m), r.r2(m)))
                     .collect();
-                let mut header = vec!["workload"];
-                header.extend(cols);
-                s.push('\n');
-                s.push_str(&table(&header, &rows));
+                s.push_str(&format!(
+                    "{} protocol: {} (seed, target) rows; fitted on {:?} rows per run; {}\n",
+                    r.protocol.key(),
+                    r.targets.len(),
+                    r.train_rows,
+                    fits.join("; ")
+                ));
             }
+            let prod =
+                eval.reports.iter().find(|r| r.protocol == Protocol::Production).unwrap_or(native);
+            let cols: Vec<&str> = [KACE, KACE_LR, BEST_RULE, "memcap", RANDOM]
+                .into_iter()
+                .filter(|c| prod.targets.iter().any(|t| t.normalised.contains_key(*c)))
+                .collect();
+            let rows: Vec<Vec<String>> = prod
+                .per_target()
+                .iter()
+                .map(|(t, m)| {
+                    let mut r = vec![t.clone()];
+                    r.extend(
+                        cols.iter().map(|c| m.get(*c).map_or("-".into(), |v| format!("{v:.4}"))),
+                    );
+                    r
+                })
+                .collect();
+            let mut header = vec!["workload (production protocol, mean over seeds)"];
+            header.extend(&cols);
+            s.push('\n');
+            s.push_str(&table(&header, &rows));
             s
         }
     }
 }
 
-fn write_plot(path: &Path, title: &str, report: &EvalReport, per_workload: bool) -> Result<()> {
+fn write_plot(path: &Path, eval: &Evaluation, per_workload: bool) -> Result<()> {
+    let native = eval.native();
     let svg = if per_workload {
-        per_target_bars(title, &[KACE_LR, BEST_RULE, "memcap", RANDOM], &report.per_target())
+        per_target_bars(
+            &eval.title,
+            &[KACE, KACE_LR, BEST_RULE, "memcap", RANDOM],
+            &native.per_target(),
+        )
     } else {
-        let shown: Vec<(String, f64)> = ordered_policies(report)
-            .into_iter()
-            .filter(|(k, _)| {
-                [KACE_LR, ORACLE, BEST_RULE, "memcap", "mem%", RANDOM, "sm%"].contains(&k.as_str())
-            })
-            .collect();
-        policy_bars(title, &shown)
+        let means = native.means();
+        let shown: Vec<(String, f64)> =
+            FIRST.iter().filter_map(|k| means.get(*k).map(|v| (k.to_string(), *v))).collect();
+        policy_bars(&format!("{} ({} protocol)", eval.title, native.protocol.key()), &shown)
     };
     std::fs::write(path, svg).with_context(|| format!("couldn't write plot {}", path.display()))
 }

@@ -21,6 +21,7 @@ pub mod linear;
 pub mod numpy_rng;
 pub mod policy;
 pub mod selection;
+pub mod slowdown;
 pub mod zscore;
 
 pub use error::{DataError, SelectorError};

@@ -36,9 +36,12 @@ impl ZScore {
                     *s += (v - m) * (v - m);
                 }
             }
-            for (s, acc) in std.iter_mut().zip(ss) {
+            for ((s, acc), m) in std.iter_mut().zip(ss).zip(&mean) {
                 let sd = (acc / (n - ddof) as f64).sqrt();
-                *s = if sd > 0.0 && sd.is_finite() { sd } else { 1.0 };
+                // A constant column's computed spread is rounding noise (~1e-16 × its value);
+                // dividing by it would turn that noise into ±1.
+                let noise = 1e-12 * m.abs().max(f64::MIN_POSITIVE);
+                *s = if sd > noise && sd.is_finite() { sd } else { 1.0 };
             }
         }
         ZScore { mean, std }
@@ -92,6 +95,13 @@ mod tests {
         assert_eq!(s.apply(&[2.5, 5.0]), vec![0.0, 0.0]);
         let p = ZScore::fit(&rows, 2, 0);
         assert!((p.std[0] - 1.25f64.sqrt()).abs() < 1e-15);
+    }
+
+    #[test]
+    fn rounding_noise_is_not_spread() {
+        let v = 0.6931471805599448;
+        let rows = [[v], [v], [v], [v], [v], [v], [v]];
+        assert_eq!(ZScore::fit(&rows, 1, 0).std, vec![1.0]);
     }
 
     #[test]

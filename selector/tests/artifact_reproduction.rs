@@ -11,9 +11,14 @@ use kace_selector::dataset::{
 };
 use kace_selector::eval::colocations::{evaluate_split, n_occur_split};
 use kace_selector::eval::paper::{evaluate_paper, evaluate_unseen, fit_rows, paper_split};
-use kace_selector::eval::{BEST_RULE, KACE_LR, RANDOM};
+use kace_selector::eval::{EvalOptions, ModelChoice, BEST_RULE, KACE_LR, RANDOM};
 use kace_selector::numpy_rng::train_test_split_train;
 use kace_selector::Feature;
+
+/// The paper's protocol with only the paper's model.
+fn paper_lr() -> EvalOptions {
+    EvalOptions { models: vec![ModelChoice::KaceLr], ..EvalOptions::default() }
+}
 
 fn artifact_dir() -> Option<PathBuf> {
     let dir = std::env::var_os("KACE_ARTIFACT_DIR").map(PathBuf::from).unwrap_or_else(|| {
@@ -118,7 +123,8 @@ fn every_per_workload_result_matches_the_artifact() {
     let rows = results(&a.dir, "run0709_relative_throughput_all.csv");
     let mut checked = 0;
     for n in 2..=10 {
-        let report = evaluate_paper(&a.pairs, &a.splits, n, &[10, 20, 30, 40, 50]).unwrap();
+        let report =
+            evaluate_paper(&a.pairs, &a.splits, n, &[10, 20, 30, 40, 50], &paper_lr()).unwrap();
         let ours: HashMap<(u32, &str), _> =
             report.targets.iter().map(|t| ((t.seed, t.target.as_str()), t)).collect();
         let theirs: Vec<_> = rows
@@ -154,7 +160,8 @@ fn every_per_workload_result_matches_the_artifact() {
 #[test]
 fn headline_means_at_n_occur_3() {
     let Some(a) = load() else { return };
-    let m = evaluate_paper(&a.pairs, &a.splits, 3, &[10, 20, 30, 40, 50]).unwrap().means();
+    let m =
+        evaluate_paper(&a.pairs, &a.splits, 3, &[10, 20, 30, 40, 50], &paper_lr()).unwrap().means();
     for (key, want) in [
         (KACE_LR, 0.9063),
         (BEST_RULE, 0.8374),
@@ -173,7 +180,8 @@ fn whole_curve_and_fig2_match_the_results_files() {
     let rel = results(&a.dir, "run0709_relative_throughput_all.csv");
     let fig2 = results(&a.dir, "run0709_mse_r2_traintime.csv");
     for n in 2..=10 {
-        let report = evaluate_paper(&a.pairs, &a.splits, n, &[10, 20, 30, 40, 50]).unwrap();
+        let report =
+            evaluate_paper(&a.pairs, &a.splits, n, &[10, 20, 30, 40, 50], &paper_lr()).unwrap();
         let m = report.means();
         let theirs: Vec<_> = rel
             .iter()
@@ -200,11 +208,15 @@ fn whole_curve_and_fig2_match_the_results_files() {
             assert_eq!(num(r, "seed") as u32, report.seeds[i]);
             let (mse, r2) = (num(r, "allpairs_mse"), num(r, "allpairs_r2"));
             assert!(
-                (report.fit[i].mse - mse).abs() < 1e-6,
+                (report.fit(KACE_LR)[i].mse - mse).abs() < 1e-6,
                 "n={n} mse {} vs {mse}",
-                report.fit[i].mse
+                report.fit(KACE_LR)[i].mse
             );
-            assert!((report.fit[i].r2 - r2).abs() < 1e-6, "n={n} r2 {} vs {r2}", report.fit[i].r2);
+            assert!(
+                (report.fit(KACE_LR)[i].r2 - r2).abs() < 1e-6,
+                "n={n} r2 {} vs {r2}",
+                report.fit(KACE_LR)[i].r2
+            );
         }
     }
 }
@@ -217,7 +229,7 @@ fn unseen_workload_experiment() {
         File::open(a.dir.join("splits/unseen_workload_splits.csv")).unwrap(),
     )
     .unwrap();
-    let report = evaluate_unseen(&a.pairs, &rows).unwrap();
+    let report = evaluate_unseen(&a.pairs, &rows, &paper_lr()).unwrap();
     assert_eq!(report.targets.len(), 21);
     let m = report.means();
     // The artifact's picked throughput per held-out workload, for the KACE model.
@@ -255,7 +267,7 @@ fn three_way_data_evaluates() {
     )
     .unwrap();
     assert_eq!(d.k, 3);
-    let report = evaluate_split(&d, 3, &[10, 20, 30, 40, 50]).unwrap();
+    let report = evaluate_split(&d, 3, &[10, 20, 30, 40, 50], &EvalOptions::default()).unwrap();
     let m = report.means();
     assert!(m[KACE_LR] > m["memcap"] && m[KACE_LR] > m[RANDOM], "{m:?}");
     assert!(m[KACE_LR] > 0.9, "{m:?}");
@@ -266,7 +278,9 @@ fn three_way_data_evaluates() {
 #[test]
 fn figure5_per_workload_values() {
     let Some(a) = load() else { return };
-    let per = evaluate_paper(&a.pairs, &a.splits, 3, &[10, 20, 30, 40, 50]).unwrap().per_target();
+    let per = evaluate_paper(&a.pairs, &a.splits, 3, &[10, 20, 30, 40, 50], &paper_lr())
+        .unwrap()
+        .per_target();
     let mut rdr =
         csv::Reader::from_path(a.dir.join("results/figure5_21workload_normalized_throughput.csv"))
             .unwrap();

@@ -4,6 +4,9 @@
 pub mod chart;
 pub mod colocations;
 pub mod paper;
+pub mod run;
+
+pub use run::{EvalOptions, ModelChoice, Protocol, KACE};
 
 use std::collections::BTreeMap;
 
@@ -62,11 +65,15 @@ pub struct EvalReport {
     pub n_occur: Option<u32>,
     /// Seeds evaluated.
     pub seeds: Vec<u32>,
-    /// One result per (seed, target) with at least one candidate.
+    /// The protocol the models were trained and chose under.
+    pub protocol: Protocol,
+    /// What a choice was worth.
+    pub objective: Objective,
+    /// One result per (seed, target) with at least two candidates.
     pub targets: Vec<TargetResult>,
-    /// Fit quality per seed, in seed order.
-    pub fit: Vec<FitQuality>,
-    /// Training rows per seed.
+    /// Per model key: fit quality per run, in run order.
+    pub model_fit: BTreeMap<String, Vec<FitQuality>>,
+    /// Rows each run's models were fitted on.
     pub train_rows: Vec<usize>,
 }
 
@@ -87,14 +94,19 @@ impl EvalReport {
             .collect()
     }
 
-    /// Mean MSE over seeds.
-    pub fn mse(&self) -> f64 {
-        mean(self.fit.iter().map(|f| f.mse))
+    /// A model's fit quality per run (empty if it was not evaluated).
+    pub fn fit(&self, model: &str) -> &[FitQuality] {
+        self.model_fit.get(model).map(Vec::as_slice).unwrap_or(&[])
     }
 
-    /// Mean R² over seeds.
-    pub fn r2(&self) -> f64 {
-        mean(self.fit.iter().map(|f| f.r2))
+    /// A model's mean MSE over runs.
+    pub fn mse(&self, model: &str) -> f64 {
+        mean(self.fit(model).iter().map(|f| f.mse))
+    }
+
+    /// A model's mean R² over runs.
+    pub fn r2(&self, model: &str) -> f64 {
+        mean(self.fit(model).iter().map(|f| f.r2))
     }
 }
 

@@ -1,0 +1,320 @@
+//! kace's default model: it predicts each job's *slowdown* — colocated over exclusive
+//! throughput — from its own profile, its partners' profiles, their interaction, and two learnt
+//! per-workload terms (how sensitive a workload is to sharing, and how much it presses on
+//! others). A group's throughput sum or normalised progress follows from the slowdowns.
+//!
+//! Why this shape: the paper's model regresses the raw throughput *sum* on summed features, so a
+//! fast inference job's own speed swamps everything else and one model must learn interference
+//! and speed at once. Predicting each job's ratio in log space separates the two (speed is known
+//! exactly from the profile), treats the two jobs of a pair asymmetrically, and doubles the
+//! training samples. The per-workload terms are ridge-shrunk to zero, so a workload never seen in
+//! training falls back to the profile-only part. See `docs/models.md` for the evaluation.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::dataset::Group;
+use crate::error::SelectorError;
+use crate::features::{combine, Profile, FEATURE_COUNT};
+use crate::linear::ridge_with_intercept;
+use crate::zscore::ZScore;
+
+/// Width of the profile part of a job's feature vector: own, partners', and their product.
+pub const PROFILE_WIDTH: usize = 3 * FEATURE_COUNT;
+
+/// Training settings of a [`SlowdownModel`], chosen by the evaluation in `docs/models.md`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SlowdownParams {
+    /// Ridge strength on every coefficient (the features are z-scored, ddof = 0).
+    pub alpha: f64,
+    /// Value of a workload's indicator column; larger means its per-workload terms are
+    /// penalised less (effective strength α / scale²).
+    pub workload_scale: f64,
+}
+
+impl Default for SlowdownParams {
+    fn default() -> Self {
+        SlowdownParams { alpha: 1.0, workload_scale: 1.0 }
+    }
+}
+
+/// A member of a group as the model sees it: its profile and, if known, its workload name.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Member<'a> {
+    /// The workload's profile.
+    pub profile: &'a Profile,
+    /// The workload's name, for its learnt per-workload terms.
+    pub workload: Option<&'a str>,
+}
+
+/// The log-feature transform of a profile, computed once per profile and reused for every
+/// group it is scored in (the prolog scores one lead against many candidates).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LogProfile(pub [f64; FEATURE_COUNT]);
+
+impl LogProfile {
+    /// `ln(1 + |v|)` of every feature: the features span six orders of magnitude.
+    pub fn of(p: &Profile) -> LogProfile {
+        LogProfile(p.features.map(|v| v.abs().ln_1p()))
+    }
+}
+
+/// The fitted model. Serialisable, so the database can store and version it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SlowdownModel {
+    /// Settings it was trained with.
+    pub params: SlowdownParams,
+    /// Normalisation of the profile part (ddof = 0).
+    pub scale: ZScore,
+    /// Intercept of log slowdown.
+    pub intercept: f64,
+    /// Coefficients of the normalised profile part, [`PROFILE_WIDTH`] of them.
+    pub weights: Vec<f64>,
+    /// Per-workload sensitivity: added to the workload's own log slowdown.
+    pub sensitivity: BTreeMap<String, f64>,
+    /// Per-workload pressure: added to each partner's log slowdown.
+    pub pressure: BTreeMap<String, f64>,
+}
+
+fn profile_part(own: &LogProfile, others: &LogProfile, out: &mut [f64]) {
+    for j in 0..FEATURE_COUNT {
+        out[j] = own.0[j];
+        out[FEATURE_COUNT + j] = others.0[j];
+        out[2 * FEATURE_COUNT + j] = own.0[j] * others.0[j];
+    }
+}
+
+/// The partners' combined profile (the group minus member `i`).
+fn others_of(group: &[Profile], i: usize) -> Profile {
+    Profile::new(combine(group.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, p)| p)))
+}
+
+impl SlowdownModel {
+    /// Fits on measured groups of any size k ≥ 2: one sample per member, target
+    /// `ln(colocated / exclusive throughput)`.
+    pub fn fit(groups: &[&Group], params: SlowdownParams) -> Result<SlowdownModel, SelectorError> {
+        let mut names: Vec<&str> =
+            groups.iter().flat_map(|g| g.workloads.iter().map(String::as_str)).collect();
+        names.sort_unstable();
+        names.dedup();
+        let index = |w: &str| names.binary_search(&w).ok();
+        let mut profile_rows: Vec<[f64; PROFILE_WIDTH]> = Vec::new();
+        let mut owners: Vec<(usize, Vec<usize>)> = Vec::new();
+        let mut y = Vec::new();
+        for g in groups {
+            if g.k() < 2 {
+                continue;
+            }
+            for i in 0..g.k() {
+                let excl = g.profiles[i].exclusive_throughput();
+                let thr = g.throughputs[i];
+                if !(excl > 0.0 && thr > 0.0) {
+                    return Err(SelectorError::Invalid(format!(
+                        "{} in group {:?}: throughputs must be > 0 (exclusive {excl}, colocated {thr})",
+                        g.workloads[i], g.workloads
+                    )));
+                }
+                let mut row = [0.0; PROFILE_WIDTH];
+                let others = others_of(&g.profiles, i);
+                profile_part(&LogProfile::of(&g.profiles[i]), &LogProfile::of(&others), &mut row);
+                profile_rows.push(row);
+                let own = index(&g.workloads[i]).unwrap_or(0);
+                let partners =
+                    (0..g.k()).filter(|j| *j != i).filter_map(|j| index(&g.workloads[j])).collect();
+                owners.push((own, partners));
+                y.push((thr / excl).ln());
+            }
+        }
+        if y.is_empty() {
+            return Err(SelectorError::EmptyTrainingSet);
+        }
+        let scale = ZScore::fit(&profile_rows, PROFILE_WIDTH, 0);
+        let w = names.len();
+        let width = PROFILE_WIDTH + 2 * w;
+        let rows: Vec<Vec<f64>> = profile_rows
+            .iter()
+            .zip(&owners)
+            .map(|(r, (own, partners))| {
+                let mut row = vec![0.0; width];
+                scale.apply_into(r, &mut row[..PROFILE_WIDTH]);
+                row[PROFILE_WIDTH + own] = params.workload_scale;
+                for p in partners {
+                    row[PROFILE_WIDTH + w + p] += params.workload_scale;
+                }
+                row
+            })
+            .collect();
+        let (intercept, coef) = ridge_with_intercept(&rows, &y, params.alpha)?;
+        let term = |offset: usize| -> BTreeMap<String, f64> {
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.to_string(), coef[offset + i] * params.workload_scale))
+                .collect()
+        };
+        Ok(SlowdownModel {
+            params,
+            scale,
+            intercept,
+            weights: coef[..PROFILE_WIDTH].to_vec(),
+            sensitivity: term(PROFILE_WIDTH),
+            pressure: term(PROFILE_WIDTH + w),
+        })
+    }
+
+    /// Predicted log slowdown of a job with log profile `own` beside partners whose combined
+    /// profile has log transform `others`.
+    #[inline]
+    pub fn log_slowdown(
+        &self,
+        own: &LogProfile,
+        own_name: Option<&str>,
+        others: &LogProfile,
+        partner_names: &[Option<&str>],
+    ) -> f64 {
+        let mut part = [0.0; PROFILE_WIDTH];
+        profile_part(own, others, &mut part);
+        let mut acc = self.intercept;
+        for (j, (w, v)) in self.weights.iter().zip(part).enumerate() {
+            acc += w * self.scale.apply_one(j, v);
+        }
+        if let Some(s) = own_name.and_then(|n| self.sensitivity.get(n)) {
+            acc += s;
+        }
+        for p in partner_names.iter().flatten() {
+            if let Some(v) = self.pressure.get(*p) {
+                acc += v;
+            }
+        }
+        acc
+    }
+
+    /// Each member's predicted slowdown (colocated / exclusive throughput) in a group.
+    pub fn slowdowns(&self, members: &[Member<'_>]) -> Vec<f64> {
+        let profiles: Vec<Profile> = members.iter().map(|m| *m.profile).collect();
+        (0..members.len())
+            .map(|i| {
+                let own = LogProfile::of(members[i].profile);
+                let others = LogProfile::of(&others_of(&profiles, i));
+                let names: Vec<Option<&str>> = members
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .map(|(_, m)| m.workload)
+                    .collect();
+                self.log_slowdown(&own, members[i].workload, &others, &names).exp()
+            })
+            .collect()
+    }
+
+    /// Predicted throughput sum of a group (steps per second).
+    pub fn throughput_sum(&self, members: &[Member<'_>]) -> f64 {
+        self.slowdowns(members)
+            .iter()
+            .zip(members)
+            .map(|(s, m)| s * m.profile.exclusive_throughput())
+            .sum()
+    }
+
+    /// Predicted normalised progress of a group (Σ slowdowns).
+    pub fn normalised_progress(&self, members: &[Member<'_>]) -> f64 {
+        self.slowdowns(members).iter().sum()
+    }
+
+    /// Fast path for pairs: the predicted (lead, candidate) slowdowns from precomputed log
+    /// profiles. Equivalent to [`SlowdownModel::slowdowns`] on a pair.
+    #[inline]
+    pub fn pair_slowdowns(
+        &self,
+        lead: (&LogProfile, Option<&str>),
+        cand: (&LogProfile, Option<&str>),
+    ) -> (f64, f64) {
+        let a = self.log_slowdown(lead.0, lead.1, cand.0, &[cand.1]);
+        let b = self.log_slowdown(cand.0, cand.1, lead.0, &[lead.1]);
+        (a.exp(), b.exp())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::features::Feature;
+
+    fn prof(excl: f64, sm: f64) -> Profile {
+        let mut f = [1.0; FEATURE_COUNT];
+        f[Feature::ExclusiveThroughput.index()] = excl;
+        f[Feature::SmUtil.index()] = sm;
+        Profile::new(f)
+    }
+
+    /// Synthetic truth: a job slows down by its partner's SM utilisation.
+    fn group(a: (&str, Profile), b: (&str, Profile)) -> Group {
+        let slow = |p: &Profile| 1.0 / (1.0 + p.get(Feature::SmUtil) / 100.0);
+        Group {
+            workloads: vec![a.0.into(), b.0.into()],
+            throughputs: vec![
+                a.1.exclusive_throughput() * slow(&b.1),
+                b.1.exclusive_throughput() * slow(&a.1),
+            ],
+            profiles: vec![a.1, b.1],
+        }
+    }
+
+    #[test]
+    fn learns_partner_driven_slowdown_and_ranks_partners() {
+        let ws: Vec<(String, Profile)> = (0..8)
+            .map(|i| (format!("w{i}"), prof(10.0 + 5.0 * i as f64, 10.0 + 11.0 * i as f64)))
+            .collect();
+        let mut groups = Vec::new();
+        for i in 0..8 {
+            for j in (i + 1)..8 {
+                groups.push(group((&ws[i].0, ws[i].1), (&ws[j].0, ws[j].1)));
+            }
+        }
+        let refs: Vec<&Group> = groups.iter().collect();
+        let m =
+            SlowdownModel::fit(&refs, SlowdownParams { alpha: 1e-3, workload_scale: 1.0 }).unwrap();
+        for g in &groups {
+            let members: Vec<Member> = g
+                .profiles
+                .iter()
+                .zip(&g.workloads)
+                .map(|(p, w)| Member { profile: p, workload: Some(w) })
+                .collect();
+            let pred = m.throughput_sum(&members);
+            assert!((pred - g.total_throughput()).abs() / g.total_throughput() < 0.02);
+            let (a, b) = m.pair_slowdowns(
+                (&LogProfile::of(&g.profiles[0]), Some(&g.workloads[0])),
+                (&LogProfile::of(&g.profiles[1]), Some(&g.workloads[1])),
+            );
+            let s = m.slowdowns(&members);
+            assert!((a - s[0]).abs() < 1e-12 && (b - s[1]).abs() < 1e-12);
+            assert!((m.normalised_progress(&members) - (a + b)).abs() < 1e-12);
+        }
+        // An unseen workload still gets a profile-based prediction.
+        let new = prof(30.0, 50.0);
+        let members = [
+            Member { profile: &ws[0].1, workload: Some("w0") },
+            Member { profile: &new, workload: Some("never-seen") },
+        ];
+        let s = m.slowdowns(&members);
+        assert!(s.iter().all(|v| v.is_finite() && *v > 0.0 && *v < 1.5), "{s:?}");
+        let json = serde_json::to_string(&m).unwrap();
+        assert_eq!(serde_json::from_str::<SlowdownModel>(&json).unwrap(), m);
+    }
+
+    #[test]
+    fn rejects_bad_training_data() {
+        let mut g = group(("a", prof(10.0, 10.0)), ("b", prof(20.0, 20.0)));
+        g.throughputs[1] = 0.0;
+        assert!(matches!(
+            SlowdownModel::fit(&[&g], SlowdownParams::default()),
+            Err(SelectorError::Invalid(_))
+        ));
+        assert!(matches!(
+            SlowdownModel::fit(&[], SlowdownParams::default()),
+            Err(SelectorError::EmptyTrainingSet)
+        ));
+    }
+}
