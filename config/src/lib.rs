@@ -16,7 +16,7 @@
 //!
 //! [selection]
 //! memory_margin = 0.05    # keep 5 % of GPU memory free
-//! gain_threshold = 0.0    # predicted pair sum must beat the lead alone by this (steps/s)
+//! min_gain = 0.0          # predicted pair sum must beat the lead alone by this fraction
 //!
 //! [profiling]
 //! warmup_steps = 10
@@ -94,14 +94,14 @@ pub struct Selection {
     /// Fraction of GPU memory kept free when adding memcaps: a pair fits when
     /// Σ memcap ≤ GPU memory × (1 − margin). Default 0.05.
     pub memory_margin: f64,
-    /// A candidate is chosen only when its predicted pair throughput sum exceeds the lead's
-    /// exclusive throughput by at least this many steps/s. Default 0.0.
-    pub gain_threshold: f64,
+    /// A candidate is chosen only when its predicted pair throughput sum beats the lead's
+    /// exclusive throughput by more than this fraction (0.05 = 5 %). Default 0.0.
+    pub min_gain: f64,
 }
 
 impl Default for Selection {
     fn default() -> Self {
-        Selection { memory_margin: 0.05, gain_threshold: 0.0 }
+        Selection { memory_margin: 0.05, min_gain: 0.0 }
     }
 }
 
@@ -210,8 +210,8 @@ impl Config {
                 s.memory_margin
             ));
         }
-        if !s.gain_threshold.is_finite() {
-            return Err("selection.gain_threshold must be a finite number".into());
+        if !(s.min_gain.is_finite() && s.min_gain > -1.0) {
+            return Err(format!("selection.min_gain = {}: must be a number above -1", s.min_gain));
         }
         let h = self.training.holdout_fraction;
         if !(h > 0.0 && h < 1.0) {
@@ -292,7 +292,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.database.path, PathBuf::from("/tmp/x.db"));
         assert_eq!(c.selection.memory_margin, 0.1);
-        assert_eq!(c.selection.gain_threshold, 0.0);
+        assert_eq!(c.selection.min_gain, 0.0);
     }
 
     #[test]

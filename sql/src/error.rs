@@ -69,6 +69,22 @@ pub enum Error {
         /// The version asked for.
         version: i64,
     },
+    /// No model version is active, so nothing can be predicted.
+    NoActiveModel,
+    /// A stored model is of a kind or shape this build cannot use.
+    BadModel {
+        /// Its version.
+        version: i64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A workload needed for a decision has no complete profile.
+    NoProfile {
+        /// The workload.
+        workload: String,
+        /// The features still unknown (empty: no profile at all).
+        missing: Vec<&'static str>,
+    },
     /// A file-system operation on the database or spool failed.
     Io {
         /// What was being done ("read spool directory", …).
@@ -119,6 +135,20 @@ impl fmt::Display for Error {
             Error::NoSuchModel { version } => {
                 write!(f, "couldn't find model version {version}: no such version")
             }
+            Error::NoActiveModel => {
+                write!(f, "couldn't find an active model (train one with `kace train`)")
+            }
+            Error::BadModel { version, reason } => {
+                write!(f, "couldn't use model version {version}: {reason}")
+            }
+            Error::NoProfile { workload, missing } if missing.is_empty() => {
+                write!(f, "couldn't find a profile for workload {workload:?}")
+            }
+            Error::NoProfile { workload, missing } => write!(
+                f,
+                "couldn't use the profile of workload {workload:?}: missing {}",
+                missing.join(", ")
+            ),
             Error::Io { op, path, source } => {
                 write!(f, "couldn't {op} {}: {source}", path.display())
             }

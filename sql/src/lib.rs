@@ -6,11 +6,13 @@
 //! - [`db`]: [`Db`], the only place SQL is written.
 //! - [`types`]: the records and their validation.
 //! - [`spool`]: the epilog's atomic spool files and `ingest`.
+//! - [`decide`]: stored models and profiles to the selector: training set, read path.
 //!
 //! Readers (the prolog) open with [`Db::open_read_only`]; writers use a rollback journal and a
 //! busy timeout, never WAL, because the database may sit on a network file system.
 
 pub mod db;
+pub mod decide;
 pub mod error;
 pub mod schema;
 pub mod spool;
