@@ -69,8 +69,8 @@ pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
         Err(e) => return Err(e.into()),
     };
     // A NaN error on the new model counts as worse; on the active one, as beaten.
-    let not_worse = !new_q.mse.is_nan()
-        && active.is_none_or(|(_, q)| q.mse.is_nan() || new_q.mse <= q.mse);
+    let not_worse =
+        !new_q.mse.is_nan() && active.is_none_or(|(_, q)| q.mse.is_nan() || new_q.mse <= q.mse);
     let metrics = json!({
         "fit_pairs": fit_idx.len(),
         "holdout_pairs": held_idx.len(),

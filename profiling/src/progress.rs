@@ -108,10 +108,14 @@ pub fn parse(text: &str) -> Progress {
     out
 }
 
-/// Reads and parses a progress file, at most [`MAX_BYTES`] of it.
+/// Reads and parses a progress file, at most [`MAX_BYTES`] of it. A file that does not exist
+/// is a job that never reported progress: no points, which `throughput` then explains.
 pub fn read(path: &Path) -> Result<Progress, ProgressError> {
-    let f = std::fs::File::open(path)
-        .map_err(|e| ProgressError::Read(format!("{}: {e}", path.display())))?;
+    let f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Progress::default()),
+        Err(e) => return Err(ProgressError::Read(format!("{}: {e}", path.display()))),
+    };
     let mut buf = Vec::new();
     f.take(MAX_BYTES)
         .read_to_end(&mut buf)
