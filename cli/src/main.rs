@@ -12,6 +12,7 @@ mod observations;
 mod output;
 mod profile;
 mod profile_file;
+mod retrain;
 mod select;
 mod train;
 
@@ -58,6 +59,8 @@ enum Command {
     Observations(observations::ObservationsArgs),
     /// Fit a new model version from the observed pairs.
     Train(train::TrainArgs),
+    /// Nightly: ingest the spool, then train (activating only a model that is not worse).
+    Retrain(retrain::RetrainArgs),
     /// List, show and activate model versions.
     Model(model::ModelArgs),
     /// Show the partner the prolog would choose.
@@ -109,6 +112,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             observations::run(args, &ctx().context("config")?).context("observations")
         }
         Command::Train(args) => train::run(args, &ctx().context("config")?).context("train"),
+        Command::Retrain(args) => retrain::run(args, &ctx().context("config")?).context("retrain"),
         Command::Model(args) => model::run(args, &ctx().context("config")?).context("model"),
         Command::Select(args) => select::run(args, &ctx().context("config")?).context("select"),
     }

@@ -209,7 +209,8 @@ fn init_import_train_select_agrees_with_the_selector_in_memory() {
         assert_eq!(items.len(), cands.len());
         for (item, v) in items.iter().zip(&expect.verdicts) {
             match v.prediction {
-                Some(p) => assert!((item["prediction"].as_f64().unwrap() - p).abs() < 1e-9),
+                // Bit-identical: profiles and model round-trip exactly through SQLite and JSON.
+                Some(p) => assert_eq!(item["prediction"].as_f64().unwrap(), p),
                 None => assert!(item["prediction"].is_null()),
             }
             assert_eq!(item["rejected"].is_null(), v.rejection.is_none());
@@ -230,6 +231,22 @@ fn init_import_train_select_agrees_with_the_selector_in_memory() {
     assert_eq!(bad.status.code(), Some(1));
     assert!(stderr(&bad).contains("couldn't find model version 7"), "{}", stderr(&bad));
     env.ok(&["db", "check"]);
+
+    // The nightly retrain on an empty spool: nothing ingested, a third version trained on the
+    // same data, not worse than the active one, so activated.
+    let spool = env.dir.join("spool");
+    fs::create_dir_all(&spool).unwrap();
+    let q = env.dir.join("q");
+    let out = env.ok(&[
+        "retrain",
+        "--spool",
+        spool.to_str().unwrap(),
+        "--quarantine",
+        q.to_str().unwrap(),
+    ]);
+    assert!(out.contains("ingested 0 new observation(s)"), "{out}");
+    assert!(out.contains("model version 3"), "{out}");
+    assert_eq!(env.json(&["model", "show"])["version"], 3);
 }
 
 fn obs(i: usize) -> Observation {

@@ -68,7 +68,8 @@ fn build(path: &Path, observations: usize) -> Db {
     db.insert_profiles(&profiles).expect("profiles");
     let mut batch = Vec::new();
     for k in 0..observations {
-        let (a, b) = ((r.next() * WORKLOADS as f64) as usize, (r.next() * WORKLOADS as f64) as usize);
+        let (a, b) =
+            ((r.next() * WORKLOADS as f64) as usize, (r.next() * WORKLOADS as f64) as usize);
         batch.push(Observation {
             key: format!("bench/{k}"),
             job: k.to_string(),
@@ -93,7 +94,9 @@ fn build(path: &Path, observations: usize) -> Db {
     let y: Vec<f64> = rows.iter().map(|x| x[6] * 1.5 - x[9] * 0.3 + r.next()).collect();
     let model = LinearModel::fit(&rows, &y).expect("fit");
     let v = db
-        .insert_model(&linear_to_new_model(&model, serde_json::json!({}), "bench".into(), 200).unwrap())
+        .insert_model(
+            &linear_to_new_model(&model, serde_json::json!({}), "bench".into(), 200).unwrap(),
+        )
         .expect("model");
     db.activate_model(v).expect("activate");
     db
@@ -112,7 +115,9 @@ fn main() {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let rules = SelectionRules { gpu_memory_gib: Some(141.0), ..SelectionRules::default() };
     println!("prolog read path: open read-only + active model + profiles + predict + choose");
-    println!("median and p95 of {RUNS} runs; {WORKLOADS} profiled workloads, 2 measurements each\n");
+    println!(
+        "median and p95 of {RUNS} runs; {WORKLOADS} profiled workloads, 2 measurements each\n"
+    );
     println!(
         "{:>12}  {:>10}  {:>10}  {:>10}  {:>8}  {:>6}",
         "observations", "candidates", "median_ms", "p95_ms", "db_MiB", "chosen"
@@ -121,7 +126,8 @@ fn main() {
         let path: PathBuf = dir.join(format!("obs{observations}.db"));
         let t = Instant::now();
         drop(build(&path, observations));
-        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0) as f64 / (1024.0 * 1024.0);
+        let size =
+            std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0) as f64 / (1024.0 * 1024.0);
         eprintln!("built {} in {:.1} s", path.display(), t.elapsed().as_secs_f64());
         for n in [10usize, 100, 1_000] {
             let cands: Vec<CandidateSpec> =

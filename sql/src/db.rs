@@ -315,6 +315,13 @@ impl Db {
             if m.model.features.is_empty() {
                 report.problems.push(format!("model {}: no features", m.version));
             }
+            // The prolog must be able to use the active model; an old version of an unknown
+            // kind is history, not a problem.
+            if m.active {
+                if let Err(e) = crate::decide::linear_from_record(m) {
+                    report.problems.push(e.to_string());
+                }
+            }
         }
         Ok(())
     }
