@@ -34,6 +34,7 @@ pub fn run(args: IngestArgs, ctx: &Ctx) -> Result<()> {
             "duplicates": r.duplicates,
             "quarantined": q,
             "vanished": r.vanished,
+            "stale_temp_files": r.stale_temp_files,
         }))?;
     } else {
         println!(
@@ -44,6 +45,9 @@ pub fn run(args: IngestArgs, ctx: &Ctx) -> Result<()> {
         );
         for (p, why) in &r.quarantined {
             eprintln!("kace: ingest: quarantined {}: {why}", p.display());
+        }
+        for p in &r.stale_temp_files {
+            eprintln!("kace: ingest: {} is an abandoned write (older than an hour)", p.display());
         }
     }
     Ok(())

@@ -88,7 +88,13 @@ pub struct IngestReport {
     pub quarantined: Vec<(PathBuf, String)>,
     /// Files that another ingest took between listing and reading.
     pub vanished: usize,
+    /// Temporary files older than [`STALE_TEMP`]: writes that never completed (the writer
+    /// died before its rename). They are left for the admin to inspect.
+    pub stale_temp_files: Vec<PathBuf>,
 }
+
+/// Age after which a `.tmp.*` file in the spool is reported as an abandoned write.
+pub const STALE_TEMP: std::time::Duration = std::time::Duration::from_secs(3600);
 
 enum Read1 {
     Record(Box<Observation>),
@@ -157,6 +163,8 @@ fn remove_ingested(paths: &[PathBuf]) -> Result<()> {
 /// are ignored. Records are taken in file-name order.
 pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<IngestReport> {
     let mut names: Vec<PathBuf> = Vec::new();
+    let mut regular: Vec<bool> = Vec::new();
+    let mut stale: Vec<PathBuf> = Vec::new();
     for entry in fs::read_dir(spool).map_err(io_err("read spool directory", spool))? {
         let entry = entry.map_err(io_err("read spool directory", spool))?;
         let ft = match entry.file_type() {
@@ -164,14 +172,28 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
             Err(e) if e.kind() == ErrorKind::NotFound => continue,
             Err(e) => return Err(io_err("inspect spool entry", &entry.path())(e)),
         };
-        if ft.is_dir() || entry.file_name().to_string_lossy().starts_with('.') {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if ft.is_dir() {
+            continue;
+        }
+        if name.starts_with('.') {
+            let age = entry
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok());
+            if name.starts_with(".tmp.") && age.is_some_and(|a| a > STALE_TEMP) {
+                stale.push(entry.path());
+            }
             continue;
         }
         names.push(entry.path());
+        regular.push(ft.is_file());
     }
-    names.sort();
+    let mut order: Vec<usize> = (0..names.len()).collect();
+    order.sort_by(|&a, &b| names[a].cmp(&names[b]));
 
-    let mut report = IngestReport::default();
+    let mut report = IngestReport { stale_temp_files: stale, ..IngestReport::default() };
     let mut batch: Vec<Observation> = Vec::new();
     let mut batch_paths: Vec<PathBuf> = Vec::new();
     let flush = |db: &mut Db,
@@ -192,9 +214,14 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
         paths.clear();
         Ok(())
     };
-    for path in names {
+    for i in order {
+        let path = names[i].clone();
         let is_record = path.to_string_lossy().ends_with(RECORD_SUFFIX);
-        let read = if is_record {
+        // Symlinks, FIFOs and the like are never written by the epilog; following them as
+        // root could read anything, so they go to quarantine unread.
+        let read = if !regular[i] {
+            Read1::Bad("not a regular file".into())
+        } else if is_record {
             read_record(&path)?
         } else {
             Read1::Bad(format!("not a spool record (name does not end in {RECORD_SUFFIX})"))

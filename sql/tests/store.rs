@@ -286,10 +286,14 @@ fn spool_ingest_is_exactly_once_and_quarantines_bad_files() {
     fs::write(spool.join("neg.json"), serde_json::to_string(&neg).unwrap()).unwrap();
     fs::write(spool.join("notes.txt"), "hello").unwrap();
     fs::write(spool.join(".tmp.1.partial.json"), "{").unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", spool.join("link.json")).unwrap();
 
     let r = ingest(&mut db, &spool, &quarantine).unwrap();
     assert_eq!(r.inserted, 10);
-    assert_eq!(r.quarantined.len(), 3, "{:?}", r.quarantined);
+    assert_eq!(r.quarantined.len(), 4, "{:?}", r.quarantined);
+    assert!(r.stale_temp_files.is_empty());
+    let reason = fs::read_to_string(quarantine.join("link.json.reason")).unwrap();
+    assert!(reason.contains("not a regular file"), "{reason}");
     assert_eq!(db.observation_count().unwrap(), 10);
     let truncated = record_file_name("c/99/0");
     assert!(quarantine.join(&truncated).exists());
@@ -300,6 +304,15 @@ fn spool_ingest_is_exactly_once_and_quarantines_bad_files() {
     // Only the write in progress is left in the spool.
     let left: Vec<_> = fs::read_dir(&spool).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left, vec![std::ffi::OsString::from(".tmp.1.partial.json")]);
+
+    // An abandoned write (older than an hour) is reported, not touched.
+    let old = spool.join(".tmp.9.old.json");
+    let f = fs::File::create(&old).unwrap();
+    f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(7200)).unwrap();
+    drop(f);
+    let r = ingest(&mut db, &spool, &quarantine).unwrap();
+    assert_eq!(r.stale_temp_files, vec![old.clone()]);
+    fs::remove_file(&old).unwrap();
 
     // Re-running changes nothing; a record re-delivered after a crash is a duplicate.
     let r = ingest(&mut db, &spool, &quarantine).unwrap();
