@@ -249,6 +249,47 @@ fn init_import_train_select_agrees_with_the_selector_in_memory() {
     assert_eq!(env.json(&["model", "show"])["version"], 3);
 }
 
+#[test]
+fn baseline_labels_and_kernel_totals_merge_into_the_derived_profiles() {
+    let Some(art) = artifact() else { return };
+    let env = Env::new("merge");
+    env.ok(&["db", "init"]);
+    let wp = art.join("workload_profiles");
+    // The kernel metrics (one file per workload) and the system metrics (one table) arrive
+    // separately, as they would from ncu and from `kace profile run`.
+    env.ok(&["profile", "import", wp.join("kernel_total_KACE").to_str().unwrap()]);
+    env.ok(&["profile", "import", wp.join("baseline_labels.csv").to_str().unwrap()]);
+    let list = env.json(&["profile", "list"]);
+    let by_name: HashMap<String, &serde_json::Value> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["workload"].as_str().unwrap().to_string(), p))
+        .collect();
+    let derived = artifact_profiles(&art);
+    assert!(derived.len() >= 21);
+    let keys = [
+        "threads",
+        "sm_throughput",
+        "dram_throughput",
+        "memory_throughput",
+        "registers",
+        "static_shared_memory",
+        "exclusive_throughput",
+        "sm_pct",
+        "mem_pct",
+        "memcap_gib",
+    ];
+    for (name, p) in &derived {
+        let got = by_name.get(name).unwrap_or_else(|| panic!("{name} not imported"));
+        assert_eq!(got["complete"], true, "{name}");
+        for (k, want) in keys.iter().zip(p.features) {
+            let v = got["values"][k].as_f64().unwrap();
+            assert!((v - want).abs() <= 1e-12 * want.abs().max(1.0), "{name} {k}: {v} vs {want}");
+        }
+    }
+}
+
 fn obs(i: usize) -> Observation {
     Observation {
         key: format!("cluster/{i}/0"),
