@@ -507,17 +507,16 @@ fn weigh(layout: Layout, kernels: &[Kernel]) -> Result<KernelMetrics, NcuError> 
     }
     // Check every needed input first so the error names what is missing, not a symptom.
     type Getter = fn(&Kernel) -> Option<f64>;
-    let needed: [(Input, Getter); 6] = [
+    let checks: [(Input, Getter); 8] = [
         (Input::Duration, Kernel::duration),
+        (Input::Threads, Kernel::threads),
         (Input::Compute, |k| k.get(Input::Compute)),
         (Input::Dram, |k| k.get(Input::Dram)),
         (Input::Memory, |k| k.get(Input::Memory)),
         (Input::RegistersPerThread, |k| k.get(Input::RegistersPerThread)),
         (Input::StaticSmemPerBlock, |k| k.get(Input::StaticSmemPerBlock)),
+        (Input::GridSize, Kernel::grid),
     ];
-    let mut checks: Vec<(Input, Getter)> = needed.to_vec();
-    checks.insert(1, (Input::Threads, Kernel::threads));
-    checks.push((Input::GridSize, Kernel::grid));
     for (input, get) in checks {
         let missing: Vec<&Kernel> = kernels.iter().filter(|k| get(k).is_none()).collect();
         if let Some(first) = missing.first() {
