@@ -215,8 +215,10 @@ fn profile_run(
     // Open the database first: an hour-long run whose result cannot be stored is wasted.
     let mut db = ctx.open()?;
     let mut sampler = nvml::open_sampler(gpu)?;
+    // A fresh directory (create_dir fails on an existing path or symlink): the progress file
+    // must not be one that someone else prepared in the shared temp directory.
     let dir = std::env::temp_dir().join(format!("kace-profile-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("couldn't create {}", dir.display()))?;
+    std::fs::create_dir(&dir).with_context(|| format!("couldn't create {}", dir.display()))?;
     let progress_file = dir.join("progress");
     let mut parts = command.into_iter();
     let program = parts.next().ok_or_else(|| anyhow!("no command given after --"))?;
