@@ -28,6 +28,13 @@ pub struct TrainArgs {
     seed: Option<u64>,
 }
 
+/// Whether a new model with held-out error `new_mse` may replace the active one (`None`: there
+/// is none). Ties go to the new model: it was trained on the newer data. A NaN error on the
+/// new model counts as worse; on the active one, as beaten.
+fn not_worse(new_mse: f64, active_mse: Option<f64>) -> bool {
+    !new_mse.is_nan() && active_mse.is_none_or(|a| a.is_nan() || new_mse <= a)
+}
+
 /// Runs `kace train`.
 pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
     let fraction = args.holdout_fraction.unwrap_or(ctx.config.training.holdout_fraction);
@@ -68,9 +75,7 @@ pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
         }
         Err(e) => return Err(e.into()),
     };
-    // A NaN error on the new model counts as worse; on the active one, as beaten.
-    let not_worse =
-        !new_q.mse.is_nan() && active.is_none_or(|(_, q)| q.mse.is_nan() || new_q.mse <= q.mse);
+    let not_worse = not_worse(new_q.mse, active.map(|a| a.1.mse));
     let metrics = json!({
         "fit_pairs": fit_idx.len(),
         "holdout_pairs": held_idx.len(),
@@ -114,5 +119,20 @@ pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::not_worse;
+
+    #[test]
+    fn activation_rule() {
+        assert!(not_worse(1.0, None));
+        assert!(not_worse(1.0, Some(1.0)));
+        assert!(not_worse(0.5, Some(1.0)));
+        assert!(!not_worse(1.5, Some(1.0)));
+        assert!(!not_worse(f64::NAN, None));
+        assert!(not_worse(1.0, Some(f64::NAN)));
     }
 }
