@@ -47,7 +47,7 @@ pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
     let (fit_idx, held_idx) = holdout_split(set.rows.len(), fraction, seed);
     if fit_idx.len() < MIN_FIT_PAIRS || held_idx.is_empty() {
         bail!(
-            "couldn't train: {} usable observed pair(s) ({} skipped for missing profiles); \
+            "couldn't fit a model: {} usable observed pair(s) ({} skipped for missing profiles); \
              need at least {} to fit and one to hold out",
             set.rows.len(),
             set.skipped,
