@@ -352,3 +352,36 @@ fn two_concurrent_ingests_store_each_record_once() {
     assert_eq!(fs::read_dir(&spool).unwrap().count(), 0);
     assert!(!quarantine.exists() || fs::read_dir(&quarantine).unwrap().count() == 0);
 }
+
+#[test]
+fn schema_versions_are_enforced() {
+    let dir = TempDir::new("ver");
+    let path = dir.path().join("k.db");
+    Db::create(&path).unwrap();
+    // A database from a newer kace.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.pragma_update(None, "user_version", CURRENT_VERSION + 1).unwrap();
+    drop(conn);
+    assert!(matches!(Db::open_read_only(&path), Err(Error::SchemaTooNew { .. })));
+    assert!(matches!(Db::open(&path), Err(Error::SchemaTooNew { .. })));
+    let mut any = Db::open_any_version(&path).unwrap();
+    assert!(matches!(any.migrate(), Err(Error::SchemaTooNew { .. })));
+    assert!(!any.check().unwrap().problems.is_empty());
+    // Someone else's SQLite file is not initialised over.
+    let foreign = dir.path().join("foreign.db");
+    let conn = rusqlite::Connection::open(&foreign).unwrap();
+    conn.execute_batch("CREATE TABLE t (x INTEGER);").unwrap();
+    drop(conn);
+    assert!(matches!(Db::create(&foreign), Err(Error::Invalid { .. })));
+}
+
+#[test]
+fn read_only_handles_cannot_write() {
+    let dir = TempDir::new("ro");
+    let path = dir.path().join("k.db");
+    Db::create(&path).unwrap();
+    let mut ro = Db::open_read_only(&path).unwrap();
+    let err = ro.insert_observations(&[obs("k", "1", "w", None, 1.0)]).unwrap_err();
+    assert!(err.to_string().contains("readonly") || err.to_string().contains("read-only"), "{err}");
+    assert_eq!(Db::open(&path).unwrap().observation_count().unwrap(), 0);
+}
