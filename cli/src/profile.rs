@@ -71,6 +71,9 @@ enum ProfileCommand {
         /// Kill the workload after this many seconds.
         #[arg(long)]
         timeout_s: Option<u64>,
+        /// Run even when other compute processes use the GPU.
+        #[arg(long)]
+        allow_busy_gpu: bool,
         /// The workload's command line.
         #[arg(last = true, required = true, value_name = "CMD")]
         command: Vec<OsString>,
@@ -91,13 +94,22 @@ pub fn run(args: ProfileArgs, ctx: &Ctx) -> Result<()> {
         ProfileCommand::ImportNcu { workload, gpu_model, file } => {
             import_ncu(ctx, &workload, &gpu_model, &file)
         }
-        ProfileCommand::Run { workload, warmup_steps, gpu, interval_ms, timeout_s, command } => {
+        ProfileCommand::Run {
+            workload,
+            warmup_steps,
+            gpu,
+            interval_ms,
+            timeout_s,
+            allow_busy_gpu,
+            command,
+        } => {
             let spec = RunOptions {
                 warmup_steps: warmup_steps.unwrap_or(ctx.config.profiling.warmup_steps),
                 interval: Duration::from_millis(
                     interval_ms.unwrap_or(ctx.config.profiling.sample_interval_ms).max(1),
                 ),
                 timeout: timeout_s.map(Duration::from_secs),
+                allow_busy_gpu,
             };
             profile_run(ctx, &workload, gpu, spec, command)
         }
@@ -202,6 +214,7 @@ struct RunOptions {
     warmup_steps: u64,
     interval: Duration,
     timeout: Option<Duration>,
+    allow_busy_gpu: bool,
 }
 
 fn profile_run(
@@ -229,6 +242,7 @@ fn profile_run(
         interval: o.interval,
         progress_file,
         timeout: o.timeout,
+        allow_busy_gpu: o.allow_busy_gpu,
     };
     ctx.info(&format!(
         "profile run: running {} (warm-up {} steps)",

@@ -553,6 +553,19 @@ fn profile_run_with_the_fake_nvml_stores_system_metrics() {
     assert_eq!(shown["gpu_model"], "Fake V100");
     assert_eq!(shown["values"]["sm_pct"], 40.0);
 
+    // A GPU already in use is refused: the run would not be exclusive.
+    let out = env
+        .cmd(&["profile", "run", "--workload", "w2", "--", "sh", script.to_str().unwrap()])
+        .env("KACE_FAKE_NVML", "busy=2;samples=1,1,1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("the GPU is not idle (2 compute process(es) running)"),
+        "{}",
+        stderr(&out)
+    );
+
     // A workload that fails stores nothing and says so.
     let out = env
         .cmd(&["profile", "run", "--workload", "broken", "--", "sh", "-c", "exit 3"])

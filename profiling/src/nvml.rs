@@ -48,6 +48,9 @@ pub trait GpuSampler {
     fn total_memory_bytes(&mut self) -> Result<u64, SamplerError>;
     /// Takes one reading.
     fn sample(&mut self, now: f64) -> Result<Sample, SamplerError>;
+    /// Compute processes on the GPU now (a profiling run must start on an idle GPU: the
+    /// utilization it reads is device-wide in effect).
+    fn busy_processes(&mut self) -> Result<usize, SamplerError>;
 }
 
 /// The real backend: NVML through `nvml-wrapper`, loaded at run time.
@@ -86,6 +89,11 @@ impl GpuSampler for NvmlSampler {
     fn total_memory_bytes(&mut self) -> Result<u64, SamplerError> {
         let dev = self.nvml.device_by_index(self.index).map_err(nv("open the GPU"))?;
         Ok(dev.memory_info().map_err(nv("read GPU memory"))?.total)
+    }
+
+    fn busy_processes(&mut self) -> Result<usize, SamplerError> {
+        let dev = self.nvml.device_by_index(self.index).map_err(nv("open the GPU"))?;
+        Ok(dev.running_compute_processes().map_err(nv("list GPU processes"))?.len())
     }
 
     fn sample(&mut self, now: f64) -> Result<Sample, SamplerError> {
@@ -136,17 +144,25 @@ pub struct FakeSampler {
     pub total_bytes: u64,
     /// `(sm %, mem %, used MiB)` readings.
     pub script: Vec<(f64, f64, u64)>,
+    /// Compute processes reported as already running.
+    pub busy: usize,
     next: usize,
 }
 
 impl FakeSampler {
     /// A fake with the given readings.
     pub fn new(model: &str, total_mib: u64, script: Vec<(f64, f64, u64)>) -> FakeSampler {
-        FakeSampler { model: model.to_string(), total_bytes: total_mib << 20, script, next: 0 }
+        FakeSampler {
+            model: model.to_string(),
+            total_bytes: total_mib << 20,
+            script,
+            busy: 0,
+            next: 0,
+        }
     }
 
-    /// Parses `gpu=NAME;total_mib=N;samples=SM,MEM,MIB SM,MEM,MIB …` (keys optional except
-    /// `samples`). This is how tests drive `kace profile run` through [`FAKE_ENV_VAR`].
+    /// Parses `gpu=NAME;total_mib=N;busy=N;samples=SM,MEM,MIB SM,MEM,MIB …` (keys optional
+    /// except `samples`). This is how tests drive `kace profile run` through [`FAKE_ENV_VAR`].
     pub fn from_spec(spec: &str) -> Result<FakeSampler, String> {
         let mut fake = FakeSampler::new("Fake GPU", 32 * 1024, Vec::new());
         for part in spec.split(';').map(str::trim).filter(|p| !p.is_empty()) {
@@ -158,6 +174,7 @@ impl FakeSampler {
                     let mib: u64 = v.trim().parse().map_err(|_| format!("bad total_mib {v:?}"))?;
                     fake.total_bytes = mib << 20;
                 }
+                "busy" => fake.busy = v.trim().parse().map_err(|_| format!("bad busy {v:?}"))?,
                 "samples" => {
                     for triple in v.split_whitespace() {
                         let f: Vec<&str> = triple.split(',').collect();
@@ -187,6 +204,10 @@ impl GpuSampler for FakeSampler {
 
     fn total_memory_bytes(&mut self) -> Result<u64, SamplerError> {
         Ok(self.total_bytes)
+    }
+
+    fn busy_processes(&mut self) -> Result<usize, SamplerError> {
+        Ok(self.busy)
     }
 
     fn sample(&mut self, now: f64) -> Result<Sample, SamplerError> {

@@ -26,6 +26,9 @@ pub struct RunSpec {
     pub progress_file: PathBuf,
     /// Kill the job after this long (None: wait for it).
     pub timeout: Option<Duration>,
+    /// Run even when other compute processes use the GPU (their load then pollutes the
+    /// workload's utilization).
+    pub allow_busy_gpu: bool,
 }
 
 /// The measured system metrics.
@@ -70,6 +73,11 @@ pub enum RunError {
     Sampler(SamplerError),
     /// The progress file gave no throughput.
     Progress(ProgressError),
+    /// Other compute processes were using the GPU: the run would not be exclusive.
+    GpuBusy {
+        /// How many.
+        processes: usize,
+    },
     /// No utilization sample fell after the warm-up.
     NoSamples {
         /// Samples taken in total.
@@ -88,6 +96,11 @@ impl fmt::Display for RunError {
             RunError::TimedOut(d) => write!(f, "the workload ran longer than {d:?} and was killed"),
             RunError::Sampler(e) => write!(f, "{e}"),
             RunError::Progress(e) => write!(f, "{e}"),
+            RunError::GpuBusy { processes } => write!(
+                f,
+                "the GPU is not idle ({processes} compute process(es) running); a profiling run \
+                 must be exclusive (or pass --allow-busy-gpu)"
+            ),
             RunError::NoSamples { taken } => write!(
                 f,
                 "none of the {taken} GPU samples fell after the warm-up; run the workload \
@@ -106,6 +119,10 @@ fn unix_now() -> f64 {
 /// Runs the workload to completion while sampling, then computes the metrics.
 pub fn run(spec: &RunSpec, sampler: &mut dyn GpuSampler) -> Result<SystemMetrics, RunError> {
     let gpu_model = sampler.gpu_model().map_err(RunError::Sampler)?;
+    let busy = sampler.busy_processes().map_err(RunError::Sampler)?;
+    if busy > 0 && !spec.allow_busy_gpu {
+        return Err(RunError::GpuBusy { processes: busy });
+    }
     // A stale file from an earlier run would mix two runs' progress.
     let _ = std::fs::remove_file(&spec.progress_file);
     let mut child = Command::new(&spec.program)
