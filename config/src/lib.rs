@@ -284,6 +284,14 @@ mod tests {
     }
 
     #[test]
+    fn packaged_example_holds_the_defaults() {
+        // packaging/kace.conf documents every key with its default; it must stay in step.
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/kace.conf");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(Config::parse(&text, &path).unwrap(), Config::default());
+    }
+
+    #[test]
     fn values_override_defaults() {
         let c = Config::parse(
             "[database]\npath = \"/tmp/x.db\"\n[selection]\nmemory_margin = 0.1\n",
