@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong in `kace-sql`.
 ///
-/// Messages are phrased "couldn't <verb> <object>: <cause>" so that a binary can prefix its phase
+/// Messages are phrased `couldn't <verb> <object>: <cause>` so that a binary can prefix its phase
 /// (`kace: ingest: …`) and print the chain unchanged.
 #[derive(Debug)]
 #[non_exhaustive]
