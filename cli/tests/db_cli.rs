@@ -314,6 +314,8 @@ fn count_observations(env: &Env) -> usize {
 fn ingest_is_idempotent_and_quarantines_a_truncated_file() {
     let env = Env::new("ingest");
     env.ok(&["db", "init"]);
+    let m = env.json(&["db", "migrate"]);
+    assert_eq!(m["from_version"], m["to_version"]);
     let spool = env.dir.join("spool");
     let quarantine = env.dir.join("quarantine");
     fs::create_dir_all(&spool).unwrap();
