@@ -157,14 +157,32 @@ fn remove_ingested(paths: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
+/// Stores a batch and then, only after its transaction committed, removes its files: a crash
+/// in between leaves files whose keys are stored, which the next run counts as duplicates.
+fn flush(
+    db: &mut Db,
+    batch: &mut Vec<(PathBuf, Observation)>,
+    report: &mut IngestReport,
+) -> Result<()> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let obs: Vec<Observation> = batch.iter().map(|(_, o)| o.clone()).collect();
+    let n = db.insert_observations(&obs)?;
+    report.inserted += n.inserted;
+    report.duplicates += n.duplicates;
+    let paths: Vec<PathBuf> = batch.drain(..).map(|(p, _)| p).collect();
+    remove_ingested(&paths)
+}
+
 /// Moves every record in `spool` into `db`, quarantining bad files in `quarantine_dir`.
 ///
-/// Files whose names start with `.` are writes in progress and are left alone; sub-directories
-/// are ignored. Records are taken in file-name order.
+/// Files whose names start with `.` are writes in progress and are left alone (old `.tmp.*`
+/// ones are reported); sub-directories are ignored. Records are taken in file-name order.
 pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<IngestReport> {
-    let mut names: Vec<PathBuf> = Vec::new();
-    let mut regular: Vec<bool> = Vec::new();
-    let mut stale: Vec<PathBuf> = Vec::new();
+    // (path, is a regular file)
+    let mut entries: Vec<(PathBuf, bool)> = Vec::new();
+    let mut report = IngestReport::default();
     for entry in fs::read_dir(spool).map_err(io_err("read spool directory", spool))? {
         let entry = entry.map_err(io_err("read spool directory", spool))?;
         let ft = match entry.file_type() {
@@ -183,43 +201,20 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
                 .and_then(|m| m.modified().ok())
                 .and_then(|t| t.elapsed().ok());
             if name.starts_with(".tmp.") && age.is_some_and(|a| a > STALE_TEMP) {
-                stale.push(entry.path());
+                report.stale_temp_files.push(entry.path());
             }
             continue;
         }
-        names.push(entry.path());
-        regular.push(ft.is_file());
+        entries.push((entry.path(), ft.is_file()));
     }
-    let mut order: Vec<usize> = (0..names.len()).collect();
-    order.sort_by(|&a, &b| names[a].cmp(&names[b]));
+    entries.sort();
 
-    let mut report = IngestReport { stale_temp_files: stale, ..IngestReport::default() };
-    let mut batch: Vec<Observation> = Vec::new();
-    let mut batch_paths: Vec<PathBuf> = Vec::new();
-    let flush = |db: &mut Db,
-                 batch: &mut Vec<Observation>,
-                 paths: &mut Vec<PathBuf>,
-                 report: &mut IngestReport|
-     -> Result<()> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let n = db.insert_observations(batch)?;
-        report.inserted += n.inserted;
-        report.duplicates += n.duplicates;
-        // Only after the commit: a crash before this line leaves files whose keys are stored,
-        // which the next run counts as duplicates.
-        remove_ingested(paths)?;
-        batch.clear();
-        paths.clear();
-        Ok(())
-    };
-    for i in order {
-        let path = names[i].clone();
+    let mut batch: Vec<(PathBuf, Observation)> = Vec::new();
+    for (path, regular) in entries {
         let is_record = path.to_string_lossy().ends_with(RECORD_SUFFIX);
         // Symlinks, FIFOs and the like are never written by the epilog; following them as
         // root could read anything, so they go to quarantine unread.
-        let read = if !regular[i] {
+        let read = if !regular {
             Read1::Bad("not a regular file".into())
         } else if is_record {
             read_record(&path)?
@@ -236,14 +231,13 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
                 }
             }
             Read1::Record(obs) => {
-                batch.push(*obs);
-                batch_paths.push(path);
+                batch.push((path, *obs));
                 if batch.len() >= BATCH {
-                    flush(db, &mut batch, &mut batch_paths, &mut report)?;
+                    flush(db, &mut batch, &mut report)?;
                 }
             }
         }
     }
-    flush(db, &mut batch, &mut batch_paths, &mut report)?;
+    flush(db, &mut batch, &mut report)?;
     Ok(report)
 }
