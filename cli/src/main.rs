@@ -1,12 +1,28 @@
 //! `kace`, the admin command: parses arguments, runs one subcommand, maps errors to exit codes.
+//!
+//! Exit codes: 0 success; 1 failure; 2 bad usage; 3 the database is missing, damaged or of the
+//! wrong schema version; 4 `kace db check` found problems.
 
+mod context;
+mod db_cmd;
 mod eval;
+mod ingest;
+mod model;
+mod observations;
 mod output;
+mod profile;
+mod profile_file;
+mod retrain;
+mod select;
+mod train;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+use crate::context::Ctx;
 use crate::output::Format;
 
 /// Interference-aware GPU co-scheduling for Slurm.
@@ -16,6 +32,15 @@ struct Cli {
     /// Output format.
     #[arg(long, global = true, value_enum, default_value_t = Format::Table)]
     format: Format,
+    /// Database file (default: `database.path` from the config).
+    #[arg(long, global = true, value_name = "PATH")]
+    db: Option<PathBuf>,
+    /// Config file (default: $KACE_CONFIG, else /etc/slurm/kace.conf).
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Say more about what is done (on stderr).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -24,6 +49,22 @@ struct Cli {
 enum Command {
     /// Evaluate choosing policies against the oracle on measured colocations.
     Eval(eval::EvalArgs),
+    /// Create, migrate or check the database.
+    Db(db_cmd::DbArgs),
+    /// Move the epilog's spooled observations into the database.
+    Ingest(ingest::IngestArgs),
+    /// Import, measure and show workload profiles.
+    Profile(profile::ProfileArgs),
+    /// Import and list observed colocations.
+    Observations(observations::ObservationsArgs),
+    /// Fit a new model version from the observed pairs.
+    Train(train::TrainArgs),
+    /// Nightly: ingest the spool, then train (activating only a model that is not worse).
+    Retrain(retrain::RetrainArgs),
+    /// List, show and activate model versions.
+    Model(model::ModelArgs),
+    /// Show the partner the prolog would choose.
+    Select(select::SelectArgs),
 }
 
 fn main() -> ExitCode {
@@ -32,13 +73,47 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("kace: {err:#}");
-            ExitCode::from(1)
+            ExitCode::from(exit_code(&err))
         }
     }
 }
 
+/// The one place errors become exit codes.
+fn exit_code(err: &anyhow::Error) -> u8 {
+    for cause in err.chain() {
+        if cause.downcast_ref::<db_cmd::ProblemsFound>().is_some() {
+            return 4;
+        }
+        if let Some(e) = cause.downcast_ref::<kace_sql::Error>() {
+            use kace_sql::Error as E;
+            if matches!(
+                e,
+                E::Missing { .. }
+                    | E::Corrupt { .. }
+                    | E::NotInitialised { .. }
+                    | E::SchemaTooNew { .. }
+                    | E::SchemaTooOld { .. }
+            ) {
+                return 3;
+            }
+        }
+    }
+    1
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
+    let ctx = || Ctx::load(cli.config.as_deref(), cli.db.clone(), cli.format, cli.verbose);
     match cli.command {
         Command::Eval(args) => eval::run(args, cli.format),
+        Command::Db(args) => db_cmd::run(args, &ctx().context("config")?).context("db"),
+        Command::Ingest(args) => ingest::run(args, &ctx().context("config")?).context("ingest"),
+        Command::Profile(args) => profile::run(args, &ctx().context("config")?).context("profile"),
+        Command::Observations(args) => {
+            observations::run(args, &ctx().context("config")?).context("observations")
+        }
+        Command::Train(args) => train::run(args, &ctx().context("config")?).context("train"),
+        Command::Retrain(args) => retrain::run(args, &ctx().context("config")?).context("retrain"),
+        Command::Model(args) => model::run(args, &ctx().context("config")?).context("model"),
+        Command::Select(args) => select::run(args, &ctx().context("config")?).context("select"),
     }
 }

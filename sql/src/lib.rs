@@ -1,1 +1,24 @@
-//! kace's SQLite store: schema, migrations, typed queries and the observation spool (filled by the database issue).
+//! kace's SQLite store: schema and migrations, typed queries for workloads, profiles,
+//! observations, models and decisions, and the observation spool with its exactly-once ingest.
+//!
+//! # Layout
+//! - [`schema`]: the migrations, keyed on `PRAGMA user_version`.
+//! - [`db`]: [`Db`], the only place SQL is written.
+//! - [`types`]: the records and their validation.
+//! - [`spool`]: the epilog's atomic spool files and `ingest`.
+//! - [`decide`]: stored models and profiles to the selector: training set, read path.
+//!
+//! Readers (the prolog) open with [`Db::open_read_only`]; writers use a rollback journal and a
+//! busy timeout, never WAL, because the database may sit on a network file system.
+
+pub mod db;
+pub mod decide;
+pub mod error;
+pub mod schema;
+pub mod spool;
+pub mod types;
+
+pub use db::{CheckReport, Db, InsertCount, Migration};
+pub use error::{Error, Result};
+pub use schema::CURRENT_VERSION;
+pub use types::*;

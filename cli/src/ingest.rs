@@ -1,0 +1,54 @@
+//! `kace ingest`: move the epilog's spool files into the database, exactly once.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use kace_sql::spool;
+use serde_json::json;
+
+use crate::context::{print_json, Ctx};
+
+/// `kace ingest`
+#[derive(Debug, Args)]
+pub struct IngestArgs {
+    /// Spool directory (default: the config's `spool.dir`).
+    #[arg(long, value_name = "DIR")]
+    spool: Option<PathBuf>,
+    /// Quarantine directory for unreadable files (default: the config's `spool.quarantine`).
+    #[arg(long, value_name = "DIR")]
+    quarantine: Option<PathBuf>,
+}
+
+/// Runs `kace ingest`.
+pub fn run(args: IngestArgs, ctx: &Ctx) -> Result<()> {
+    let dir = args.spool.unwrap_or_else(|| ctx.config.spool.dir.clone());
+    let qdir = args.quarantine.unwrap_or_else(|| ctx.config.spool.quarantine.clone());
+    let mut db = ctx.open()?;
+    let r = spool::ingest(&mut db, &dir, &qdir)?;
+    if ctx.json() {
+        let q: Vec<_> =
+            r.quarantined.iter().map(|(p, why)| json!({ "file": p, "reason": why })).collect();
+        print_json(&json!({
+            "inserted": r.inserted,
+            "duplicates": r.duplicates,
+            "quarantined": q,
+            "vanished": r.vanished,
+            "stale_temp_files": r.stale_temp_files,
+        }))?;
+    } else {
+        println!(
+            "ingested {} new observation(s), {} already stored, {} quarantined",
+            r.inserted,
+            r.duplicates,
+            r.quarantined.len()
+        );
+        for (p, why) in &r.quarantined {
+            eprintln!("kace: ingest: quarantined {}: {why}", p.display());
+        }
+        for p in &r.stale_temp_files {
+            eprintln!("kace: ingest: {} is an abandoned write (older than an hour)", p.display());
+        }
+    }
+    Ok(())
+}

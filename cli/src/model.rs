@@ -1,0 +1,129 @@
+//! `kace model list|show|activate`: the stored model versions.
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use crate::context::{num, print_json, Ctx};
+use crate::output::table;
+
+/// `kace model …`
+#[derive(Debug, Args)]
+pub struct ModelArgs {
+    #[command(subcommand)]
+    command: ModelCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum ModelCommand {
+    /// List every version.
+    List,
+    /// Show one version (default: the active one) with its coefficients and metrics.
+    Show {
+        /// Version number.
+        version: Option<i64>,
+    },
+    /// Make a version the one the prolog uses.
+    Activate {
+        /// Version number.
+        version: i64,
+    },
+}
+
+/// Runs `kace model …`.
+pub fn run(args: ModelArgs, ctx: &Ctx) -> Result<()> {
+    match args.command {
+        ModelCommand::List => {
+            let models = ctx.open_read_only()?.models()?;
+            if ctx.json() {
+                let items: Vec<_> = models
+                    .iter()
+                    .map(|m| {
+                        json!({
+                            "version": m.version,
+                            "kind": m.model.kind,
+                            "active": m.active,
+                            "created_at": m.created_at,
+                            "training_size": m.model.training_size,
+                            "training_digest": m.model.training_digest,
+                            "metrics": m.model.metrics,
+                        })
+                    })
+                    .collect();
+                return print_json(&json!(items));
+            }
+            let metric = |m: &kace_sql::ModelRecord, k: &str| {
+                m.model
+                    .metrics
+                    .get(k)
+                    .and_then(|v| v.as_f64())
+                    .map(num)
+                    .unwrap_or_else(|| "-".into())
+            };
+            let rows: Vec<Vec<String>> = models
+                .iter()
+                .map(|m| {
+                    vec![
+                        m.version.to_string(),
+                        if m.active { "*".into() } else { String::new() },
+                        m.model.kind.clone(),
+                        m.model.training_size.to_string(),
+                        metric(m, "holdout_mse"),
+                        metric(m, "holdout_r2"),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                table(
+                    &["version", "active", "kind", "fit_pairs", "holdout_mse", "holdout_r2"],
+                    &rows
+                )
+            );
+            Ok(())
+        }
+        ModelCommand::Show { version } => {
+            let db = ctx.open_read_only()?;
+            let m = match version {
+                Some(v) => db.model(v)?,
+                None => db.active_model()?.ok_or(kace_sql::Error::NoActiveModel)?,
+            };
+            if ctx.json() {
+                return print_json(&serde_json::to_value(&m)?);
+            }
+            println!(
+                "version {}{} ({})",
+                m.version,
+                if m.active { ", active" } else { "" },
+                m.model.kind
+            );
+            println!(
+                "training set: {} pairs, digest {}",
+                m.model.training_size, m.model.training_digest
+            );
+            println!("metrics: {}", m.model.metrics);
+            let weights = m.model.coefficients.get("weights").and_then(|w| w.as_array());
+            let rows: Vec<Vec<String>> = m
+                .model
+                .features
+                .iter()
+                .enumerate()
+                .map(|(i, f)| {
+                    let w = weights.and_then(|w| w.get(i)).and_then(|v| v.as_f64());
+                    vec![f.clone(), w.map(num).unwrap_or_else(|| "-".into())]
+                })
+                .collect();
+            print!("{}", table(&["feature", "z-scored weight"], &rows));
+            Ok(())
+        }
+        ModelCommand::Activate { version } => {
+            ctx.open()?.activate_model(version)?;
+            if ctx.json() {
+                print_json(&json!({ "active": version }))
+            } else {
+                println!("model version {version} is now active");
+                Ok(())
+            }
+        }
+    }
+}

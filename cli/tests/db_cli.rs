@@ -1,0 +1,618 @@
+//! The database commands end to end through the built `kace` binary on temporary databases:
+//! init → import the artifact's profiles and pairs → train → select (checked against the
+//! selector in memory), ingest (re-run, two at once, quarantine), import-ncu on real exports,
+//! profile run with the fake NVML backend, and clear errors on corrupt databases and configs.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use kace_selector::dataset::read_colocations;
+use kace_selector::{select, Candidate, LinearModel, Profile, SelectionRules};
+use kace_sql::decide::holdout_split;
+use kace_sql::spool::{record_file_name, write_record};
+use kace_sql::{Observation, Partner};
+
+/// A temporary directory with an empty config file and a database path, removed on drop.
+struct Env {
+    dir: PathBuf,
+}
+
+impl Env {
+    fn new(tag: &str) -> Env {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::SeqCst);
+        let dir =
+            std::env::temp_dir().join(format!("kace-db-cli-{}-{tag}-{n}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("kace.conf"), "").unwrap();
+        Env { dir }
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.join("kace.db")
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_kace"));
+        c.env("KACE_CONFIG", self.dir.join("kace.conf"))
+            .env_remove("KACE_FAKE_NVML")
+            .arg("--db")
+            .arg(self.db())
+            .args(args);
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("kace runs")
+    }
+
+    /// Runs and requires success, returning stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "kace {args:?} failed ({:?}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all = args.to_vec();
+        all.extend(["--format", "json"]);
+        serde_json::from_str(&self.ok(&all)).expect("valid JSON")
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn data_dir() -> PathBuf {
+    std::env::var_os("KACE_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"))
+}
+
+fn artifact() -> Option<PathBuf> {
+    let dir = std::env::var_os("KACE_ARTIFACT_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| data_dir().join("kace-artifact"));
+    if dir.join("pairs").is_dir() {
+        Some(dir)
+    } else {
+        eprintln!("SKIP: artifact data not found at {} (set KACE_ARTIFACT_DIR)", dir.display());
+        None
+    }
+}
+
+fn ncu_sample(name: &str) -> Option<PathBuf> {
+    let p = data_dir().join("ncu-samples").join(name);
+    if p.is_file() {
+        Some(p)
+    } else {
+        eprintln!("SKIP: {} not found (set KACE_DATA_DIR)", p.display());
+        None
+    }
+}
+
+const PAIRS: &str = "pairs/MPS100_kernel_labels_targetMPS100.csv";
+
+/// Profiles read straight from the artifact's derived table, independently of kace-sql.
+fn artifact_profiles(dir: &Path) -> HashMap<String, Profile> {
+    let mut rdr =
+        csv::Reader::from_path(dir.join("workload_profiles/derived_workload_profiles.csv"))
+            .unwrap();
+    let h = rdr.headers().unwrap().clone();
+    let col = |n: &str| h.iter().position(|c| c == n).unwrap();
+    let cols = [
+        "Threads",
+        "Compute (SM) Throughput",
+        "DRAM Throughput",
+        "Memory Throughput",
+        "Registers",
+        "Static Shared Memory",
+        "Exclusive100",
+        "sm%",
+        "mem%",
+        "memcap",
+    ]
+    .map(col);
+    // Rows with empty cells (workloads without system metrics) have no complete profile.
+    rdr.records()
+        .filter_map(|r| {
+            let r = r.unwrap();
+            let f: Vec<f64> = cols.iter().filter_map(|&c| r[c].parse::<f64>().ok()).collect();
+            let f: [f64; 10] = f.try_into().ok()?;
+            Some((r[col("workload")].to_string(), Profile::new(f)))
+        })
+        .collect()
+}
+
+#[test]
+fn init_import_train_select_agrees_with_the_selector_in_memory() {
+    let Some(art) = artifact() else { return };
+    let env = Env::new("pipeline");
+    env.ok(&["db", "init"]);
+    let p = art.join("workload_profiles/derived_workload_profiles.csv");
+    let imported = env.json(&["profile", "import", p.to_str().unwrap()]);
+    assert_eq!(imported["stored"], 30);
+    let pairs = art.join(PAIRS);
+    let first = env.json(&["observations", "import", pairs.to_str().unwrap()]);
+    assert_eq!((first["inserted"].as_u64(), first["duplicates"].as_u64()), (Some(362), Some(0)));
+    let again = env.json(&["observations", "import", pairs.to_str().unwrap()]);
+    assert_eq!((again["inserted"].as_u64(), again["duplicates"].as_u64()), (Some(0), Some(362)));
+
+    let trained = env.json(&["train"]);
+    assert_eq!(trained["version"], 1);
+    assert_eq!(trained["activated"], true);
+    let m = &trained["metrics"];
+    assert_eq!(m["fit_pairs"].as_u64().unwrap() + m["holdout_pairs"].as_u64().unwrap(), 181);
+    assert!(m["holdout_r2"].as_f64().unwrap() > 0.5, "{m}");
+
+    // The stored model equals an in-memory fit on the same pairs. Observed pairs come back in
+    // key order, so rebuild that order from the import's key scheme.
+    let table = read_colocations("pairs", fs::File::open(&pairs).unwrap()).unwrap();
+    let stem = Path::new(PAIRS).file_stem().unwrap().to_string_lossy().into_owned();
+    let mut order: Vec<usize> = (0..table.groups.len()).collect();
+    order.sort_by_key(|r| format!("import/{stem}:r{r}:w1"));
+    let (fit, _) = holdout_split(order.len(), 0.2, 30);
+    let x: Vec<[f64; 10]> = fit.iter().map(|&i| table.groups[order[i]].features()).collect();
+    let y: Vec<f64> = fit.iter().map(|&i| table.groups[order[i]].total_throughput()).collect();
+    let reference = LinearModel::fit(&x, &y).unwrap();
+    let shown = env.json(&["model", "show"]);
+    let stored: LinearModel = serde_json::from_value(shown["body"].clone()).unwrap();
+    for (a, b) in stored.coefficients.iter().zip(&reference.coefficients) {
+        assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{a} vs {b}");
+    }
+
+    // Every workload as lead, every other as candidate (plus an unknown one): the CLI's choice
+    // and predictions equal the selector's on independently read profiles.
+    let profiles = artifact_profiles(&art);
+    let mut names: Vec<&String> = profiles.keys().collect();
+    names.sort();
+    let rules = SelectionRules { gpu_memory_gib: Some(32.0), ..SelectionRules::default() };
+    let mut chosen_somewhere = 0;
+    for lead in &names {
+        let mut cands: Vec<&str> =
+            names.iter().filter(|n| n != &lead).map(|s| s.as_str()).collect();
+        cands.push("not-profiled");
+        let out = env.json(&[
+            "select",
+            "--dry-run",
+            "--lead",
+            lead,
+            "--candidates",
+            &cands.join(","),
+            "--gpu-memory",
+            "32",
+        ]);
+        let in_mem: Vec<Candidate<'_>> = cands
+            .iter()
+            .map(|c| Candidate { profile: profiles.get(*c), same_user: true })
+            .collect();
+        let expect = select(&[profiles[*lead]], &in_mem, &stored, &rules);
+        let want = expect.chosen.map(|i| cands[i]);
+        assert_eq!(out["chosen"].as_str(), want, "lead {lead}");
+        let items = out["candidates"].as_array().unwrap();
+        assert_eq!(items.len(), cands.len());
+        for (item, v) in items.iter().zip(&expect.verdicts) {
+            match v.prediction {
+                // Bit-identical: profiles and model round-trip exactly through SQLite and JSON.
+                Some(p) => assert_eq!(item["prediction"].as_f64().unwrap(), p),
+                None => assert!(item["prediction"].is_null()),
+            }
+            assert_eq!(item["rejected"].is_null(), v.rejection.is_none());
+        }
+        assert_eq!(items.last().unwrap()["rejected"], "unknown profile");
+        chosen_somewhere += usize::from(want.is_some());
+    }
+    assert!(chosen_somewhere > 0, "no lead got a partner");
+
+    // A second training on the same data is not worse, so it becomes active; --activate and
+    // model activate switch back.
+    assert_eq!(env.json(&["train"])["activated"], true);
+    env.ok(&["model", "activate", "1"]);
+    assert_eq!(env.json(&["model", "show"])["version"], 1);
+    let list = env.json(&["model", "list"]);
+    assert_eq!(list.as_array().unwrap().len(), 2);
+    let bad = env.run(&["model", "activate", "7"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stderr(&bad).contains("couldn't find model version 7"), "{}", stderr(&bad));
+    env.ok(&["db", "check"]);
+
+    // The nightly retrain on an empty spool: nothing ingested, a third version trained on the
+    // same data, not worse than the active one, so activated.
+    let spool = env.dir.join("spool");
+    fs::create_dir_all(&spool).unwrap();
+    let q = env.dir.join("q");
+    let out = env.ok(&[
+        "retrain",
+        "--spool",
+        spool.to_str().unwrap(),
+        "--quarantine",
+        q.to_str().unwrap(),
+    ]);
+    assert!(out.contains("ingested 0 new observation(s)"), "{out}");
+    assert!(out.contains("model version 3"), "{out}");
+    assert_eq!(env.json(&["model", "show"])["version"], 3);
+}
+
+#[test]
+fn baseline_labels_and_kernel_totals_merge_into_the_derived_profiles() {
+    let Some(art) = artifact() else { return };
+    let env = Env::new("merge");
+    env.ok(&["db", "init"]);
+    let wp = art.join("workload_profiles");
+    // The kernel metrics (one file per workload) and the system metrics (one table) arrive
+    // separately, as they would from ncu and from `kace profile run`.
+    env.ok(&["profile", "import", wp.join("kernel_total_KACE").to_str().unwrap()]);
+    env.ok(&["profile", "import", wp.join("baseline_labels.csv").to_str().unwrap()]);
+    let list = env.json(&["profile", "list"]);
+    let by_name: HashMap<String, &serde_json::Value> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["workload"].as_str().unwrap().to_string(), p))
+        .collect();
+    let derived = artifact_profiles(&art);
+    assert!(derived.len() >= 21);
+    let keys = [
+        "threads",
+        "sm_throughput",
+        "dram_throughput",
+        "memory_throughput",
+        "registers",
+        "static_shared_memory",
+        "exclusive_throughput",
+        "sm_pct",
+        "mem_pct",
+        "memcap_gib",
+    ];
+    for (name, p) in &derived {
+        let got = by_name.get(name).unwrap_or_else(|| panic!("{name} not imported"));
+        assert_eq!(got["complete"], true, "{name}");
+        for (k, want) in keys.iter().zip(p.features) {
+            let v = got["values"][k].as_f64().unwrap();
+            assert!((v - want).abs() <= 1e-12 * want.abs().max(1.0), "{name} {k}: {v} vs {want}");
+        }
+    }
+}
+
+fn obs(i: usize) -> Observation {
+    Observation {
+        key: format!("cluster/{i}/0"),
+        job: i.to_string(),
+        workload: "wa".into(),
+        partners: vec![Partner { job: format!("{}", i + 100_000), workload: "wb".into() }],
+        node: "n1".into(),
+        gpu: "0".into(),
+        mps_share: None,
+        start: 1.0,
+        end: 2.0,
+        steps: Some(10.0),
+        throughput: 10.0,
+    }
+}
+
+fn count_observations(env: &Env) -> usize {
+    env.json(&["observations", "list", "--limit", "0"])["total"].as_u64().unwrap() as usize
+}
+
+#[test]
+fn ingest_is_idempotent_and_quarantines_a_truncated_file() {
+    let env = Env::new("ingest");
+    env.ok(&["db", "init"]);
+    let m = env.json(&["db", "migrate"]);
+    assert_eq!(m["from_version"], m["to_version"]);
+    let spool = env.dir.join("spool");
+    let quarantine = env.dir.join("quarantine");
+    fs::create_dir_all(&spool).unwrap();
+    for i in 0..20 {
+        write_record(&spool, &obs(i)).unwrap();
+    }
+    let full = serde_json::to_string(&obs(99)).unwrap();
+    let truncated = record_file_name("cluster/99/0");
+    fs::write(spool.join(&truncated), &full[..full.len() - 20]).unwrap();
+    let args = [
+        "ingest",
+        "--spool",
+        spool.to_str().unwrap(),
+        "--quarantine",
+        quarantine.to_str().unwrap(),
+    ];
+    let r = env.json(&args);
+    assert_eq!(r["inserted"], 20);
+    assert_eq!(r["quarantined"].as_array().unwrap().len(), 1);
+    assert!(quarantine.join(&truncated).exists());
+    let reason = fs::read_to_string(quarantine.join(format!("{truncated}.reason"))).unwrap();
+    assert!(reason.contains("not a valid observation record"), "{reason}");
+    let r = env.json(&args);
+    assert_eq!((r["inserted"].as_u64(), r["duplicates"].as_u64()), (Some(0), Some(0)));
+    assert_eq!(count_observations(&env), 20);
+    // A record delivered again (epilog retry after a crash) changes nothing.
+    write_record(&spool, &obs(3)).unwrap();
+    let r = env.json(&args);
+    assert_eq!((r["inserted"].as_u64(), r["duplicates"].as_u64()), (Some(0), Some(1)));
+    assert_eq!(count_observations(&env), 20);
+    env.ok(&["db", "check"]);
+}
+
+#[test]
+fn two_concurrent_ingests_store_every_record_once() {
+    let env = Env::new("ingest2");
+    env.ok(&["db", "init"]);
+    let spool = env.dir.join("spool");
+    let quarantine = env.dir.join("quarantine");
+    fs::create_dir_all(&spool).unwrap();
+    let n = 400;
+    for i in 0..n {
+        write_record(&spool, &obs(i)).unwrap();
+    }
+    let args = [
+        "ingest",
+        "--spool",
+        spool.to_str().unwrap(),
+        "--quarantine",
+        quarantine.to_str().unwrap(),
+        "--format",
+        "json",
+    ];
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            env.cmd(&args)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut inserted = 0;
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        inserted += v["inserted"].as_u64().unwrap() as usize;
+    }
+    assert_eq!(inserted, n);
+    assert_eq!(count_observations(&env), n);
+    assert_eq!(fs::read_dir(&spool).unwrap().count(), 0);
+}
+
+#[test]
+fn corrupt_missing_and_uninitialised_databases_are_clear_errors() {
+    let env = Env::new("corrupt");
+    // Missing.
+    let out = env.run(&["select", "--dry-run", "--lead", "a", "--candidates", "b"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("kace db init"), "{}", stderr(&out));
+    // Junk bytes where the database should be.
+    fs::write(env.db(), vec![0x42u8; 4096]).unwrap();
+    for args in [
+        &["select", "--dry-run", "--lead", "a", "--candidates", "b"][..],
+        &["db", "check"],
+        &["ingest", "--spool", "/nonexistent"],
+        &["profile", "list"],
+        &["train"],
+    ] {
+        let out = env.run(args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {err}");
+        assert!(err.starts_with("kace: "), "{err}");
+        assert!(err.contains("not a valid kace database"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // A real database cut in half: check reports it (exit 3 or 4), never a panic.
+    fs::remove_file(env.db()).unwrap();
+    env.ok(&["db", "init"]);
+    let spool = env.dir.join("spool");
+    fs::create_dir_all(&spool).unwrap();
+    for i in 0..300 {
+        write_record(&spool, &obs(i)).unwrap();
+    }
+    env.ok(&[
+        "ingest",
+        "--spool",
+        spool.to_str().unwrap(),
+        "--quarantine",
+        env.dir.join("q").to_str().unwrap(),
+    ]);
+    let mut bytes = fs::read(env.db()).unwrap();
+    let mid = bytes.len() / 2;
+    bytes.truncate(mid + 100);
+    for b in &mut bytes[mid - 2048..mid] {
+        *b = 0xee;
+    }
+    fs::write(env.db(), bytes).unwrap();
+    let out = env.run(&["db", "check"]);
+    assert!(matches!(out.status.code(), Some(3) | Some(4)), "{:?} {}", out.status, stderr(&out));
+    assert!(!stderr(&out).contains("panicked"));
+}
+
+#[test]
+fn bad_config_is_a_clear_error() {
+    let env = Env::new("config");
+    fs::write(env.dir.join("kace.conf"), "[database]\npth = \"x\"\n").unwrap();
+    let out = env.run(&["db", "init"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.starts_with("kace: config: couldn't parse config"), "{err}");
+    assert!(err.contains("pth"), "{err}");
+    // The configured path is used when --db is absent.
+    let env = Env::new("config2");
+    let db = env.dir.join("from-config.db");
+    fs::write(
+        env.dir.join("kace.conf"),
+        format!("[database]\npath = {:?}\n", db.to_str().unwrap()),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kace"))
+        .env("KACE_CONFIG", env.dir.join("kace.conf"))
+        .args(["db", "init"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(db.exists());
+}
+
+#[test]
+fn import_ncu_stores_kernel_metrics_and_names_missing_ones() {
+    let env = Env::new("ncu");
+    env.ok(&["db", "init"]);
+    if let Some(f) = ncu_sample("ai4materials_cgcnn-torch_ncu2020.2_details_cmdline-metrics.csv") {
+        let v =
+            env.json(&["profile", "import-ncu", "--workload", "cgcnn-inf", f.to_str().unwrap()]);
+        assert_eq!(v["kernels"], 14);
+        let shown = env.json(&["profile", "show", "cgcnn-inf"]);
+        let sm = shown["values"]["sm_throughput"].as_f64().unwrap();
+        assert!((sm - 16.247097).abs() < 1e-5, "{sm}");
+        assert_eq!(shown["complete"], false);
+        assert!(shown["values"]["memcap_gib"].is_null());
+    }
+    if let Some(f) = ncu_sample("leleucas_bert-mha-torch_ncu2021.2_details_launchstats.csv") {
+        let out =
+            env.run(&["profile", "import-ncu", "--workload", "bert-mha", f.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = stderr(&out);
+        assert!(err.starts_with("kace: profile: couldn't compute kernel metrics from"), "{err}");
+        assert!(err.contains("\"DRAM Throughput\""), "{err}");
+    }
+    let bad = env.dir.join("bad.csv");
+    fs::write(&bad, "this is not,an ncu export\n1,2\n").unwrap();
+    let out = env.run(&["profile", "import-ncu", "--workload", "x", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no CSV header starting with \"ID\""), "{}", stderr(&out));
+    let out = env.run(&["profile", "import-ncu", "--workload", "bad name", bad.to_str().unwrap()]);
+    assert!(stderr(&out).contains("invalid workload name"), "{}", stderr(&out));
+    // Nothing but the one good import was stored.
+    let list = env.json(&["profile", "list"]);
+    assert!(list.as_array().unwrap().len() <= 1);
+}
+
+/// A fake workload: writes progress lines quickly (no GPU), like a training loop would.
+fn fake_workload(dir: &Path) -> PathBuf {
+    let script = dir.join("fake-workload.sh");
+    fs::write(
+        &script,
+        "#!/bin/sh\n\
+         # Writes \"<unix-seconds> <steps-done>\" lines, 10 steps every 50 ms.\n\
+         i=0\n\
+         while [ $i -le 30 ]; do\n\
+           echo \"$(date +%s.%N) $((i * 10))\" >> \"$KACE_PROGRESS_FILE\"\n\
+           i=$((i + 1))\n\
+           sleep 0.05\n\
+         done\n",
+    )
+    .unwrap();
+    script
+}
+
+#[test]
+fn profile_run_with_the_fake_nvml_stores_system_metrics() {
+    let env = Env::new("run");
+    env.ok(&["db", "init"]);
+    let script = fake_workload(&env.dir);
+    let out = env
+        .cmd(&[
+            "profile",
+            "run",
+            "--workload",
+            "fake-train",
+            "--warmup-steps",
+            "10",
+            "--interval-ms",
+            "10",
+            "--format",
+            "json",
+            "--",
+            "sh",
+            script.to_str().unwrap(),
+        ])
+        .env("KACE_FAKE_NVML", "gpu=Fake V100;total_mib=32768;samples=40,20,2048")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["gpu_model"], "Fake V100");
+    assert_eq!(v["sm_pct"], 40.0);
+    assert_eq!(v["mem_pct"], 20.0);
+    assert_eq!(v["memcap_gib"], 2.0);
+    // 10 steps per ~50 ms plus the time `date` and `sh` take: well above 50, below 200 steps/s.
+    let thr = v["exclusive_throughput"].as_f64().unwrap();
+    assert!(thr > 50.0 && thr < 200.0, "{thr}");
+    let shown = env.json(&["profile", "show", "fake-train"]);
+    assert_eq!(shown["gpu_model"], "Fake V100");
+    assert_eq!(shown["values"]["sm_pct"], 40.0);
+
+    // A GPU already in use is refused: the run would not be exclusive.
+    let out = env
+        .cmd(&["profile", "run", "--workload", "w2", "--", "sh", script.to_str().unwrap()])
+        .env("KACE_FAKE_NVML", "busy=2;samples=1,1,1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("the GPU is not idle (2 compute process(es) running)"),
+        "{}",
+        stderr(&out)
+    );
+
+    // A workload that fails stores nothing and says so.
+    let out = env
+        .cmd(&["profile", "run", "--workload", "broken", "--", "sh", "-c", "exit 3"])
+        .env("KACE_FAKE_NVML", "samples=1,1,1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("the workload failed"), "{}", stderr(&out));
+    // A workload that never reports progress.
+    let out = env
+        .cmd(&[
+            "profile",
+            "run",
+            "--workload",
+            "silent",
+            "--interval-ms",
+            "5",
+            "--",
+            "sh",
+            "-c",
+            "sleep 0.1",
+        ])
+        .env("KACE_FAKE_NVML", "samples=1,1,1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("KACE_PROGRESS_FILE"), "{}", stderr(&out));
+    assert_eq!(env.json(&["profile", "list"]).as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn profile_run_with_the_real_backend_fails_clearly_without_a_driver() {
+    let env = Env::new("nvml");
+    env.ok(&["db", "init"]);
+    let script = fake_workload(&env.dir);
+    let out = env.run(&["profile", "run", "--workload", "w", "--", "sh", script.to_str().unwrap()]);
+    if out.status.success() {
+        eprintln!("NVML is present here: the real backend ran");
+        return;
+    }
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        err.contains("couldn't initialise NVML") || err.contains("couldn't open the GPU"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -1,0 +1,330 @@
+//! kace's configuration file: a typed TOML document with documented defaults, where an unknown
+//! key or a bad value is an error, never silently ignored.
+//!
+//! Lookup: an explicit path (e.g. `kace --config`), else `$KACE_CONFIG`, else
+//! [`DEFAULT_PATH`]. A missing default file means "all defaults"; a missing file that was named
+//! explicitly is an error, because the admin asked for that file.
+//!
+//! ```toml
+//! # /etc/slurm/kace.conf
+//! [database]
+//! path = "/var/lib/kace/kace.db"
+//!
+//! [spool]
+//! dir = "/var/spool/kace/observations"
+//! quarantine = "/var/spool/kace/quarantine"
+//!
+//! [selection]
+//! memory_margin = 0.05    # keep 5 % of GPU memory free
+//! min_gain = 0.0          # predicted pair sum must beat the lead alone by this fraction
+//!
+//! [profiling]
+//! warmup_steps = 10
+//! sample_interval_ms = 1000
+//!
+//! [training]
+//! holdout_fraction = 0.2
+//! seed = 30
+//! ```
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Where the site configuration lives when nothing else is named (next to `slurm.conf`).
+pub const DEFAULT_PATH: &str = "/etc/slurm/kace.conf";
+
+/// Environment variable that names another configuration file.
+pub const ENV_VAR: &str = "KACE_CONFIG";
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The SQLite database.
+    pub database: Database,
+    /// The observation spool.
+    pub spool: Spool,
+    /// Partner selection.
+    pub selection: Selection,
+    /// `kace profile run`.
+    pub profiling: Profiling,
+    /// `kace train` / nightly retrain.
+    pub training: Training,
+}
+
+/// `[database]`
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Database {
+    /// Path of the database file. Default `/var/lib/kace/kace.db`.
+    pub path: PathBuf,
+}
+
+impl Default for Database {
+    fn default() -> Self {
+        Database { path: PathBuf::from("/var/lib/kace/kace.db") }
+    }
+}
+
+/// `[spool]`
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Spool {
+    /// Where the epilog writes observation files. Default `/var/spool/kace/observations`.
+    pub dir: PathBuf,
+    /// Where ingest moves files it cannot read. Default `/var/spool/kace/quarantine`.
+    pub quarantine: PathBuf,
+}
+
+impl Default for Spool {
+    fn default() -> Self {
+        Spool {
+            dir: PathBuf::from("/var/spool/kace/observations"),
+            quarantine: PathBuf::from("/var/spool/kace/quarantine"),
+        }
+    }
+}
+
+/// `[selection]`
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Selection {
+    /// Fraction of GPU memory kept free when adding memcaps: a pair fits when
+    /// Σ memcap ≤ GPU memory × (1 − margin). Default 0.05.
+    pub memory_margin: f64,
+    /// A candidate is chosen only when its predicted pair throughput sum beats the lead's
+    /// exclusive throughput by more than this fraction (0.05 = 5 %). Default 0.0.
+    pub min_gain: f64,
+}
+
+impl Default for Selection {
+    fn default() -> Self {
+        Selection { memory_margin: 0.05, min_gain: 0.0 }
+    }
+}
+
+/// `[profiling]`
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Profiling {
+    /// Progress lines dropped at the start of a profiling run (the artifact drops 10).
+    pub warmup_steps: u64,
+    /// NVML sampling period in milliseconds (the artifact used `nvidia-smi pmon`, 1 s).
+    pub sample_interval_ms: u64,
+}
+
+impl Default for Profiling {
+    fn default() -> Self {
+        Profiling { warmup_steps: 10, sample_interval_ms: 1000 }
+    }
+}
+
+/// `[training]`
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Training {
+    /// Fraction of observed pairs held out to compare a new model with the active one.
+    /// Default 0.2.
+    pub holdout_fraction: f64,
+    /// Seed of the held-out split, so that a retrain on the same data gives the same model.
+    pub seed: u64,
+}
+
+impl Default for Training {
+    fn default() -> Self {
+        Training { holdout_fraction: 0.2, seed: 30 }
+    }
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The file could not be read.
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for kace (syntax, unknown key, wrong type).
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// A value is out of its range.
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Read { path, source } => {
+                write!(f, "couldn't read config {}: {source}", path.display())
+            }
+            Error::Parse { path, message } => {
+                write!(f, "couldn't parse config {}: {}", path.display(), message.trim_end())
+            }
+            Error::Invalid { path, reason } => {
+                write!(f, "couldn't use config {}: {reason}", path.display())
+            }
+        }
+    }
+}
+
+// Display already carries the cause, so no `source` (it would print twice in a chain).
+impl std::error::Error for Error {}
+
+/// Where the configuration came from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Origin {
+    /// Read from this file.
+    File(PathBuf),
+    /// The default file does not exist: built-in defaults.
+    Defaults,
+}
+
+impl Config {
+    /// Parses a configuration document; `path` is only used in messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, Error> {
+        let cfg: Config = toml::from_str(text)
+            .map_err(|e| Error::Parse { path: path.to_path_buf(), message: e.to_string() })?;
+        cfg.validate().map_err(|reason| Error::Invalid { path: path.to_path_buf(), reason })?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let s = &self.selection;
+        if !(0.0..1.0).contains(&s.memory_margin) {
+            return Err(format!(
+                "selection.memory_margin = {}: must be in [0, 1)",
+                s.memory_margin
+            ));
+        }
+        if !(s.min_gain.is_finite() && s.min_gain > -1.0) {
+            return Err(format!("selection.min_gain = {}: must be a number above -1", s.min_gain));
+        }
+        let h = self.training.holdout_fraction;
+        if !(h > 0.0 && h < 1.0) {
+            return Err(format!("training.holdout_fraction = {h}: must be in (0, 1)"));
+        }
+        if self.profiling.sample_interval_ms == 0 {
+            return Err("profiling.sample_interval_ms must be at least 1".into());
+        }
+        for (key, p) in [
+            ("database.path", &self.database.path),
+            ("spool.dir", &self.spool.dir),
+            ("spool.quarantine", &self.spool.quarantine),
+        ] {
+            if p.as_os_str().is_empty() {
+                return Err(format!("{key} is empty"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads the configuration: `explicit`, else `$KACE_CONFIG`, else [`DEFAULT_PATH`].
+    pub fn load(explicit: Option<&Path>) -> Result<(Config, Origin), Error> {
+        let env = std::env::var_os(ENV_VAR).filter(|v| !v.is_empty()).map(PathBuf::from);
+        Config::load_from(explicit.map(Path::to_path_buf).or(env), Path::new(DEFAULT_PATH))
+    }
+
+    /// As [`Config::load`], with the environment already resolved (testable).
+    pub fn load_from(named: Option<PathBuf>, default: &Path) -> Result<(Config, Origin), Error> {
+        let (path, must_exist) = match named {
+            Some(p) => (p, true),
+            None => (default.to_path_buf(), false),
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Ok((Config::parse(&text, &path)?, Origin::File(path))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !must_exist => {
+                Ok((Config::default(), Origin::Defaults))
+            }
+            Err(source) => Err(Error::Read { path, source }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p() -> &'static Path {
+        Path::new("test.conf")
+    }
+
+    #[test]
+    fn empty_document_gives_defaults() {
+        assert_eq!(Config::parse("", p()).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn documented_example_parses() {
+        // The example in this crate's docs must stay valid.
+        let doc = include_str!("lib.rs");
+        let example: String = doc
+            .lines()
+            .skip_while(|l| !l.starts_with("//! ```toml"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("//! ```"))
+            .map(|l| l.trim_start_matches("//!").trim_start_matches(' '))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(example.contains("[database]"));
+        assert_eq!(Config::parse(&example, p()).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn packaged_example_holds_the_defaults() {
+        // packaging/kace.conf documents every key with its default; it must stay in step.
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/kace.conf");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(Config::parse(&text, &path).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn values_override_defaults() {
+        let c = Config::parse(
+            "[database]\npath = \"/tmp/x.db\"\n[selection]\nmemory_margin = 0.1\n",
+            p(),
+        )
+        .unwrap();
+        assert_eq!(c.database.path, PathBuf::from("/tmp/x.db"));
+        assert_eq!(c.selection.memory_margin, 0.1);
+        assert_eq!(c.selection.min_gain, 0.0);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors() {
+        let e = Config::parse("[database]\npaht = \"x\"\n", p()).unwrap_err();
+        assert!(e.to_string().contains("paht"), "{e}");
+        let e = Config::parse("[nope]\n", p()).unwrap_err();
+        assert!(e.to_string().contains("nope"), "{e}");
+        let e = Config::parse("[selection]\nmemory_margin = \"lots\"\n", p()).unwrap_err();
+        assert!(matches!(e, Error::Parse { .. }));
+        let e = Config::parse("[selection]\nmemory_margin = 1.5\n", p()).unwrap_err();
+        assert!(matches!(e, Error::Invalid { .. }), "{e}");
+        let e = Config::parse("this is = = not toml", p()).unwrap_err();
+        assert!(e.to_string().starts_with("couldn't parse config test.conf"), "{e}");
+    }
+
+    #[test]
+    fn missing_default_means_defaults_but_missing_named_file_is_an_error() {
+        let nowhere = std::env::temp_dir().join("kace-config-test-does-not-exist.conf");
+        let (c, o) = Config::load_from(None, &nowhere).unwrap();
+        assert_eq!((c, o), (Config::default(), Origin::Defaults));
+        assert!(matches!(
+            Config::load_from(Some(nowhere.clone()), &nowhere),
+            Err(Error::Read { .. })
+        ));
+    }
+}

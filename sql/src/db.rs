@@ -1,0 +1,800 @@
+//! The `Db` handle: opening (read-only or writer), migrations, integrity checks and every typed
+//! query. No SQL string exists outside this crate.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{params, params_from_iter, Connection, OpenFlags, OptionalExtension};
+
+use crate::error::{sql, Error, Result};
+use crate::schema::{CURRENT_VERSION, MIGRATIONS};
+use crate::types::{
+    feature_value_problem, DecisionRecord, ModelRecord, NewDecision, NewModel, NewProfile,
+    Observation, ObservedPair, Partner, Profile, FEATURE_COLUMNS, FEATURE_COUNT,
+};
+
+/// How long a connection waits for another process's lock before giving up. The nightly
+/// retrain may hold the write lock for a few seconds while prologs read.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Most workload names bound in one `IN (…)` query; SQLite's default limit is 32 766 variables
+/// but older builds allow 999.
+const IN_CHUNK: usize = 900;
+
+/// An open kace database.
+#[derive(Debug)]
+pub struct Db {
+    conn: Connection,
+    path: PathBuf,
+    read_only: bool,
+}
+
+/// What `Db::migrate` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migration {
+    /// Schema version before.
+    pub from: i64,
+    /// Schema version after.
+    pub to: i64,
+}
+
+/// What `Db::check` found. An empty `problems` list means the database is healthy.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CheckReport {
+    /// Schema version found.
+    pub schema_version: i64,
+    /// Rows per table.
+    pub counts: Vec<(&'static str, i64)>,
+    /// Every problem, in words.
+    pub problems: Vec<String>,
+}
+
+/// Result of inserting observations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InsertCount {
+    /// New rows.
+    pub inserted: usize,
+    /// Keys that were already stored (nothing changed for them).
+    pub duplicates: usize,
+}
+
+pub(crate) fn now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+fn json_col<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|source| Error::Json { what: what.to_string(), source })
+}
+
+fn to_json<T: serde::Serialize>(what: &str, v: &T) -> Result<String> {
+    serde_json::to_string(v).map_err(|source| Error::Json { what: what.to_string(), source })
+}
+
+impl Db {
+    /// Opens an existing, up-to-date database read-only: what the prolog does. Never writes,
+    /// never creates, never takes the write lock.
+    pub fn open_read_only(path: &Path) -> Result<Db> {
+        if !path.exists() {
+            return Err(Error::Missing { path: path.to_path_buf() });
+        }
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(path, flags).map_err(sql("open database", path))?;
+        let db = Db { conn, path: path.to_path_buf(), read_only: true };
+        db.configure()?;
+        db.require_current()?;
+        Ok(db)
+    }
+
+    /// Opens an existing, up-to-date database for writing (admin CLI, retrain).
+    pub fn open(path: &Path) -> Result<Db> {
+        let db = Db::open_writer(path, false)?;
+        db.require_current()?;
+        Ok(db)
+    }
+
+    /// Opens a database for `kace db migrate` / `kace db check`: any schema version is accepted.
+    pub fn open_any_version(path: &Path) -> Result<Db> {
+        Db::open_writer(path, false)
+    }
+
+    /// Creates the database if needed and brings its schema up to date (`kace db init`).
+    pub fn create(path: &Path) -> Result<(Db, Migration)> {
+        let mut db = Db::open_writer(path, true)?;
+        let m = db.migrate()?;
+        Ok((db, m))
+    }
+
+    fn open_writer(path: &Path, create: bool) -> Result<Db> {
+        if !create && !path.exists() {
+            return Err(Error::Missing { path: path.to_path_buf() });
+        }
+        let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        if create {
+            flags |= OpenFlags::SQLITE_OPEN_CREATE;
+        }
+        let conn = Connection::open_with_flags(path, flags).map_err(sql("open database", path))?;
+        let db = Db { conn, path: path.to_path_buf(), read_only: false };
+        db.configure()?;
+        // A rollback journal, never WAL: WAL needs shared memory that network file systems do
+        // not provide, and the DB may sit on NFS next to slurm.conf. Setting it also converts a
+        // file someone switched to WAL back.
+        let mode: String = db
+            .conn
+            .query_row("PRAGMA journal_mode = DELETE", [], |r| r.get(0))
+            .map_err(sql("set journal mode", path))?;
+        if !mode.eq_ignore_ascii_case("delete") {
+            return Err(Error::Invalid {
+                reason: format!("couldn't set rollback journal on {}: got {mode}", path.display()),
+            });
+        }
+        db.conn
+            .pragma_update(None, "foreign_keys", true)
+            .map_err(sql("enable foreign keys", path))?;
+        Ok(db)
+    }
+
+    fn configure(&self) -> Result<()> {
+        self.conn.busy_timeout(BUSY_TIMEOUT).map_err(sql("set busy timeout", &self.path))?;
+        // Reading the schema here turns "not a database" into an error at open time, not at
+        // the first query deep inside a command.
+        self.conn
+            .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get::<_, i64>(0))
+            .map_err(sql("read database schema", &self.path))?;
+        Ok(())
+    }
+
+    /// The database path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether this handle was opened read-only.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// `PRAGMA user_version`: the schema version of the file.
+    pub fn schema_version(&self) -> Result<i64> {
+        self.conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(sql("read schema version", &self.path))
+    }
+
+    fn require_current(&self) -> Result<()> {
+        let v = self.schema_version()?;
+        let path = self.path.clone();
+        match v {
+            0 => Err(Error::NotInitialised { path }),
+            v if v > CURRENT_VERSION => {
+                Err(Error::SchemaTooNew { path, found: v, supported: CURRENT_VERSION })
+            }
+            v if v < CURRENT_VERSION => {
+                Err(Error::SchemaTooOld { path, found: v, needed: CURRENT_VERSION })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Applies every pending migration, each in its own transaction.
+    pub fn migrate(&mut self) -> Result<Migration> {
+        let from = self.schema_version()?;
+        if from > CURRENT_VERSION {
+            return Err(Error::SchemaTooNew {
+                path: self.path.clone(),
+                found: from,
+                supported: CURRENT_VERSION,
+            });
+        }
+        if from == 0 {
+            // A non-empty file without our version stamp is someone else's database: refuse
+            // rather than add tables to it.
+            let tables: i64 = self
+                .conn
+                .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+                .map_err(sql("read database schema", &self.path))?;
+            if tables > 0 {
+                return Err(Error::Invalid {
+                    reason: format!(
+                        "couldn't initialise {}: it already holds tables that are not kace's",
+                        self.path.display()
+                    ),
+                });
+            }
+        }
+        let path = self.path.clone();
+        for (i, step) in MIGRATIONS.iter().enumerate().skip(from as usize) {
+            let to = i as i64 + 1;
+            let tx = self.conn.transaction().map_err(sql("begin migration", &path))?;
+            tx.execute_batch(step).map_err(sql("apply migration", &path))?;
+            tx.pragma_update(None, "user_version", to)
+                .map_err(sql("stamp schema version", &path))?;
+            tx.commit().map_err(sql("commit migration", &path))?;
+        }
+        Ok(Migration { from, to: CURRENT_VERSION })
+    }
+
+    /// Runs SQLite's integrity and foreign-key checks and kace's own invariants.
+    pub fn check(&self) -> Result<CheckReport> {
+        let p = &self.path;
+        let mut report =
+            CheckReport { schema_version: self.schema_version()?, ..Default::default() };
+        let mut stmt =
+            self.conn.prepare("PRAGMA integrity_check").map_err(sql("check integrity", p))?;
+        let lines: Vec<String> = stmt
+            .query_map([], |r| r.get(0))
+            .and_then(|rows| rows.collect())
+            .map_err(sql("check integrity", p))?;
+        report
+            .problems
+            .extend(lines.into_iter().filter(|l| l != "ok").map(|l| format!("sqlite: {l}")));
+        if report.schema_version != CURRENT_VERSION {
+            report.problems.push(format!(
+                "schema version is {}, this kace needs {CURRENT_VERSION}",
+                report.schema_version
+            ));
+            return Ok(report);
+        }
+        let fk: i64 = self
+            .conn
+            .query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| r.get(0))
+            .map_err(sql("check foreign keys", p))?;
+        if fk > 0 {
+            report.problems.push(format!("{fk} rows reference missing rows"));
+        }
+        for table in ["workloads", "profiles", "observations", "models", "decisions"] {
+            let n: i64 = self
+                .conn
+                .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+                .map_err(sql("count rows", p))?;
+            report.counts.push((table, n));
+        }
+        self.check_profiles(&mut report)?;
+        self.check_observations(&mut report)?;
+        self.check_models(&mut report)?;
+        Ok(report)
+    }
+
+    fn check_profiles(&self, report: &mut CheckReport) -> Result<()> {
+        let p = &self.path;
+        let cols = FEATURE_COLUMNS.join(", ");
+        let mut stmt = self
+            .conn
+            .prepare(&format!("SELECT id, {cols} FROM profiles"))
+            .map_err(sql("check profiles", p))?;
+        let mut rows = stmt.query([]).map_err(sql("check profiles", p))?;
+        while let Some(row) = rows.next().map_err(sql("check profiles", p))? {
+            let id: i64 = row.get(0).map_err(sql("check profiles", p))?;
+            for (i, name) in FEATURE_COLUMNS.iter().enumerate() {
+                let v: Option<f64> = row.get(i + 1).map_err(sql("check profiles", p))?;
+                if let Some(why) = v.and_then(|v| feature_value_problem(i, v)) {
+                    report.problems.push(format!("profile row {id}: {name}: {why}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_observations(&self, report: &mut CheckReport) -> Result<()> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT key, partners, exclusive, start_time, end_time, throughput \
+                 FROM observations",
+            )
+            .map_err(sql("check observations", p))?;
+        let mut rows = stmt.query([]).map_err(sql("check observations", p))?;
+        while let Some(row) = rows.next().map_err(sql("check observations", p))? {
+            let get =
+                |r: &rusqlite::Row<'_>| -> rusqlite::Result<(String, String, bool, f64, f64, f64)> {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+                };
+            let (key, partners, exclusive, start, end, thr) =
+                get(row).map_err(sql("check observations", p))?;
+            match serde_json::from_str::<Vec<Partner>>(&partners) {
+                Ok(list) if list.is_empty() != exclusive => report
+                    .problems
+                    .push(format!("observation {key}: exclusive flag disagrees with partners")),
+                Ok(_) => {}
+                Err(e) => report.problems.push(format!("observation {key}: bad partners: {e}")),
+            }
+            if end < start || !thr.is_finite() || thr < 0.0 {
+                report.problems.push(format!("observation {key}: bad interval or throughput"));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_models(&self, report: &mut CheckReport) -> Result<()> {
+        let models = self.models()?;
+        if !models.is_empty() && !models.iter().any(|m| m.active) {
+            report.problems.push("models exist but none is active (kace model activate N)".into());
+        }
+        for m in &models {
+            if m.model.features.is_empty() {
+                report.problems.push(format!("model {}: no features", m.version));
+            }
+            // The prolog must be able to use the active model; an old version of an unknown
+            // kind is history, not a problem.
+            if m.active {
+                if let Err(e) = crate::decide::linear_from_record(m) {
+                    report.problems.push(e.to_string());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ---- workloads -------------------------------------------------------------------------
+
+    fn workload_id(conn: &Connection, path: &Path, name: &str) -> Result<i64> {
+        crate::types::validate_workload_name(name)?;
+        conn.execute(
+            "INSERT INTO workloads (name, created_at) VALUES (?1, ?2) ON CONFLICT(name) DO NOTHING",
+            params![name, now()],
+        )
+        .map_err(sql("add workload", path))?;
+        conn.query_row("SELECT id FROM workloads WHERE name = ?1", [name], |r| r.get(0))
+            .map_err(sql("look up workload", path))
+    }
+
+    /// All workload names, sorted.
+    pub fn workloads(&self) -> Result<Vec<String>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT name FROM workloads ORDER BY name")
+            .map_err(sql("list workloads", p))?;
+        let names = stmt.query_map([], |r| r.get(0)).and_then(|r| r.collect());
+        names.map_err(sql("list workloads", p))
+    }
+
+    // ---- profiles --------------------------------------------------------------------------
+
+    /// Stores profile measurements, all or none.
+    pub fn insert_profiles(&mut self, profiles: &[NewProfile]) -> Result<usize> {
+        for pr in profiles {
+            pr.validate()?;
+        }
+        let path = self.path.clone();
+        let tx = self.conn.transaction().map_err(sql("begin profile import", &path))?;
+        let t = now();
+        for pr in profiles {
+            let wid = Db::workload_id(&tx, &path, &pr.workload)?;
+            let cols = FEATURE_COLUMNS.join(", ");
+            let sqltext = format!(
+                "INSERT INTO profiles (workload_id, gpu_model, source, created_at, {cols}) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+            );
+            let mut stmt = tx.prepare_cached(&sqltext).map_err(sql("store profile", &path))?;
+            let v = pr.values;
+            stmt.execute(params![
+                wid,
+                pr.gpu_model,
+                pr.source,
+                t,
+                v[0],
+                v[1],
+                v[2],
+                v[3],
+                v[4],
+                v[5],
+                v[6],
+                v[7],
+                v[8],
+                v[9]
+            ])
+            .map_err(sql("store profile", &path))?;
+        }
+        tx.commit().map_err(sql("commit profile import", &path))?;
+        Ok(profiles.len())
+    }
+
+    /// The current profile of each named workload that has one (others are simply absent from
+    /// the map). Per feature, the newest non-NULL measurement wins, so an ncu import and a later
+    /// `kace profile run` combine into one profile. With `gpu_model`, only measurements on that
+    /// GPU model count.
+    pub fn profiles(
+        &self,
+        names: &[&str],
+        gpu_model: Option<&str>,
+    ) -> Result<HashMap<String, Profile>> {
+        let mut out = HashMap::with_capacity(names.len());
+        for chunk in names.chunks(IN_CHUNK) {
+            let marks = vec!["?"; chunk.len()].join(",");
+            let filter = format!("w.name IN ({marks})");
+            self.load_profiles(&filter, chunk, gpu_model, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// The current profile of every workload.
+    pub fn all_profiles(&self, gpu_model: Option<&str>) -> Result<HashMap<String, Profile>> {
+        let mut out = HashMap::new();
+        self.load_profiles("1 = 1", &[], gpu_model, &mut out)?;
+        Ok(out)
+    }
+
+    fn load_profiles(
+        &self,
+        filter: &str,
+        names: &[&str],
+        gpu_model: Option<&str>,
+        out: &mut HashMap<String, Profile>,
+    ) -> Result<()> {
+        let p = &self.path;
+        let cols = FEATURE_COLUMNS.iter().map(|c| format!("p.{c}")).collect::<Vec<_>>().join(", ");
+        let gpu_filter = if gpu_model.is_some() { " AND p.gpu_model = ?" } else { "" };
+        let text = format!(
+            "SELECT w.name, p.gpu_model, p.created_at, {cols} FROM profiles p \
+             JOIN workloads w ON w.id = p.workload_id WHERE {filter}{gpu_filter} \
+             ORDER BY w.name, p.created_at DESC, p.id DESC"
+        );
+        let mut stmt = self.conn.prepare_cached(&text).map_err(sql("load profiles", p))?;
+        let binds = names.iter().copied().chain(gpu_model);
+        let mut rows = stmt.query(params_from_iter(binds)).map_err(sql("load profiles", p))?;
+        while let Some(row) = rows.next().map_err(sql("load profiles", p))? {
+            let name: String = row.get(0).map_err(sql("load profiles", p))?;
+            let mut values = [None; FEATURE_COUNT];
+            for (i, v) in values.iter_mut().enumerate() {
+                *v = row.get(i + 3).map_err(sql("load profiles", p))?;
+            }
+            match out.get_mut(&name) {
+                // Rows come newest first: fill only what newer rows left unknown.
+                Some(prof) => {
+                    for (have, older) in prof.values.iter_mut().zip(values) {
+                        if have.is_none() {
+                            *have = older;
+                        }
+                    }
+                }
+                None => {
+                    let prof = Profile {
+                        workload: name.clone(),
+                        gpu_model: row.get(1).map_err(sql("load profiles", p))?,
+                        updated_at: row.get(2).map_err(sql("load profiles", p))?,
+                        values,
+                    };
+                    out.insert(name, prof);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ---- observations ----------------------------------------------------------------------
+
+    /// Stores observations in one transaction; a key already stored is left as it is.
+    pub fn insert_observations(&mut self, obs: &[Observation]) -> Result<InsertCount> {
+        for o in obs {
+            o.validate()?;
+        }
+        let path = self.path.clone();
+        let tx = self.conn.transaction().map_err(sql("begin observation insert", &path))?;
+        let mut count = InsertCount::default();
+        let t = now();
+        for o in obs {
+            let wid = Db::workload_id(&tx, &path, &o.workload)?;
+            for partner in &o.partners {
+                Db::workload_id(&tx, &path, &partner.workload)?;
+            }
+            let partners = to_json("observation partners", &o.partners)?;
+            let mut stmt = tx
+                .prepare_cached(
+                    "INSERT INTO observations (key, job, workload_id, partners, node, gpu, \
+                     mps_share, start_time, end_time, steps, throughput, exclusive, ingested_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
+                     ON CONFLICT(key) DO NOTHING",
+                )
+                .map_err(sql("store observation", &path))?;
+            let n = stmt
+                .execute(params![
+                    o.key,
+                    o.job,
+                    wid,
+                    partners,
+                    o.node,
+                    o.gpu,
+                    o.mps_share,
+                    o.start,
+                    o.end,
+                    o.steps,
+                    o.throughput,
+                    o.exclusive(),
+                    t
+                ])
+                .map_err(sql("store observation", &path))?;
+            if n == 1 {
+                count.inserted += 1;
+            } else {
+                count.duplicates += 1;
+            }
+        }
+        tx.commit().map_err(sql("commit observations", &path))?;
+        Ok(count)
+    }
+
+    /// Whether an observation with this key is stored.
+    pub fn has_observation(&self, key: &str) -> Result<bool> {
+        self.conn
+            .query_row("SELECT 1 FROM observations WHERE key = ?1", [key], |_| Ok(()))
+            .optional()
+            .map(|o| o.is_some())
+            .map_err(sql("look up observation", &self.path))
+    }
+
+    /// Number of stored observations.
+    pub fn observation_count(&self) -> Result<i64> {
+        self.conn
+            .query_row("SELECT count(*) FROM observations", [], |r| r.get(0))
+            .map_err(sql("count observations", &self.path))
+    }
+
+    /// Every stored observation, in key order.
+    pub fn observations(&self) -> Result<Vec<Observation>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT o.key, o.job, w.name, o.partners, o.node, o.gpu, o.mps_share, \
+                 o.start_time, o.end_time, o.steps, o.throughput FROM observations o \
+                 JOIN workloads w ON w.id = o.workload_id ORDER BY o.key",
+            )
+            .map_err(sql("load observations", p))?;
+        let mut rows = stmt.query([]).map_err(sql("load observations", p))?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next().map_err(sql("load observations", p))? {
+            let get = |r: &rusqlite::Row<'_>| -> rusqlite::Result<(Observation, String)> {
+                let partners: String = r.get(3)?;
+                Ok((
+                    Observation {
+                        key: r.get(0)?,
+                        job: r.get(1)?,
+                        workload: r.get(2)?,
+                        partners: Vec::new(),
+                        node: r.get(4)?,
+                        gpu: r.get(5)?,
+                        mps_share: r.get(6)?,
+                        start: r.get(7)?,
+                        end: r.get(8)?,
+                        steps: r.get(9)?,
+                        throughput: r.get(10)?,
+                    },
+                    partners,
+                ))
+            };
+            let (mut o, partners) = get(r).map_err(sql("load observations", p))?;
+            o.partners = json_col(&format!("partners of observation {}", o.key), &partners)?;
+            out.push(o);
+        }
+        Ok(out)
+    }
+
+    /// The training examples: pairs of observations of two jobs that ran together, each naming
+    /// the other as its only partner, over overlapping intervals. Each pair appears once.
+    pub fn observed_pairs(&self) -> Result<Vec<ObservedPair>> {
+        let all = self.observations()?;
+        let shared: Vec<&Observation> = all.iter().filter(|o| o.partners.len() == 1).collect();
+        // Index by (job, partner job) so matching is linear in the number of observations.
+        let mut by_jobs: HashMap<(&str, &str), Vec<&Observation>> = HashMap::new();
+        for o in &shared {
+            by_jobs.entry((o.job.as_str(), o.partners[0].job.as_str())).or_default().push(o);
+        }
+        let mut used: HashSet<&str> = HashSet::new();
+        let mut pairs = Vec::new();
+        for a in &shared {
+            if used.contains(a.key.as_str()) {
+                continue;
+            }
+            let partner = &a.partners[0];
+            let Some(others) = by_jobs.get(&(partner.job.as_str(), a.job.as_str())) else {
+                continue;
+            };
+            let b = others.iter().find(|b| {
+                b.key != a.key
+                    && !used.contains(b.key.as_str())
+                    && b.workload == partner.workload
+                    && b.partners[0].workload == a.workload
+                    && a.start <= b.end
+                    && b.start <= a.end
+            });
+            if let Some(b) = b {
+                used.insert(&a.key);
+                used.insert(&b.key);
+                pairs.push(ObservedPair {
+                    workload1: a.workload.clone(),
+                    workload2: b.workload.clone(),
+                    throughput1: a.throughput,
+                    throughput2: b.throughput,
+                    keys: (a.key.clone(), b.key.clone()),
+                });
+            }
+        }
+        Ok(pairs)
+    }
+
+    // ---- models ----------------------------------------------------------------------------
+
+    /// Stores a new model version (inactive) and returns its version number.
+    pub fn insert_model(&mut self, m: &NewModel) -> Result<i64> {
+        if m.kind.is_empty() || m.features.is_empty() {
+            return Err(Error::Invalid { reason: "model without kind or features".into() });
+        }
+        let p = self.path.clone();
+        self.conn
+            .execute(
+                "INSERT INTO models (kind, features, normalisation, coefficients, body, metrics, \
+                 training_digest, training_size, created_at, active) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0)",
+                params![
+                    m.kind,
+                    to_json("model features", &m.features)?,
+                    to_json("model normalisation", &m.normalisation)?,
+                    to_json("model coefficients", &m.coefficients)?,
+                    to_json("model", &m.body)?,
+                    to_json("model metrics", &m.metrics)?,
+                    m.training_digest,
+                    m.training_size as i64,
+                    now()
+                ],
+            )
+            .map_err(sql("store model", &p))?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    /// Makes `version` the only active model, atomically.
+    pub fn activate_model(&mut self, version: i64) -> Result<()> {
+        let p = self.path.clone();
+        let tx = self.conn.transaction().map_err(sql("begin model activation", &p))?;
+        let exists = tx
+            .query_row("SELECT 1 FROM models WHERE version = ?1", [version], |_| Ok(()))
+            .optional()
+            .map_err(sql("look up model", &p))?;
+        if exists.is_none() {
+            return Err(Error::NoSuchModel { version });
+        }
+        tx.execute("UPDATE models SET active = 0 WHERE active = 1", [])
+            .map_err(sql("deactivate model", &p))?;
+        tx.execute("UPDATE models SET active = 1 WHERE version = ?1", [version])
+            .map_err(sql("activate model", &p))?;
+        tx.commit().map_err(sql("commit model activation", &p))
+    }
+
+    const MODEL_COLS: &'static str = "version, kind, features, normalisation, coefficients, body, \
+        metrics, training_digest, training_size, created_at, active";
+
+    fn read_model(&self, row: &rusqlite::Row<'_>) -> Result<ModelRecord> {
+        let p = &self.path;
+        let g = |row: &rusqlite::Row<'_>| -> rusqlite::Result<_> {
+            Ok((
+                row.get::<_, i64>(0)?,
+                row.get::<_, String>(1)?,
+                [
+                    row.get::<_, String>(2)?,
+                    row.get::<_, String>(3)?,
+                    row.get::<_, String>(4)?,
+                    row.get::<_, String>(5)?,
+                    row.get::<_, String>(6)?,
+                ],
+                row.get::<_, String>(7)?,
+                row.get::<_, i64>(8)?,
+                row.get::<_, f64>(9)?,
+                row.get::<_, bool>(10)?,
+            ))
+        };
+        let (version, kind, js, digest, size, created_at, active) =
+            g(row).map_err(sql("load model", p))?;
+        let what = |w: &str| format!("{w} of model {version}");
+        Ok(ModelRecord {
+            version,
+            model: NewModel {
+                kind,
+                features: json_col(&what("features"), &js[0])?,
+                normalisation: json_col(&what("normalisation"), &js[1])?,
+                coefficients: json_col(&what("coefficients"), &js[2])?,
+                body: json_col(&what("body"), &js[3])?,
+                metrics: json_col(&what("metrics"), &js[4])?,
+                training_digest: digest,
+                training_size: size.max(0) as usize,
+            },
+            created_at,
+            active,
+        })
+    }
+
+    fn query_models(&self, tail: &str, bind: Option<i64>) -> Result<Vec<ModelRecord>> {
+        let p = &self.path;
+        let text = format!("SELECT {} FROM models {tail}", Db::MODEL_COLS);
+        let mut stmt = self.conn.prepare_cached(&text).map_err(sql("load models", p))?;
+        let mut rows = stmt.query(params_from_iter(bind)).map_err(sql("load models", p))?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next().map_err(sql("load models", p))? {
+            out.push(self.read_model(r)?);
+        }
+        Ok(out)
+    }
+
+    /// Every model version, oldest first.
+    pub fn models(&self) -> Result<Vec<ModelRecord>> {
+        self.query_models("ORDER BY version", None)
+    }
+
+    /// One model version.
+    pub fn model(&self, version: i64) -> Result<ModelRecord> {
+        self.query_models("WHERE version = ?1", Some(version))?
+            .pop()
+            .ok_or(Error::NoSuchModel { version })
+    }
+
+    /// The active model, if one is.
+    pub fn active_model(&self) -> Result<Option<ModelRecord>> {
+        Ok(self.query_models("WHERE active = 1", None)?.pop())
+    }
+
+    // ---- decisions -------------------------------------------------------------------------
+
+    /// Records a partner choice.
+    pub fn insert_decision(&mut self, d: &NewDecision) -> Result<i64> {
+        crate::types::validate_workload_name(&d.lead_workload)?;
+        self.conn
+            .execute(
+                "INSERT INTO decisions (lead_job, lead_workload, chosen_workload, chosen_job, \
+                 model_version, candidates, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    d.lead_job,
+                    d.lead_workload,
+                    d.chosen_workload,
+                    d.chosen_job,
+                    d.model_version,
+                    to_json("decision candidates", &d.candidates)?,
+                    now()
+                ],
+            )
+            .map_err(sql("store decision", &self.path))?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    /// The newest `limit` decisions, newest first.
+    pub fn decisions(&self, limit: usize) -> Result<Vec<DecisionRecord>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT id, lead_job, lead_workload, chosen_workload, chosen_job, model_version, \
+                 candidates, created_at FROM decisions ORDER BY id DESC LIMIT ?1",
+            )
+            .map_err(sql("load decisions", p))?;
+        let mut rows = stmt.query([limit as i64]).map_err(sql("load decisions", p))?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next().map_err(sql("load decisions", p))? {
+            let g = |r: &rusqlite::Row<'_>| -> rusqlite::Result<_> {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, Option<String>>(3)?,
+                    r.get::<_, Option<String>>(4)?,
+                    r.get::<_, Option<i64>>(5)?,
+                    r.get::<_, String>(6)?,
+                    r.get::<_, f64>(7)?,
+                ))
+            };
+            let (id, lead_job, lead_workload, chosen_workload, chosen_job, model_version, c, t) =
+                g(r).map_err(sql("load decisions", p))?;
+            out.push(DecisionRecord {
+                id,
+                decision: NewDecision {
+                    lead_job,
+                    lead_workload,
+                    chosen_workload,
+                    chosen_job,
+                    model_version,
+                    candidates: json_col(&format!("candidates of decision {id}"), &c)?,
+                },
+                created_at: t,
+            });
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,227 @@
+//! The bridge between stored rows and the selector: model (de)serialisation, the training set
+//! built from observations, and the prolog's read path (load the active model and the profiles
+//! of the lead and candidates, predict, choose).
+
+use std::collections::HashMap;
+
+use kace_selector::{
+    combine, select, Candidate, Feature, LinearModel, Profile, Selection, SelectionRules,
+};
+use serde_json::json;
+
+use crate::db::Db;
+use crate::error::{Error, Result};
+use crate::types::{ModelRecord, NewModel, ObservedPair};
+
+/// Kind string of the paper's model (OLS on z-scored features, throughput-sum target). The
+/// suffix is the body format version: a future change of `LinearModel`'s serialisation bumps it.
+pub const LINEAR_KIND: &str = "linear-ols-zscore/1";
+
+/// Wraps a fitted model for storage, with its metrics and training-set digest.
+pub fn linear_to_new_model(
+    model: &LinearModel,
+    metrics: serde_json::Value,
+    training_digest: String,
+    training_size: usize,
+) -> Result<NewModel> {
+    let body = serde_json::to_value(model)
+        .map_err(|source| Error::Json { what: "linear model".into(), source })?;
+    Ok(NewModel {
+        kind: LINEAR_KIND.into(),
+        features: Feature::ALL.iter().map(|f| f.key().to_string()).collect(),
+        normalisation: json!({
+            "x_mean": model.x_scale.mean,
+            "x_std": model.x_scale.std,
+            "y_mean": model.y_mean,
+            "y_std": model.y_std,
+        }),
+        coefficients: json!({
+            "intercept": model.intercept,
+            "weights": model.coefficients,
+        }),
+        body,
+        metrics,
+        training_digest,
+        training_size,
+    })
+}
+
+/// Reads a stored model back, refusing kinds and shapes this build does not know.
+pub fn linear_from_record(r: &ModelRecord) -> Result<LinearModel> {
+    let bad = |reason: String| Error::BadModel { version: r.version, reason };
+    if r.model.kind != LINEAR_KIND {
+        return Err(bad(format!(
+            "unknown kind {:?} (this kace reads {LINEAR_KIND})",
+            r.model.kind
+        )));
+    }
+    let model: LinearModel = serde_json::from_value(r.model.body.clone())
+        .map_err(|e| bad(format!("unreadable body: {e}")))?;
+    if model.width() != Feature::ALL.len() || model.x_scale.width() != model.width() {
+        return Err(bad(format!(
+            "{} coefficients, expected {}",
+            model.width(),
+            Feature::ALL.len()
+        )));
+    }
+    let finite = model.coefficients.iter().chain(&model.x_scale.mean).chain(&model.x_scale.std);
+    if !finite.chain([&model.intercept, &model.y_mean, &model.y_std]).all(|v| v.is_finite()) {
+        return Err(bad("non-finite parameters".into()));
+    }
+    Ok(model)
+}
+
+/// Training examples: observed pairs whose two workloads both have complete profiles.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TrainingSet {
+    /// Combined feature vector of each pair.
+    pub rows: Vec<[f64; kace_selector::FEATURE_COUNT]>,
+    /// Pair throughput sum (the target).
+    pub targets: Vec<f64>,
+    /// The pairs, parallel to `rows`.
+    pub pairs: Vec<ObservedPair>,
+    /// Observed pairs left out because a profile was missing or incomplete.
+    pub skipped: usize,
+}
+
+impl TrainingSet {
+    /// A stable digest of the examples (FNV-1a over keys and values), so that two trainings on
+    /// the same data are recognisable.
+    pub fn digest(&self) -> String {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |bytes: &[u8]| {
+            for b in bytes {
+                h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+            }
+        };
+        for (p, (row, y)) in self.pairs.iter().zip(self.rows.iter().zip(&self.targets)) {
+            eat(p.keys.0.as_bytes());
+            eat(p.keys.1.as_bytes());
+            for v in row.iter().chain(std::iter::once(y)) {
+                eat(&v.to_bits().to_le_bytes());
+            }
+        }
+        format!("fnv1a64:{h:016x}")
+    }
+}
+
+/// Converts a stored profile to the selector's, when complete.
+pub fn selector_profile(p: &crate::types::Profile) -> Option<Profile> {
+    p.complete().map(Profile::new)
+}
+
+/// Builds the training set from the database.
+pub fn training_set(db: &Db) -> Result<TrainingSet> {
+    let pairs = db.observed_pairs()?;
+    let profiles = db.all_profiles(None)?;
+    let mut set = TrainingSet::default();
+    for p in pairs {
+        let get = |w: &str| profiles.get(w).and_then(selector_profile);
+        match (get(&p.workload1), get(&p.workload2)) {
+            (Some(a), Some(b)) => {
+                set.rows.push(combine([&a, &b]));
+                set.targets.push(p.throughput1 + p.throughput2);
+                set.pairs.push(p);
+            }
+            _ => set.skipped += 1,
+        }
+    }
+    Ok(set)
+}
+
+/// Splits `n` examples into (fit, held-out) index lists: a seeded permutation, the first
+/// `ceil(fraction · n)` held out (at least one when n ≥ 2, never all).
+pub fn holdout_split(n: usize, fraction: f64, seed: u64) -> (Vec<usize>, Vec<usize>) {
+    let perm = kace_selector::numpy_rng::permutation((seed & 0xffff_ffff) as u32, n);
+    let mut k = (fraction * n as f64).ceil() as usize;
+    if n >= 2 {
+        k = k.clamp(1, n - 1);
+    } else {
+        k = 0;
+    }
+    let (held, fit) = perm.split_at(k);
+    let (mut held, mut fit) = (held.to_vec(), fit.to_vec());
+    held.sort_unstable();
+    fit.sort_unstable();
+    (fit, held)
+}
+
+/// One candidate of a decision, as the prolog knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CandidateSpec {
+    /// Its workload.
+    pub workload: String,
+    /// Whether it belongs to the lead's user.
+    pub same_user: bool,
+}
+
+/// Everything a decision needed and produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// Version of the model used.
+    pub model_version: i64,
+    /// Verdicts parallel to the candidates, and the chosen index.
+    pub selection: Selection,
+    /// Per candidate, the features its profile lacks (empty when complete or absent).
+    pub incomplete: Vec<Vec<&'static str>>,
+}
+
+/// The active model, decoded.
+pub fn active_linear(db: &Db) -> Result<(i64, LinearModel)> {
+    let rec = db.active_model()?.ok_or(Error::NoActiveModel)?;
+    Ok((rec.version, linear_from_record(&rec)?))
+}
+
+/// The prolog's read path: active model, profiles of the lead and candidates (one query), the
+/// selector's filters and choice. The lead must have a complete profile; candidates without one
+/// are rejected as unknown by the selector.
+pub fn decide(
+    db: &Db,
+    lead: &str,
+    candidates: &[CandidateSpec],
+    rules: &SelectionRules,
+    gpu_model: Option<&str>,
+) -> Result<Decision> {
+    let (model_version, model) = active_linear(db)?;
+    let mut names: Vec<&str> = Vec::with_capacity(candidates.len() + 1);
+    names.push(lead);
+    names.extend(candidates.iter().map(|c| c.workload.as_str()));
+    names.sort_unstable();
+    names.dedup();
+    let stored = db.profiles(&names, gpu_model)?;
+    let lead_profile = match stored.get(lead) {
+        Some(p) => selector_profile(p)
+            .ok_or_else(|| Error::NoProfile { workload: lead.into(), missing: p.missing() })?,
+        None => return Err(Error::NoProfile { workload: lead.into(), missing: Vec::new() }),
+    };
+    let converted: HashMap<&str, Profile> =
+        stored.iter().filter_map(|(w, p)| selector_profile(p).map(|sp| (w.as_str(), sp))).collect();
+    let cands: Vec<Candidate<'_>> = candidates
+        .iter()
+        .map(|c| Candidate { profile: converted.get(c.workload.as_str()), same_user: c.same_user })
+        .collect();
+    let incomplete = candidates
+        .iter()
+        .map(|c| stored.get(&c.workload).map(|p| p.missing()).unwrap_or_default())
+        .collect();
+    let selection = select(&[lead_profile], &cands, &model, rules);
+    Ok(Decision { model_version, selection, incomplete })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_is_deterministic_and_disjoint() {
+        let (fit, held) = holdout_split(10, 0.2, 30);
+        assert_eq!(held.len(), 2);
+        assert_eq!(fit.len(), 8);
+        assert_eq!(holdout_split(10, 0.2, 30), (fit.clone(), held.clone()));
+        let mut all: Vec<usize> = fit.iter().chain(&held).copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..10).collect::<Vec<_>>());
+        assert_eq!(holdout_split(1, 0.5, 1), (vec![0], vec![]));
+        assert_eq!(holdout_split(2, 0.01, 1).1.len(), 1);
+    }
+}

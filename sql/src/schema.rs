@@ -1,0 +1,88 @@
+//! The schema and its migrations, keyed on `PRAGMA user_version`.
+//!
+//! Migration `n` (1-based) takes a database from version `n - 1` to `n`. Migrations are only ever
+//! appended: a released one is never edited, because sites upgrade from any older version.
+
+/// The schema version this build reads and writes.
+pub const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Each entry is one migration's SQL, applied in one transaction together with the
+/// `user_version` bump, so a failed migration leaves the previous version intact.
+pub(crate) const MIGRATIONS: &[&str] = &[
+    // 1: the initial schema.
+    r#"
+CREATE TABLE workloads (
+    id          INTEGER PRIMARY KEY,
+    name        TEXT NOT NULL UNIQUE,
+    created_at  REAL NOT NULL
+);
+
+-- One row per measurement; a NULL feature was not measured by that source. The current profile
+-- of a workload takes, per feature, the newest non-NULL value (see Db::profiles).
+CREATE TABLE profiles (
+    id                    INTEGER PRIMARY KEY,
+    workload_id           INTEGER NOT NULL REFERENCES workloads(id),
+    gpu_model             TEXT NOT NULL,
+    source                TEXT NOT NULL,
+    created_at            REAL NOT NULL,
+    threads               REAL,
+    sm_throughput         REAL,
+    dram_throughput       REAL,
+    memory_throughput     REAL,
+    registers             REAL,
+    static_shared_memory  REAL,
+    exclusive_throughput  REAL,
+    sm_pct                REAL,
+    mem_pct               REAL,
+    memcap_gib            REAL
+);
+CREATE INDEX profiles_by_workload ON profiles(workload_id, created_at);
+
+-- `key` is the spool record's unique key: ingest inserts each key once, which is what makes
+-- re-running it (or running two at once) harmless.
+CREATE TABLE observations (
+    id           INTEGER PRIMARY KEY,
+    key          TEXT NOT NULL UNIQUE,
+    job          TEXT NOT NULL,
+    workload_id  INTEGER NOT NULL REFERENCES workloads(id),
+    partners     TEXT NOT NULL,
+    node         TEXT NOT NULL,
+    gpu          TEXT NOT NULL,
+    mps_share    REAL,
+    start_time   REAL NOT NULL,
+    end_time     REAL NOT NULL,
+    steps        REAL,
+    throughput   REAL NOT NULL,
+    exclusive    INTEGER NOT NULL CHECK (exclusive IN (0, 1)),
+    ingested_at  REAL NOT NULL
+);
+CREATE INDEX observations_by_job ON observations(job);
+
+CREATE TABLE models (
+    version          INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind             TEXT NOT NULL,
+    features         TEXT NOT NULL,
+    normalisation    TEXT NOT NULL,
+    coefficients     TEXT NOT NULL,
+    body             TEXT NOT NULL,
+    metrics          TEXT NOT NULL,
+    training_digest  TEXT NOT NULL,
+    training_size    INTEGER NOT NULL,
+    created_at       REAL NOT NULL,
+    active           INTEGER NOT NULL DEFAULT 0 CHECK (active IN (0, 1))
+);
+-- At most one active model, enforced by SQLite rather than by every writer's care.
+CREATE UNIQUE INDEX models_one_active ON models(active) WHERE active = 1;
+
+CREATE TABLE decisions (
+    id               INTEGER PRIMARY KEY,
+    lead_job         TEXT,
+    lead_workload    TEXT NOT NULL,
+    chosen_workload  TEXT,
+    chosen_job       TEXT,
+    model_version    INTEGER,
+    candidates       TEXT NOT NULL,
+    created_at       REAL NOT NULL
+);
+"#,
+];

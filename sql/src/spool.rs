@@ -1,0 +1,243 @@
+//! The observation spool: the epilog writes one JSON file per observation (write, fsync, rename,
+//! fsync the directory), and `ingest` moves them into the database exactly once.
+//!
+//! Exactly once holds because the database stores each observation `key` once (a UNIQUE column)
+//! and a file is removed only after the transaction that stored it has committed. A crash between
+//! commit and removal, a re-run, or two ingests running at once therefore only meet keys that are
+//! already stored, which change nothing. A file that cannot be read as an observation is moved to
+//! the quarantine directory next to a `.reason` file: nothing is dropped silently.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Read, Write};
+use std::path::{Path, PathBuf};
+
+use crate::db::Db;
+use crate::error::{Error, Result};
+use crate::types::Observation;
+
+/// Suffix of a complete spool record.
+pub const RECORD_SUFFIX: &str = ".json";
+
+/// Largest spool file accepted; a real record is a few hundred bytes.
+pub const MAX_RECORD_BYTES: u64 = 64 * 1024;
+
+/// Records stored per transaction: large enough to amortise the commit's fsyncs, small enough
+/// that a prolog waiting for the lock is not held up for long.
+const BATCH: usize = 256;
+
+fn io_err(op: &str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let (op, path) = (op.to_string(), path.to_path_buf());
+    move |source| Error::Io { op, path, source }
+}
+
+/// FNV-1a, 64 bits: a stable, dependency-free hash to keep sanitised file names unique.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+}
+
+/// The file name of a record: the key made safe for a file name, plus a hash of the exact key
+/// so that two keys that sanitise alike cannot overwrite each other.
+pub fn record_file_name(key: &str) -> String {
+    let safe: String = key
+        .chars()
+        .take(100)
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') { c } else { '_' })
+        .collect();
+    format!("{safe}-{:016x}{RECORD_SUFFIX}", fnv1a(key.as_bytes()))
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    // Makes the rename itself durable: without it a power cut can lose the directory entry.
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("sync spool directory", dir))
+}
+
+/// Writes one observation into `dir` atomically: readers see either no file or a complete one.
+/// Writing the same key again replaces the file with identical content.
+pub fn write_record(dir: &Path, obs: &Observation) -> Result<PathBuf> {
+    obs.validate()?;
+    let body = serde_json::to_vec_pretty(obs)
+        .map_err(|source| Error::Json { what: format!("observation {}", obs.key), source })?;
+    let name = record_file_name(&obs.key);
+    let tmp = dir.join(format!(".tmp.{}.{name}", std::process::id()));
+    let dest = dir.join(&name);
+    let write = || -> std::io::Result<()> {
+        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        f.write_all(&body)?;
+        f.write_all(b"\n")?;
+        f.sync_all()
+    };
+    if let Err(e) = write() {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_err("write spool record", &tmp)(e));
+    }
+    fs::rename(&tmp, &dest).map_err(io_err("publish spool record", &dest))?;
+    sync_dir(dir)?;
+    Ok(dest)
+}
+
+/// What one ingest run did.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct IngestReport {
+    /// Observations newly stored.
+    pub inserted: usize,
+    /// Records whose key was already stored (removed from the spool, DB unchanged).
+    pub duplicates: usize,
+    /// Files moved to quarantine, with the reason.
+    pub quarantined: Vec<(PathBuf, String)>,
+    /// Files that another ingest took between listing and reading.
+    pub vanished: usize,
+    /// Temporary files older than [`STALE_TEMP`]: writes that never completed (the writer
+    /// died before its rename). They are left for the admin to inspect.
+    pub stale_temp_files: Vec<PathBuf>,
+}
+
+/// Age after which a `.tmp.*` file in the spool is reported as an abandoned write.
+pub const STALE_TEMP: std::time::Duration = std::time::Duration::from_secs(3600);
+
+enum Read1 {
+    Record(Box<Observation>),
+    Bad(String),
+    Gone,
+}
+
+fn read_record(path: &Path) -> Result<Read1> {
+    let mut f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Read1::Gone),
+        Err(e) => return Err(io_err("open spool record", path)(e)),
+    };
+    let mut buf = Vec::new();
+    // Reading one byte past the limit tells "too large" from "exactly at the limit".
+    Read::by_ref(&mut f)
+        .take(MAX_RECORD_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(io_err("read spool record", path))?;
+    if buf.len() as u64 > MAX_RECORD_BYTES {
+        return Ok(Read1::Bad(format!("larger than {MAX_RECORD_BYTES} bytes")));
+    }
+    let obs: Observation = match serde_json::from_slice(&buf) {
+        Ok(o) => o,
+        Err(e) => return Ok(Read1::Bad(format!("not a valid observation record: {e}"))),
+    };
+    if let Err(e) = obs.validate() {
+        return Ok(Read1::Bad(e.to_string()));
+    }
+    Ok(Read1::Record(Box::new(obs)))
+}
+
+fn quarantine(path: &Path, qdir: &Path, reason: &str) -> Result<bool> {
+    fs::create_dir_all(qdir).map_err(io_err("create quarantine directory", qdir))?;
+    let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    let dest = qdir.join(&name);
+    let mut reason_name = name;
+    reason_name.push(".reason");
+    let reason_path = qdir.join(reason_name);
+    // The reason goes first so that a file in quarantine always has one.
+    fs::write(&reason_path, format!("{reason}\n"))
+        .map_err(io_err("write quarantine reason", &reason_path))?;
+    match fs::rename(path, &dest) {
+        Ok(()) => Ok(true),
+        // Another ingest quarantined it first.
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io_err("move file to quarantine", path)(e)),
+    }
+}
+
+fn remove_ingested(paths: &[PathBuf]) -> Result<()> {
+    for p in paths {
+        match fs::remove_file(p) {
+            Ok(()) => {}
+            // Another ingest removed it after storing the same key: fine.
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("remove ingested spool record", p)(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Stores a batch and then, only after its transaction committed, removes its files: a crash
+/// in between leaves files whose keys are stored, which the next run counts as duplicates.
+fn flush(
+    db: &mut Db,
+    batch: &mut Vec<(PathBuf, Observation)>,
+    report: &mut IngestReport,
+) -> Result<()> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let obs: Vec<Observation> = batch.iter().map(|(_, o)| o.clone()).collect();
+    let n = db.insert_observations(&obs)?;
+    report.inserted += n.inserted;
+    report.duplicates += n.duplicates;
+    let paths: Vec<PathBuf> = batch.drain(..).map(|(p, _)| p).collect();
+    remove_ingested(&paths)
+}
+
+/// Moves every record in `spool` into `db`, quarantining bad files in `quarantine_dir`.
+///
+/// Files whose names start with `.` are writes in progress and are left alone (old `.tmp.*`
+/// ones are reported); sub-directories are ignored. Records are taken in file-name order.
+pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<IngestReport> {
+    // (path, is a regular file)
+    let mut entries: Vec<(PathBuf, bool)> = Vec::new();
+    let mut report = IngestReport::default();
+    for entry in fs::read_dir(spool).map_err(io_err("read spool directory", spool))? {
+        let entry = entry.map_err(io_err("read spool directory", spool))?;
+        let ft = match entry.file_type() {
+            Ok(ft) => ft,
+            Err(e) if e.kind() == ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err("inspect spool entry", &entry.path())(e)),
+        };
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if ft.is_dir() {
+            continue;
+        }
+        if name.starts_with('.') {
+            let age = entry
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok());
+            if name.starts_with(".tmp.") && age.is_some_and(|a| a > STALE_TEMP) {
+                report.stale_temp_files.push(entry.path());
+            }
+            continue;
+        }
+        entries.push((entry.path(), ft.is_file()));
+    }
+    entries.sort();
+
+    let mut batch: Vec<(PathBuf, Observation)> = Vec::new();
+    for (path, regular) in entries {
+        let is_record = path.to_string_lossy().ends_with(RECORD_SUFFIX);
+        // Symlinks, FIFOs and the like are never written by the epilog; following them as
+        // root could read anything, so they go to quarantine unread.
+        let read = if !regular {
+            Read1::Bad("not a regular file".into())
+        } else if is_record {
+            read_record(&path)?
+        } else {
+            Read1::Bad(format!("not a spool record (name does not end in {RECORD_SUFFIX})"))
+        };
+        match read {
+            Read1::Gone => report.vanished += 1,
+            Read1::Bad(reason) => {
+                if quarantine(&path, quarantine_dir, &reason)? {
+                    report.quarantined.push((path, reason));
+                } else {
+                    report.vanished += 1;
+                }
+            }
+            Read1::Record(obs) => {
+                batch.push((path, *obs));
+                if batch.len() >= BATCH {
+                    flush(db, &mut batch, &mut report)?;
+                }
+            }
+        }
+    }
+    flush(db, &mut batch, &mut report)?;
+    Ok(report)
+}

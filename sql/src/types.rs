@@ -1,0 +1,391 @@
+//! The records the store reads and writes, and the validation rules every writer shares.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Number of profile features, in the KACE artifact's order.
+pub const FEATURE_COUNT: usize = 10;
+
+/// SQL column names of the ten profile features, in the KACE artifact's feature order:
+/// `_Threads, _Compute (SM) Throughput, _DRAM Throughput, _Memory Throughput, _Registers,
+/// _Static Shared Memory, exclusive_throughput, sm%, mem%, memcap`.
+pub const FEATURE_COLUMNS: [&str; FEATURE_COUNT] = [
+    "threads",
+    "sm_throughput",
+    "dram_throughput",
+    "memory_throughput",
+    "registers",
+    "static_shared_memory",
+    "exclusive_throughput",
+    "sm_pct",
+    "mem_pct",
+    "memcap_gib",
+];
+
+/// Index of the first system metric (`exclusive_throughput`); the six before it come from ncu.
+pub const FIRST_SYSTEM_FEATURE: usize = 6;
+
+/// Index of `memcap` (peak GPU memory, GiB) in the feature order.
+pub const MEMCAP: usize = 9;
+
+/// Longest workload name accepted (names come from users through `--kace-colocate`).
+pub const MAX_NAME_LEN: usize = 128;
+
+/// Checks a workload name: 1–128 characters from `[A-Za-z0-9._+-]`, not starting with `.` or `-`.
+///
+/// The same rule is enforced at the SPANK option; repeating it here keeps junk out of the DB
+/// whatever path a name arrives by (spool files are written by root, but from user input).
+pub fn validate_workload_name(name: &str) -> Result<()> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '+' | '-');
+    if name.is_empty()
+        || name.len() > MAX_NAME_LEN
+        || name.starts_with(['.', '-'])
+        || !name.chars().all(ok_char)
+    {
+        return Err(Error::Invalid {
+            reason: format!(
+                "invalid workload name {name:?}: use 1–{MAX_NAME_LEN} characters from \
+                 [A-Za-z0-9._+-], not starting with '.' or '-'"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// One measurement of a workload's profile. Any feature may be absent: ncu gives the six kernel
+/// metrics, a `kace profile run` gives the four system metrics, and the store merges them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewProfile {
+    /// Workload name.
+    pub workload: String,
+    /// GPU model the profile was measured on (e.g. `Tesla V100-SXM2-32GB`).
+    pub gpu_model: String,
+    /// Where the numbers came from (`artifact`, `ncu:FILE`, `nvml`, `csv:FILE`, …).
+    pub source: String,
+    /// Feature values in [`FEATURE_COLUMNS`] order; `None` where this source did not measure it.
+    pub values: [Option<f64>; FEATURE_COUNT],
+}
+
+impl NewProfile {
+    /// Checks the name and that every present value is finite and in its range.
+    pub fn validate(&self) -> Result<()> {
+        validate_workload_name(&self.workload)?;
+        if self.gpu_model.trim().is_empty() || self.source.trim().is_empty() {
+            return Err(Error::Invalid {
+                reason: format!("profile of {}: empty GPU model or source", self.workload),
+            });
+        }
+        if self.values.iter().all(Option::is_none) {
+            return Err(Error::Invalid {
+                reason: format!("profile of {}: no feature values", self.workload),
+            });
+        }
+        for (i, v) in self.values.iter().enumerate() {
+            if let Some(v) = v {
+                if let Some(why) = feature_value_problem(i, *v) {
+                    return Err(Error::Invalid {
+                        reason: format!(
+                            "profile of {}: {} = {v}: {why}",
+                            self.workload, FEATURE_COLUMNS[i]
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Says what is wrong with a value for feature `i`, if anything. Percentages may exceed 100 a
+/// little in real ncu output (rounding), so only clearly impossible values are refused.
+pub(crate) fn feature_value_problem(i: usize, v: f64) -> Option<&'static str> {
+    if !v.is_finite() {
+        return Some("not a finite number");
+    }
+    if v < 0.0 {
+        return Some("negative");
+    }
+    let is_pct = matches!(i, 1..=3 | 7 | 8);
+    if is_pct && v > 200.0 {
+        return Some("a percentage above 200");
+    }
+    None
+}
+
+/// A workload's current profile: per feature, the newest measured value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    /// Workload name.
+    pub workload: String,
+    /// GPU model of the newest contributing measurement.
+    pub gpu_model: String,
+    /// Feature values in [`FEATURE_COLUMNS`] order.
+    pub values: [Option<f64>; FEATURE_COUNT],
+    /// Unix time of the newest contributing measurement.
+    pub updated_at: f64,
+}
+
+impl Profile {
+    /// All ten features, when every one is known.
+    pub fn complete(&self) -> Option<[f64; FEATURE_COUNT]> {
+        let mut out = [0.0; FEATURE_COUNT];
+        for (o, v) in out.iter_mut().zip(self.values) {
+            *o = v?;
+        }
+        Some(out)
+    }
+
+    /// Names of the features that are still unknown.
+    pub fn missing(&self) -> Vec<&'static str> {
+        FEATURE_COLUMNS
+            .iter()
+            .zip(self.values)
+            .filter(|(_, v)| v.is_none())
+            .map(|(n, _)| *n)
+            .collect()
+    }
+}
+
+/// A job that shared the GPU with the observed job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partner {
+    /// The partner's job id.
+    pub job: String,
+    /// The partner's workload name.
+    pub workload: String,
+}
+
+/// What one job achieved over one interval: alone (`partners` empty) or sharing the GPU.
+/// This is also the spool file format (JSON), written by the epilog.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Observation {
+    /// Unique key of this observation (`<cluster>/<job>/<segment>`); ingest stores each key once.
+    pub key: String,
+    /// Slurm job id.
+    pub job: String,
+    /// Workload name.
+    pub workload: String,
+    /// The jobs it shared the GPU with during the interval; empty when it ran alone.
+    #[serde(default)]
+    pub partners: Vec<Partner>,
+    /// Node name.
+    pub node: String,
+    /// GPU (index or UUID) on the node.
+    pub gpu: String,
+    /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` the job ran with, when set.
+    #[serde(default)]
+    pub mps_share: Option<f64>,
+    /// Interval start, Unix seconds.
+    pub start: f64,
+    /// Interval end, Unix seconds.
+    pub end: f64,
+    /// Steps done in the interval, when the job reported progress.
+    #[serde(default)]
+    pub steps: Option<f64>,
+    /// Steps per second over the interval.
+    pub throughput: f64,
+}
+
+/// Longest observation key and job id accepted.
+pub const MAX_KEY_LEN: usize = 256;
+
+impl Observation {
+    /// Whether the job ran alone.
+    pub fn exclusive(&self) -> bool {
+        self.partners.is_empty()
+    }
+
+    /// Checks every field; the reason names the field so a quarantine note is useful.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |reason: String| Err(Error::Invalid { reason });
+        let printable =
+            |s: &str| !s.is_empty() && s.len() <= MAX_KEY_LEN && !s.chars().any(char::is_control);
+        if !printable(&self.key) {
+            return bad(format!(
+                "observation key {:?} is empty, too long or has control characters",
+                self.key
+            ));
+        }
+        if !printable(&self.job) || !printable(&self.node) || !printable(&self.gpu) {
+            return bad(format!("observation {}: empty or bad job, node or gpu", self.key));
+        }
+        validate_workload_name(&self.workload)?;
+        for p in &self.partners {
+            validate_workload_name(&p.workload)?;
+            if !printable(&p.job) {
+                return bad(format!("observation {}: bad partner job id", self.key));
+            }
+        }
+        if !(self.start.is_finite() && self.end.is_finite() && self.end >= self.start) {
+            return bad(format!("observation {}: end is before start or not a number", self.key));
+        }
+        if !(self.throughput.is_finite() && self.throughput >= 0.0) {
+            return bad(format!("observation {}: throughput must be a number ≥ 0", self.key));
+        }
+        if let Some(s) = self.steps {
+            if !(s.is_finite() && s >= 0.0) {
+                return bad(format!("observation {}: steps must be a number ≥ 0", self.key));
+            }
+        }
+        if let Some(m) = self.mps_share {
+            if !(m.is_finite() && m > 0.0 && m <= 100.0) {
+                return bad(format!("observation {}: mps_share must be in (0, 100]", self.key));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Two observations of jobs that ran together, each naming the other as its only partner, over
+/// overlapping intervals: one training example.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObservedPair {
+    /// Workload of the first job.
+    pub workload1: String,
+    /// Workload of the second job.
+    pub workload2: String,
+    /// Throughput of the first job while paired.
+    pub throughput1: f64,
+    /// Throughput of the second job while paired.
+    pub throughput2: f64,
+    /// Keys of the two observations, for a stable training-set digest.
+    pub keys: (String, String),
+}
+
+/// A model to store. The store treats the model's content as opaque JSON: the selector owns its
+/// meaning, the store owns versions and the active flag.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewModel {
+    /// Model kind (`linear`, …).
+    pub kind: String,
+    /// Feature names, in the order the coefficients use.
+    pub features: Vec<String>,
+    /// Normalisation parameters (means and standard deviations).
+    pub normalisation: serde_json::Value,
+    /// Coefficients (intercept and weights).
+    pub coefficients: serde_json::Value,
+    /// The whole serialized model, as the selector reads it back.
+    pub body: serde_json::Value,
+    /// Metrics measured at training time (held-out MSE, R², sizes, …).
+    pub metrics: serde_json::Value,
+    /// Digest of the training set (so two trainings on the same data can be recognised).
+    pub training_digest: String,
+    /// Number of training examples.
+    pub training_size: usize,
+}
+
+/// A stored model version.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelRecord {
+    /// Version number, increasing from 1.
+    pub version: i64,
+    /// Everything that was stored.
+    #[serde(flatten)]
+    pub model: NewModel,
+    /// Unix time of storage.
+    pub created_at: f64,
+    /// Whether the prolog uses this version.
+    pub active: bool,
+}
+
+/// One candidate as a decision saw it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecisionCandidate {
+    /// Candidate job id, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    /// Candidate workload.
+    pub workload: String,
+    /// Predicted throughput sum, when the candidate passed the filters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prediction: Option<f64>,
+    /// Why it was rejected, when it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejected: Option<String>,
+}
+
+/// A partner choice to record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewDecision {
+    /// Lead job id, when known (`None` for `kace select --dry-run`).
+    pub lead_job: Option<String>,
+    /// Lead workload.
+    pub lead_workload: String,
+    /// Chosen candidate's workload, if any.
+    pub chosen_workload: Option<String>,
+    /// Chosen candidate's job id, if any.
+    pub chosen_job: Option<String>,
+    /// Model version used.
+    pub model_version: Option<i64>,
+    /// Every candidate with its prediction or rejection reason.
+    pub candidates: Vec<DecisionCandidate>,
+}
+
+/// A stored decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecisionRecord {
+    /// Row id.
+    pub id: i64,
+    /// What was decided.
+    #[serde(flatten)]
+    pub decision: NewDecision,
+    /// Unix time.
+    pub created_at: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workload_names() {
+        assert!(validate_workload_name("bert-base-cased_batch2-inf").is_ok());
+        assert!(validate_workload_name("a+b.c").is_ok());
+        for bad in ["", "-x", ".x", "a b", "a/b", "a;b", &"x".repeat(129)] {
+            assert!(validate_workload_name(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn observation_rules() {
+        let mut o = Observation {
+            key: "c/1/0".into(),
+            job: "1".into(),
+            workload: "w".into(),
+            partners: vec![],
+            node: "n1".into(),
+            gpu: "0".into(),
+            mps_share: None,
+            start: 10.0,
+            end: 20.0,
+            steps: Some(5.0),
+            throughput: 0.5,
+        };
+        assert!(o.validate().is_ok());
+        assert!(o.exclusive());
+        o.end = 5.0;
+        assert!(o.validate().is_err());
+        o.end = 20.0;
+        o.throughput = f64::NAN;
+        assert!(o.validate().is_err());
+        o.throughput = 1.0;
+        o.mps_share = Some(150.0);
+        assert!(o.validate().is_err());
+    }
+
+    #[test]
+    fn profile_complete_and_missing() {
+        let mut p = Profile {
+            workload: "w".into(),
+            gpu_model: "g".into(),
+            values: [Some(1.0); FEATURE_COUNT],
+            updated_at: 0.0,
+        };
+        assert_eq!(p.complete(), Some([1.0; FEATURE_COUNT]));
+        p.values[MEMCAP] = None;
+        assert_eq!(p.complete(), None);
+        assert_eq!(p.missing(), vec!["memcap_gib"]);
+    }
+}

@@ -1,0 +1,387 @@
+//! Tests of the store through its public API: opening, migrations, each table, the spool.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use kace_sql::spool::{ingest, record_file_name, write_record};
+use kace_sql::{
+    Db, DecisionCandidate, Error, NewDecision, NewModel, NewProfile, Observation, Partner,
+    CURRENT_VERSION, FEATURE_COUNT,
+};
+
+/// A fresh directory under the system temp dir, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::SeqCst);
+        let p = std::env::temp_dir().join(format!("kace-sql-{tag}-{}-{n}", std::process::id()));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn obs(key: &str, job: &str, wl: &str, partner: Option<(&str, &str)>, thr: f64) -> Observation {
+    Observation {
+        key: key.into(),
+        job: job.into(),
+        workload: wl.into(),
+        partners: partner
+            .map(|(j, w)| vec![Partner { job: j.into(), workload: w.into() }])
+            .unwrap_or_default(),
+        node: "n1".into(),
+        gpu: "0".into(),
+        mps_share: Some(100.0),
+        start: 100.0,
+        end: 200.0,
+        steps: Some(thr * 100.0),
+        throughput: thr,
+    }
+}
+
+fn model(kind: &str) -> NewModel {
+    NewModel {
+        kind: kind.into(),
+        features: vec!["a".into(), "b".into()],
+        normalisation: serde_json::json!({"mean": [0.0, 1.0]}),
+        coefficients: serde_json::json!([0.0, 1.0, 2.0]),
+        body: serde_json::json!({"any": "thing"}),
+        metrics: serde_json::json!({"mse": 0.1}),
+        training_digest: "abc".into(),
+        training_size: 3,
+    }
+}
+
+#[test]
+fn init_is_idempotent_and_read_only_open_works() {
+    let dir = TempDir::new("init");
+    let path = dir.path().join("kace.db");
+    let (_, m) = Db::create(&path).unwrap();
+    assert_eq!((m.from, m.to), (0, CURRENT_VERSION));
+    let (db, m) = Db::create(&path).unwrap();
+    assert_eq!((m.from, m.to), (CURRENT_VERSION, CURRENT_VERSION));
+    let report = db.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    drop(db);
+    let ro = Db::open_read_only(&path).unwrap();
+    assert!(ro.is_read_only());
+    assert!(ro.workloads().unwrap().is_empty());
+    // The journal mode is the rollback journal, never WAL.
+    assert!(!dir.path().join("kace.db-wal").exists());
+}
+
+#[test]
+fn missing_corrupt_and_foreign_files_are_clear_errors() {
+    let dir = TempDir::new("bad");
+    let missing = dir.path().join("nope.db");
+    assert!(matches!(Db::open_read_only(&missing), Err(Error::Missing { .. })));
+    assert!(matches!(Db::open(&missing), Err(Error::Missing { .. })));
+
+    let junk = dir.path().join("junk.db");
+    fs::write(&junk, vec![0x5a; 8192]).unwrap();
+    let err = Db::open_read_only(&junk).unwrap_err();
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    assert!(err.to_string().contains("not a valid kace database"), "{err}");
+    assert!(matches!(Db::open(&junk), Err(Error::Corrupt { .. })));
+
+    // A real SQLite file truncated in the middle of its pages.
+    let good = dir.path().join("good.db");
+    let (mut db, _) = Db::create(&good).unwrap();
+    let many: Vec<_> =
+        (0..500).map(|i| obs(&format!("k{i}"), &i.to_string(), "w", None, 1.0)).collect();
+    db.insert_observations(&many).unwrap();
+    drop(db);
+    let bytes = fs::read(&good).unwrap();
+    let cut = dir.path().join("cut.db");
+    let mut damaged = bytes[..bytes.len() / 2].to_vec();
+    // Overwrite a page in the middle with garbage so the B-tree is inconsistent.
+    let mid = damaged.len() / 2;
+    for b in &mut damaged[mid..mid + 1024] {
+        *b = 0xff;
+    }
+    fs::write(&cut, damaged).unwrap();
+    // Opening may succeed (the header is intact), but check must report damage or an error.
+    match Db::open_any_version(&cut) {
+        Err(e) => assert!(matches!(e, Error::Corrupt { .. }), "{e:?}"),
+        Ok(db) => match db.check() {
+            Err(e) => assert!(matches!(e, Error::Corrupt { .. }), "{e:?}"),
+            Ok(r) => assert!(!r.problems.is_empty(), "damage not reported"),
+        },
+    }
+
+    // An uninitialised (empty) database.
+    let empty = dir.path().join("empty.db");
+    fs::write(&empty, b"").unwrap();
+    assert!(matches!(Db::open_read_only(&empty), Err(Error::NotInitialised { .. })));
+}
+
+#[test]
+fn profiles_merge_newest_value_per_feature() {
+    let dir = TempDir::new("prof");
+    let (mut db, _) = Db::create(&dir.path().join("k.db")).unwrap();
+    let mut kernel = [None; FEATURE_COUNT];
+    for (i, v) in kernel.iter_mut().enumerate().take(6) {
+        *v = Some(i as f64 + 1.0);
+    }
+    let mut system = [None; FEATURE_COUNT];
+    for (i, v) in system.iter_mut().enumerate().skip(6) {
+        *v = Some(i as f64 * 10.0);
+    }
+    let p = |values, source: &str| NewProfile {
+        workload: "w1".into(),
+        gpu_model: "V100".into(),
+        source: source.into(),
+        values,
+    };
+    db.insert_profiles(&[p(kernel, "ncu")]).unwrap();
+    let got = db.profiles(&["w1", "unknown"], None).unwrap();
+    assert_eq!(got.len(), 1);
+    assert!(got["w1"].complete().is_none());
+    assert_eq!(got["w1"].missing().len(), 4);
+    db.insert_profiles(&[p(system, "nvml")]).unwrap();
+    let got = db.profiles(&["w1"], None).unwrap();
+    let full = got["w1"].complete().expect("merged profile complete");
+    assert_eq!(full[0], 1.0);
+    assert_eq!(full[9], 90.0);
+    // A newer measurement of one feature replaces only that feature.
+    let mut memcap = [None; FEATURE_COUNT];
+    memcap[9] = Some(5.5);
+    db.insert_profiles(&[p(memcap, "manual")]).unwrap();
+    let got = db.profiles(&["w1"], Some("V100")).unwrap();
+    assert_eq!(got["w1"].complete().unwrap()[9], 5.5);
+    assert_eq!(got["w1"].complete().unwrap()[6], 60.0);
+    assert!(db.profiles(&["w1"], Some("A100")).unwrap().is_empty());
+    // Bad values are refused and nothing of the batch is stored.
+    let mut bad = kernel;
+    bad[1] = Some(f64::NAN);
+    let before = db.all_profiles(None).unwrap();
+    assert!(db.insert_profiles(&[p(memcap, "x"), p(bad, "x")]).is_err());
+    assert_eq!(db.all_profiles(None).unwrap(), before);
+}
+
+#[test]
+fn observations_are_stored_once_and_pairs_match() {
+    let dir = TempDir::new("obs");
+    let (mut db, _) = Db::create(&dir.path().join("k.db")).unwrap();
+    let a = obs("c/1/0", "1", "wa", Some(("2", "wb")), 3.0);
+    let b = obs("c/2/0", "2", "wb", Some(("1", "wa")), 4.0);
+    let alone = obs("c/3/0", "3", "wc", None, 9.0);
+    let one_sided = obs("c/4/0", "4", "wc", Some(("5", "wd")), 1.0);
+    let n = db.insert_observations(&[a.clone(), b.clone(), alone, one_sided]).unwrap();
+    assert_eq!((n.inserted, n.duplicates), (4, 0));
+    let n = db.insert_observations(std::slice::from_ref(&a)).unwrap();
+    assert_eq!((n.inserted, n.duplicates), (0, 1));
+    assert_eq!(db.observation_count().unwrap(), 4);
+    let stored = db.observations().unwrap();
+    assert_eq!(stored[0], a);
+    let pairs = db.observed_pairs().unwrap();
+    assert_eq!(pairs.len(), 1);
+    let p = &pairs[0];
+    assert_eq!((p.workload1.as_str(), p.workload2.as_str()), ("wa", "wb"));
+    assert_eq!((p.throughput1, p.throughput2), (3.0, 4.0));
+    // Non-overlapping intervals are not a pair.
+    let mut c = obs("c/6/0", "6", "wa", Some(("7", "wb")), 1.0);
+    let mut d = obs("c/7/0", "7", "wb", Some(("6", "wa")), 1.0);
+    c.end = 150.0;
+    d.start = 160.0;
+    db.insert_observations(&[c, d]).unwrap();
+    assert_eq!(db.observed_pairs().unwrap().len(), 1);
+}
+
+#[test]
+fn one_active_model_at_a_time() {
+    let dir = TempDir::new("model");
+    let (mut db, _) = Db::create(&dir.path().join("k.db")).unwrap();
+    assert!(db.active_model().unwrap().is_none());
+    let v1 = db.insert_model(&model("linear")).unwrap();
+    let v2 = db.insert_model(&model("linear")).unwrap();
+    assert_eq!((v1, v2), (1, 2));
+    assert!(db.check().unwrap().problems.iter().any(|p| p.contains("none is active")));
+    db.activate_model(v1).unwrap();
+    db.activate_model(v2).unwrap();
+    let active = db.active_model().unwrap().unwrap();
+    assert_eq!(active.version, 2);
+    assert_eq!(active.model, model("linear"));
+    assert_eq!(db.models().unwrap().iter().filter(|m| m.active).count(), 1);
+    assert!(matches!(db.activate_model(9), Err(Error::NoSuchModel { version: 9 })));
+    assert_eq!(db.active_model().unwrap().unwrap().version, 2);
+    // The active model must be one the prolog can use.
+    let problems = db.check().unwrap().problems;
+    assert!(problems.iter().any(|p| p.contains("unknown kind")), "{problems:?}");
+    assert!(matches!(
+        kace_sql::decide::active_linear(&db),
+        Err(Error::BadModel { version: 2, .. })
+    ));
+    let rows: Vec<[f64; 10]> =
+        (0..20).map(|i| std::array::from_fn(|j| ((i * (j + 3)) % 7) as f64 + j as f64)).collect();
+    let y: Vec<f64> = rows.iter().map(|r| r[6] * 2.0 + r[9]).collect();
+    let lm = kace_selector::LinearModel::fit(&rows, &y).unwrap();
+    let rec =
+        kace_sql::decide::linear_to_new_model(&lm, serde_json::json!({}), "d".into(), 20).unwrap();
+    let v3 = db.insert_model(&rec).unwrap();
+    db.activate_model(v3).unwrap();
+    assert!(db.check().unwrap().problems.is_empty());
+    let (v, back) = kace_sql::decide::active_linear(&db).unwrap();
+    assert_eq!((v, back), (3, lm));
+}
+
+#[test]
+fn decisions_round_trip() {
+    let dir = TempDir::new("dec");
+    let (mut db, _) = Db::create(&dir.path().join("k.db")).unwrap();
+    let d = NewDecision {
+        lead_job: Some("10".into()),
+        lead_workload: "wa".into(),
+        chosen_workload: Some("wb".into()),
+        chosen_job: Some("11".into()),
+        model_version: Some(1),
+        candidates: vec![
+            DecisionCandidate {
+                job: Some("11".into()),
+                workload: "wb".into(),
+                prediction: Some(7.5),
+                rejected: None,
+            },
+            DecisionCandidate {
+                job: None,
+                workload: "wc".into(),
+                prediction: None,
+                rejected: Some("unknown profile".into()),
+            },
+        ],
+    };
+    db.insert_decision(&d).unwrap();
+    let got = db.decisions(10).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].decision, d);
+}
+
+#[test]
+fn spool_ingest_is_exactly_once_and_quarantines_bad_files() {
+    let dir = TempDir::new("spool");
+    let spool = dir.path().join("spool");
+    let quarantine = dir.path().join("quarantine");
+    fs::create_dir_all(&spool).unwrap();
+    let (mut db, _) = Db::create(&dir.path().join("k.db")).unwrap();
+    for i in 0..10 {
+        write_record(&spool, &obs(&format!("c/{i}/0"), &i.to_string(), "w", None, 1.0)).unwrap();
+    }
+    // A truncated record, a record with a bad value, a stray file and a write in progress.
+    let full = serde_json::to_string(&obs("c/99/0", "99", "w", None, 1.0)).unwrap();
+    fs::write(spool.join(record_file_name("c/99/0")), &full[..full.len() / 2]).unwrap();
+    let mut neg = obs("c/98/0", "98", "w", None, 1.0);
+    neg.throughput = -1.0;
+    fs::write(spool.join("neg.json"), serde_json::to_string(&neg).unwrap()).unwrap();
+    fs::write(spool.join("notes.txt"), "hello").unwrap();
+    fs::write(spool.join(".tmp.1.partial.json"), "{").unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", spool.join("link.json")).unwrap();
+
+    let r = ingest(&mut db, &spool, &quarantine).unwrap();
+    assert_eq!(r.inserted, 10);
+    assert_eq!(r.quarantined.len(), 4, "{:?}", r.quarantined);
+    assert!(r.stale_temp_files.is_empty());
+    let reason = fs::read_to_string(quarantine.join("link.json.reason")).unwrap();
+    assert!(reason.contains("not a regular file"), "{reason}");
+    assert_eq!(db.observation_count().unwrap(), 10);
+    let truncated = record_file_name("c/99/0");
+    assert!(quarantine.join(&truncated).exists());
+    let reason = fs::read_to_string(quarantine.join(format!("{truncated}.reason"))).unwrap();
+    assert!(reason.contains("not a valid observation record"), "{reason}");
+    let reason = fs::read_to_string(quarantine.join("neg.json.reason")).unwrap();
+    assert!(reason.contains("throughput"), "{reason}");
+    // Only the write in progress is left in the spool.
+    let left: Vec<_> = fs::read_dir(&spool).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from(".tmp.1.partial.json")]);
+
+    // An abandoned write (older than an hour) is reported, not touched.
+    let old = spool.join(".tmp.9.old.json");
+    let f = fs::File::create(&old).unwrap();
+    f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(7200)).unwrap();
+    drop(f);
+    let r = ingest(&mut db, &spool, &quarantine).unwrap();
+    assert_eq!(r.stale_temp_files, vec![old.clone()]);
+    fs::remove_file(&old).unwrap();
+
+    // Re-running changes nothing; a record re-delivered after a crash is a duplicate.
+    let r = ingest(&mut db, &spool, &quarantine).unwrap();
+    assert_eq!((r.inserted, r.duplicates, r.quarantined.len()), (0, 0, 0));
+    write_record(&spool, &obs("c/3/0", "3", "w", None, 1.0)).unwrap();
+    let r = ingest(&mut db, &spool, &quarantine).unwrap();
+    assert_eq!((r.inserted, r.duplicates), (0, 1));
+    assert_eq!(db.observation_count().unwrap(), 10);
+}
+
+#[test]
+fn two_concurrent_ingests_store_each_record_once() {
+    let dir = TempDir::new("conc");
+    let spool = dir.path().join("spool");
+    let quarantine = dir.path().join("quarantine");
+    fs::create_dir_all(&spool).unwrap();
+    let path = dir.path().join("k.db");
+    Db::create(&path).unwrap();
+    let n = 600;
+    for i in 0..n {
+        write_record(&spool, &obs(&format!("c/{i}/0"), &i.to_string(), "w", None, 1.0)).unwrap();
+    }
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let (path, spool, quarantine) = (path.clone(), spool.clone(), quarantine.clone());
+            std::thread::spawn(move || {
+                let mut db = Db::open(&path).unwrap();
+                ingest(&mut db, &spool, &quarantine).unwrap()
+            })
+        })
+        .collect();
+    let reports: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let inserted: usize = reports.iter().map(|r| r.inserted).sum();
+    assert_eq!(inserted, n);
+    let db = Db::open(&path).unwrap();
+    assert_eq!(db.observation_count().unwrap(), n as i64);
+    assert_eq!(fs::read_dir(&spool).unwrap().count(), 0);
+    assert!(!quarantine.exists() || fs::read_dir(&quarantine).unwrap().count() == 0);
+}
+
+#[test]
+fn schema_versions_are_enforced() {
+    let dir = TempDir::new("ver");
+    let path = dir.path().join("k.db");
+    Db::create(&path).unwrap();
+    // A database from a newer kace.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.pragma_update(None, "user_version", CURRENT_VERSION + 1).unwrap();
+    drop(conn);
+    assert!(matches!(Db::open_read_only(&path), Err(Error::SchemaTooNew { .. })));
+    assert!(matches!(Db::open(&path), Err(Error::SchemaTooNew { .. })));
+    let mut any = Db::open_any_version(&path).unwrap();
+    assert!(matches!(any.migrate(), Err(Error::SchemaTooNew { .. })));
+    assert!(!any.check().unwrap().problems.is_empty());
+    // Someone else's SQLite file is not initialised over.
+    let foreign = dir.path().join("foreign.db");
+    let conn = rusqlite::Connection::open(&foreign).unwrap();
+    conn.execute_batch("CREATE TABLE t (x INTEGER);").unwrap();
+    drop(conn);
+    assert!(matches!(Db::create(&foreign), Err(Error::Invalid { .. })));
+}
+
+#[test]
+fn read_only_handles_cannot_write() {
+    let dir = TempDir::new("ro");
+    let path = dir.path().join("k.db");
+    Db::create(&path).unwrap();
+    let mut ro = Db::open_read_only(&path).unwrap();
+    let err = ro.insert_observations(&[obs("k", "1", "w", None, 1.0)]).unwrap_err();
+    assert!(err.to_string().contains("readonly") || err.to_string().contains("read-only"), "{err}");
+    assert_eq!(Db::open(&path).unwrap().observation_count().unwrap(), 0);
+}
