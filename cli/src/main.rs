@@ -2,6 +2,7 @@
 
 mod eval;
 mod output;
+mod simulate;
 
 use std::process::ExitCode;
 
@@ -24,6 +25,8 @@ struct Cli {
 enum Command {
     /// Evaluate choosing policies against the oracle on measured colocations.
     Eval(eval::EvalArgs),
+    /// Simulate a cluster under each pairing policy, on measured colocations.
+    Simulate(simulate::SimulateArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,5 +43,6 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Eval(args) => eval::run(args, cli.format),
+        Command::Simulate(args) => simulate::run(args, cli.format),
     }
 }

@@ -48,6 +48,8 @@ pub struct Sustained {
     pub steps: f64,
     /// Work done by then in exclusive GPU-seconds (steps over exclusive throughput).
     pub work_s: f64,
+    /// Seconds, by then, with at least one job waiting in the queue.
+    pub queued_s: f64,
 }
 
 /// What one simulation produced. Per-job vectors are in the trace's order.
@@ -149,6 +151,7 @@ struct Sim<'a> {
     pairings_seen: u64,
     busy_gpu_s: f64,
     shared_gpu_s: f64,
+    queued_s: f64,
     sustained: Option<Sustained>,
     timeline: Timeline,
     events: u64,
@@ -225,6 +228,7 @@ pub fn simulate(
         pairings_seen: 0,
         busy_gpu_s: 0.0,
         shared_gpu_s: 0.0,
+        queued_s: 0.0,
         sustained: None,
         timeline: Timeline::new(),
         events: 0,
@@ -254,7 +258,8 @@ pub fn simulate(
     }
     let total_steps = jobs.iter().map(|j| j.steps).sum();
     let total_work_s = jobs.iter().map(|j| j.steps / world.exclusive(j.workload)).sum();
-    let sustained = sim.sustained.unwrap_or(Sustained { until: 0.0, steps: 0.0, work_s: 0.0 });
+    let sustained =
+        sim.sustained.unwrap_or(Sustained { until: 0.0, steps: 0.0, work_s: 0.0, queued_s: 0.0 });
     Ok(Outcome {
         policy: policy.kind(),
         gpus,
@@ -284,6 +289,9 @@ impl Sim<'_> {
         if dt > 0.0 {
             self.busy_gpu_s += self.busy as f64 * dt;
             self.shared_gpu_s += self.shared as f64 * dt;
+            if !self.queue.is_empty() {
+                self.queued_s += dt;
+            }
             self.timeline.add(self.now, t, self.busy as f64, self.running as f64);
             self.now = t;
         }
@@ -351,7 +359,8 @@ impl Sim<'_> {
             steps += done;
             work += done / self.world.exclusive(self.workload(j));
         }
-        self.sustained = Some(Sustained { until: self.now, steps, work_s: work });
+        self.sustained =
+            Some(Sustained { until: self.now, steps, work_s: work, queued_s: self.queued_s });
     }
 
     fn arrive(&mut self, j: u32) {

@@ -98,6 +98,9 @@ pub struct Metrics {
     pub sustained_steps_per_s: f64,
     /// Exclusive GPU-seconds of work per second until the last job started.
     pub sustained_work_per_s: f64,
+    /// Fraction of the time until the last job started with jobs waiting: near 1 means the
+    /// queue was never empty and the sustained throughput is the cluster's capacity.
+    pub queued_fraction: f64,
     /// Out-of-memory failures.
     pub ooms: f64,
     /// Pairs formed.
@@ -108,7 +111,7 @@ pub struct Metrics {
 
 impl Metrics {
     /// Field names, in [`Metrics::values`] order.
-    pub const NAMES: [&'static str; 12] = [
+    pub const NAMES: [&'static str; 13] = [
         "makespan_s",
         "mean_jct_s",
         "p95_jct_s",
@@ -118,13 +121,14 @@ impl Metrics {
         "steps_per_s",
         "sustained_steps_per_s",
         "sustained_work_per_s",
+        "queued_fraction",
         "ooms",
         "pairings",
         "seen_share",
     ];
 
     /// Field values, in [`Metrics::NAMES`] order.
-    pub fn values(&self) -> [f64; 12] {
+    pub fn values(&self) -> [f64; 13] {
         [
             self.makespan_s,
             self.mean_jct_s,
@@ -135,6 +139,7 @@ impl Metrics {
             self.steps_per_s,
             self.sustained_steps_per_s,
             self.sustained_work_per_s,
+            self.queued_fraction,
             self.ooms,
             self.pairings,
             self.seen_share,
@@ -159,6 +164,7 @@ impl Metrics {
             steps_per_s: ratio(o.total_steps, makespan),
             sustained_steps_per_s: ratio(o.sustained.steps, o.sustained.until),
             sustained_work_per_s: ratio(o.sustained.work_s, o.sustained.until),
+            queued_fraction: ratio(o.sustained.queued_s, o.sustained.until),
             ooms: o.ooms as f64,
             pairings: o.pairings as f64,
             seen_share: ratio(o.pairings_seen as f64, o.pairings as f64),
