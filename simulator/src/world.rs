@@ -134,8 +134,11 @@ impl World {
             )));
         }
         let profiles = data.profiles();
-        let workloads: Vec<(String, Profile)> =
-            data.workloads().into_iter().map(|w| (w.clone(), profiles[&w])).collect();
+        let workloads: Vec<(String, Profile)> = data
+            .workloads()
+            .into_iter()
+            .filter_map(|w| profiles.get(&w).map(|p| (w.clone(), *p)))
+            .collect();
         let measured: Vec<MeasuredPair> = data
             .groups
             .iter()
