@@ -255,6 +255,8 @@ pub fn simulate(
             (_, None) => break,
         }
         sim.events += 1;
+        #[cfg(test)]
+        sim.check_invariants();
     }
     let total_steps = jobs.iter().map(|j| j.steps).sum();
     let total_work_s = jobs.iter().map(|j| j.steps / world.exclusive(j.workload)).sum();
@@ -280,6 +282,37 @@ pub fn simulate(
 }
 
 impl Sim<'_> {
+    /// Everything the O(log n) bookkeeping promises, checked by brute force after every event
+    /// (unit tests only).
+    #[cfg(test)]
+    fn check_invariants(&self) {
+        assert!(self.idle.is_empty() || self.queue.is_empty(), "idle GPU while jobs wait");
+        let (mut busy, mut shared, mut open) = (0, 0, 0);
+        for g in 0..self.slots.len() / 2 {
+            let (a, b) = (self.slots[2 * g], self.slots[2 * g + 1]);
+            assert!(b == NONE || a != NONE, "GPU {g}: partner without a first job");
+            busy += usize::from(a != NONE);
+            shared += usize::from(b != NONE);
+            let listed = self.open.iter().position(|set| set.contains(&(g as u32)));
+            let alone = a != NONE && b == NONE;
+            let shareable = alone && self.policy.shares() && !self.st[a as usize].alone_only;
+            if shareable {
+                let wa = self.workload(a);
+                assert_eq!(listed, Some(usize::from(wa)), "GPU {g}: alone, shareable, not open");
+                for &c in self.queue.iter().take(self.window) {
+                    let acceptable = !self.st[c as usize].alone_only
+                        && self.policy.score(wa, self.workload(c)).is_some();
+                    assert!(!acceptable, "GPU {g} is open but job {c} in the window fits");
+                }
+                open += 1;
+            } else {
+                assert_eq!(listed, None, "GPU {g} is open but cannot take a partner");
+            }
+        }
+        assert_eq!((busy, shared, open), (self.busy, self.shared, self.open_total));
+        assert_eq!(self.running, busy + shared);
+    }
+
     fn workload(&self, j: u32) -> WorkloadId {
         self.jobs[j as usize].workload
     }
@@ -613,6 +646,26 @@ mod tests {
         assert!(matches!(simulate(&w, &p, &bad, 1, 8), Err(SimError::Config(_))));
         let bad = [Job { submit: f64::NAN, workload: 0, steps: 1.0 }];
         assert!(matches!(simulate(&w, &p, &bad, 1, 8), Err(SimError::Config(_))));
+    }
+
+    #[test]
+    fn bookkeeping_holds_under_random_traces_windows_and_loads() {
+        // `check_invariants` runs after every event of every simulation in unit tests.
+        let w = tiny_world();
+        for (seed, load, gpus, window) in
+            [(1, 0.5, 3, 1), (2, 0.9, 4, 2), (3, 1.5, 5, 3), (4, 3.0, 2, 8), (5, 1.0, 7, 4)]
+        {
+            let jobs = generate(&w, &TraceSpec::new(400, load, gpus, seed)).unwrap();
+            for p in [
+                Policy::exclusive(&w),
+                Policy::queue_order(&w),
+                Policy::memcap(&w, &rules()),
+                Policy::oracle(&w, &rules()),
+            ] {
+                let o = simulate(&w, &p, &jobs, gpus, window).unwrap();
+                assert!(o.finish.iter().all(|f| f.is_finite()));
+            }
+        }
     }
 
     #[test]
