@@ -12,6 +12,7 @@ use kace_selector::eval::paper::PAPER_SEEDS;
 use kace_selector::SelectionRules;
 use kace_simulator::metrics::mean_std;
 use kace_simulator::plot::comparison_svg;
+use kace_simulator::trace::write_trace;
 use kace_simulator::{
     generate, read_trace, simulate, train_kace, Job, Metrics, Outcome, Policy, PolicyKind, Ratios,
     TraceSpec, World, DEFAULT_WINDOW,
@@ -66,6 +67,9 @@ pub struct SimulateArgs {
     /// kace's (and oracle's) gain threshold over the job already on the GPU.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     min_gain: f64,
+    /// Write the first seed's generated trace to this CSV file (replay it with --trace).
+    #[arg(long, value_name = "FILE.csv", conflicts_with = "trace")]
+    write_trace: Option<PathBuf>,
     /// Write an SVG (completion-time CDFs, utilisation) of the first seed to this file.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
@@ -132,6 +136,10 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
             }
         };
         jobs_per_run = jobs.len();
+        if let (0, Some(path)) = (i, &args.write_trace) {
+            std::fs::write(path, write_trace(&world, &jobs))
+                .with_context(|| format!("couldn't write trace {}", path.display()))?;
+        }
         let model_seed = PAPER_SEEDS[i % PAPER_SEEDS.len()];
         let mut base: Option<Metrics> = None;
         for r in runs.iter_mut() {

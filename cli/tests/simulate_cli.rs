@@ -97,6 +97,34 @@ fn table_plot_and_a_replayed_trace() {
 }
 
 #[test]
+fn a_written_trace_replays_to_the_same_results() {
+    let Some(dir) = artifact() else { return };
+    let d = tmp("replay");
+    let trace = d.join("t.csv");
+    let data = dir.to_str().unwrap();
+    let mut args = vec!["simulate", "--data", data, "--format", "json", "--seeds", "7"];
+    args.extend(&SMALL[..6]);
+    let mut first = args.clone();
+    first.extend(["--write-trace", trace.to_str().unwrap()]);
+    let a = kace(&first);
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    let mut again = args.clone();
+    again.extend(["--trace", trace.to_str().unwrap()]);
+    let b = kace(&again);
+    assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    let (a, b): (serde_json::Value, serde_json::Value) =
+        (serde_json::from_slice(&a.stdout).unwrap(), serde_json::from_slice(&b.stdout).unwrap());
+    for p in ["exclusive", "queue-order", "kace", "oracle"] {
+        let (x, y) = (&a["policies"][p]["mean"], &b["policies"][p]["mean"]);
+        for k in ["makespan_s", "mean_jct_s", "ooms"] {
+            let (x, y) = (x[k].as_f64().unwrap(), y[k].as_f64().unwrap());
+            assert!((x - y).abs() <= 1e-6 * x.abs().max(1.0), "{p} {k}: {x} vs {y}");
+        }
+    }
+    std::fs::remove_dir_all(d).ok();
+}
+
+#[test]
 fn bad_input_is_a_clear_error() {
     let Some(dir) = artifact() else { return };
     let d = tmp("bad");
