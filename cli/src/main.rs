@@ -14,6 +14,7 @@ mod profile;
 mod profile_file;
 mod retrain;
 mod select;
+mod simulate;
 mod train;
 
 use std::path::PathBuf;
@@ -65,6 +66,8 @@ enum Command {
     Model(model::ModelArgs),
     /// Show the partner the prolog would choose.
     Select(select::SelectArgs),
+    /// Simulate a cluster under each pairing policy, on measured colocations.
+    Simulate(simulate::SimulateArgs),
 }
 
 fn main() -> ExitCode {
@@ -115,5 +118,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Retrain(args) => retrain::run(args, &ctx().context("config")?).context("retrain"),
         Command::Model(args) => model::run(args, &ctx().context("config")?).context("model"),
         Command::Select(args) => select::run(args, &ctx().context("config")?).context("select"),
+        Command::Simulate(args) => simulate::run(args, cli.format),
     }
 }

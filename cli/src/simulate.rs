@@ -1,0 +1,372 @@
+//! `kace simulate`: runs the cluster simulator on the artifact's measured pairs, for every
+//! policy over several seeds, and prints the metrics with their spread and their ratios to
+//! exclusive FIFO.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use kace_selector::dataset::read_colocations;
+use kace_selector::eval::paper::PAPER_SEEDS;
+use kace_selector::SelectionRules;
+use kace_simulator::metrics::mean_std;
+use kace_simulator::plot::comparison_svg;
+use kace_simulator::trace::write_trace;
+use kace_simulator::{
+    generate, read_trace, simulate, train_kace, Job, Metrics, Outcome, Policy, PolicyKind, Ratios,
+    TraceSpec, World, DEFAULT_WINDOW,
+};
+use serde_json::{json, Map, Value};
+
+use crate::output::{table, Format};
+
+/// `kace simulate …`
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    /// The artifact folder (its pairs/ table is the ground truth and kace's training data).
+    #[arg(long, value_name = "DIR")]
+    data: PathBuf,
+    /// Replay this trace (CSV: submit_s,workload,steps) instead of generating one per seed.
+    #[arg(long, value_name = "FILE.csv")]
+    trace: Option<PathBuf>,
+    /// Nodes in the cluster.
+    #[arg(long, default_value_t = 25)]
+    nodes: usize,
+    /// GPUs per node.
+    #[arg(long, default_value_t = 4)]
+    gpus_per_node: usize,
+    /// Jobs per generated trace.
+    #[arg(long, default_value_t = 5000)]
+    jobs: usize,
+    /// Offered load relative to exclusive capacity (above 1: the queue never empties).
+    #[arg(long, default_value_t = 2.0)]
+    load: f64,
+    /// Mean job length alone, in minutes.
+    #[arg(long, default_value_t = 30.0)]
+    mean_minutes: f64,
+    /// Tail index of the bounded-Pareto job lengths (smaller is heavier).
+    #[arg(long, default_value_t = 1.5)]
+    tail_alpha: f64,
+    /// Seeds: each run draws its trace from one, and trains kace on the paper's split
+    /// seed 10, 20, 30, 40, 50 in turn.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1u64, 2, 3, 4, 5])]
+    seeds: Vec<u64>,
+    /// Pending jobs, from the queue's head, a free slot considers.
+    #[arg(long, default_value_t = DEFAULT_WINDOW)]
+    window: usize,
+    /// Policies to compare (exclusive always runs: it is the baseline).
+    #[arg(long, value_delimiter = ',', default_values_t = PolicyKind::ALL.iter().map(|p| p.key().to_string()).collect::<Vec<_>>())]
+    policies: Vec<String>,
+    /// GPU memory in GiB (the artifact's V100 has 32).
+    #[arg(long, default_value_t = 32.0)]
+    gpu_memory: f64,
+    /// Fraction of GPU memory kace, memcap and oracle keep free.
+    #[arg(long, default_value_t = 0.05)]
+    memory_margin: f64,
+    /// kace's (and oracle's) gain threshold over the job already on the GPU.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    min_gain: f64,
+    /// Write the first seed's generated trace to this CSV file (replay it with --trace).
+    #[arg(long, value_name = "FILE.csv", conflicts_with = "trace")]
+    write_trace: Option<PathBuf>,
+    /// Write an SVG (completion-time CDFs, utilisation) of the first seed to this file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+}
+
+/// Every run of one policy.
+struct PolicyRuns {
+    kind: PolicyKind,
+    metrics: Vec<Metrics>,
+    ratios: Vec<Ratios>,
+}
+
+/// Runs `kace simulate`.
+pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
+    let gpus = args.nodes.checked_mul(args.gpus_per_node).unwrap_or(0);
+    if gpus == 0 {
+        bail!("couldn't simulate: the cluster has zero GPUs (--nodes × --gpus-per-node)");
+    }
+    if args.seeds.is_empty() {
+        bail!("couldn't simulate: --seeds is empty");
+    }
+    if !(0.0..1.0).contains(&args.memory_margin) {
+        bail!("couldn't simulate: --memory-margin must be in [0, 1)");
+    }
+    let mut kinds = vec![PolicyKind::Exclusive];
+    for p in &args.policies {
+        let Some(k) = PolicyKind::from_key(p.trim()) else {
+            let known: Vec<&str> = PolicyKind::ALL.iter().map(|p| p.key()).collect();
+            bail!("couldn't simulate: unknown policy '{p}' (known: {})", known.join(", "));
+        };
+        if !kinds.contains(&k) {
+            kinds.push(k);
+        }
+    }
+    kinds.sort();
+    let pairs_path = args.data.join("pairs/MPS100_kernel_labels_targetMPS100.csv");
+    let data = read_colocations(&pairs_path.display().to_string(), open(&pairs_path)?)?;
+    let world = World::from_colocations(&data, args.gpu_memory).context("couldn't simulate")?;
+    let rules = SelectionRules {
+        gpu_memory_gib: Some(args.gpu_memory),
+        memory_margin: args.memory_margin,
+        require_same_user: true,
+        min_gain: args.min_gain,
+        ..SelectionRules::default()
+    };
+    let replay = match &args.trace {
+        Some(path) => Some(read_trace(&path.display().to_string(), open(path)?, &world)?),
+        None => None,
+    };
+    let mut runs: Vec<PolicyRuns> =
+        kinds.iter().map(|&kind| PolicyRuns { kind, metrics: vec![], ratios: vec![] }).collect();
+    let mut first_outcomes: Vec<Outcome> = Vec::new();
+    let mut jobs_per_run = 0;
+    for (i, &seed) in args.seeds.iter().enumerate() {
+        let jobs: Vec<Job> = match &replay {
+            Some(j) => j.clone(),
+            None => {
+                let spec = TraceSpec {
+                    mean_exclusive_s: args.mean_minutes * 60.0,
+                    tail_alpha: args.tail_alpha,
+                    ..TraceSpec::new(args.jobs, args.load, gpus, seed)
+                };
+                generate(&world, &spec).context("couldn't generate a trace")?
+            }
+        };
+        jobs_per_run = jobs.len();
+        if let (0, Some(path)) = (i, &args.write_trace) {
+            std::fs::write(path, write_trace(&world, &jobs))
+                .with_context(|| format!("couldn't write trace {}", path.display()))?;
+        }
+        let model_seed = PAPER_SEEDS[i % PAPER_SEEDS.len()];
+        let mut base: Option<Metrics> = None;
+        for r in runs.iter_mut() {
+            let policy = match r.kind {
+                PolicyKind::Exclusive => Policy::exclusive(&world),
+                PolicyKind::QueueOrder => Policy::queue_order(&world),
+                PolicyKind::Memcap => Policy::memcap(&world, &rules),
+                PolicyKind::Oracle => Policy::oracle(&world, &rules),
+                PolicyKind::Kace => {
+                    let k = train_kace(&data, model_seed).context("couldn't simulate")?;
+                    Policy::kace(&world, &k.model, &rules).with_seen_pairs(&world, &k.fit_pairs)
+                }
+            };
+            let o = simulate(&world, &policy, &jobs, gpus, args.window)
+                .with_context(|| format!("couldn't simulate {}", r.kind.key()))?;
+            let m = Metrics::of(&o);
+            let b = *base.get_or_insert(m);
+            r.metrics.push(m);
+            r.ratios.push(Ratios::of(&m, &b));
+            if i == 0 {
+                first_outcomes.push(o);
+            }
+        }
+    }
+    let setup = Setup {
+        gpus,
+        nodes: args.nodes,
+        gpus_per_node: args.gpus_per_node,
+        jobs: jobs_per_run,
+        load: if replay.is_some() { None } else { Some(args.load) },
+        window: args.window,
+        seeds: args.seeds.clone(),
+        pair_counts: world.pair_counts(),
+        workloads: world.len(),
+    };
+    print!("{}", render(&setup, &runs, format));
+    if let Some(path) = &args.plot {
+        let labelled: Vec<(&str, &Outcome)> =
+            runs.iter().map(|r| r.kind.key()).zip(first_outcomes.iter()).collect();
+        let title =
+            format!("kace simulate: {gpus} GPUs, {jobs_per_run} jobs, seed {}", args.seeds[0]);
+        std::fs::write(path, comparison_svg(&title, &labelled))
+            .with_context(|| format!("couldn't write plot {}", path.display()))?;
+    }
+    Ok(())
+}
+
+struct Setup {
+    gpus: usize,
+    nodes: usize,
+    gpus_per_node: usize,
+    jobs: usize,
+    load: Option<f64>,
+    window: usize,
+    seeds: Vec<u64>,
+    pair_counts: (usize, usize, usize),
+    workloads: usize,
+}
+
+fn open(path: &Path) -> Result<File> {
+    File::open(path).with_context(|| format!("couldn't open {}", path.display()))
+}
+
+fn stat(v: impl Iterator<Item = f64>) -> (f64, f64) {
+    mean_std(&v.collect::<Vec<_>>())
+}
+
+fn pm((m, s): (f64, f64), digits: usize) -> String {
+    format!("{m:.digits$} ± {s:.digits$}")
+}
+
+/// kace's sustained throughput over oracle's, per seed.
+fn kace_vs_oracle(runs: &[PolicyRuns]) -> Option<(f64, f64)> {
+    let get = |k| runs.iter().find(|r| r.kind == k);
+    let (k, o) = (get(PolicyKind::Kace)?, get(PolicyKind::Oracle)?);
+    Some(stat(
+        k.metrics
+            .iter()
+            .zip(&o.metrics)
+            .map(|(k, o)| k.sustained_work_per_s / o.sustained_work_per_s),
+    ))
+}
+
+fn render(setup: &Setup, runs: &[PolicyRuns], format: Format) -> String {
+    match format {
+        Format::Json => {
+            let mut policies = Map::new();
+            for r in runs {
+                let mut mean = Map::new();
+                let mut std = Map::new();
+                for (j, name) in Metrics::NAMES.iter().enumerate() {
+                    let (m, s) = stat(r.metrics.iter().map(|m| m.values()[j]));
+                    mean.insert(name.to_string(), json!(m));
+                    std.insert(name.to_string(), json!(s));
+                }
+                let ratio = |f: fn(&Ratios) -> f64| {
+                    let (m, s) = stat(r.ratios.iter().map(f));
+                    json!({"mean": m, "std": s})
+                };
+                let per_run: Vec<Value> = r
+                    .metrics
+                    .iter()
+                    .map(|m| {
+                        Value::Object(
+                            Metrics::NAMES
+                                .iter()
+                                .zip(m.values())
+                                .map(|(k, v)| (k.to_string(), json!(v)))
+                                .collect(),
+                        )
+                    })
+                    .collect();
+                policies.insert(
+                    r.kind.key().to_string(),
+                    json!({
+                        "mean": mean,
+                        "std": std,
+                        "vs_exclusive": {
+                            "throughput": ratio(|r| r.throughput),
+                            "steps_per_s": ratio(|r| r.steps),
+                            "makespan": ratio(|r| r.makespan),
+                            "mean_jct": ratio(|r| r.mean_jct),
+                        },
+                        "runs": per_run,
+                    }),
+                );
+            }
+            let doc = json!({
+                "gpus": setup.gpus,
+                "nodes": setup.nodes,
+                "gpus_per_node": setup.gpus_per_node,
+                "jobs": setup.jobs,
+                "load": setup.load,
+                "window": setup.window,
+                "seeds": setup.seeds,
+                "workloads": setup.workloads,
+                "pairs": {
+                    "measured": setup.pair_counts.0,
+                    "over_memory": setup.pair_counts.1,
+                    "unknown": setup.pair_counts.2,
+                },
+                "policies": policies,
+                "kace_vs_oracle": kace_vs_oracle(runs).map(|(m, s)| json!({"mean": m, "std": s})),
+            });
+            let mut s = serde_json::to_string_pretty(&doc).unwrap_or_default();
+            s.push('\n');
+            s
+        }
+        Format::Table => {
+            let rows: Vec<Vec<String>> = runs
+                .iter()
+                .map(|r| {
+                    let m = |f: fn(&Metrics) -> f64| stat(r.metrics.iter().map(f));
+                    let q = |f: fn(&Ratios) -> f64| stat(r.ratios.iter().map(f));
+                    vec![
+                        r.kind.key().to_string(),
+                        pm(q(|r| r.throughput), 3),
+                        pm(q(|r| r.steps), 3),
+                        pm(m(|m| m.makespan_s / 3600.0), 1),
+                        pm(m(|m| m.mean_jct_s / 3600.0), 1),
+                        pm(m(|m| m.p95_jct_s / 3600.0), 1),
+                        pm(m(|m| m.mean_wait_s / 3600.0), 1),
+                        pm(m(|m| m.gpu_busy_h), 0),
+                        pm(m(|m| 100.0 * m.shared_fraction), 1),
+                        pm(m(|m| m.steps_per_s), 0),
+                        pm(m(|m| m.ooms), 0),
+                    ]
+                })
+                .collect();
+            let mut s = format!(
+                "{} GPUs ({} × {}), {} jobs per run, {}window {}, seeds {:?}\n\
+                 ground truth: {} workloads; pairs measured {}, over memory {}, never measured {}\n\n",
+                setup.gpus,
+                setup.nodes,
+                setup.gpus_per_node,
+                setup.jobs,
+                setup.load.map(|l| format!("load {l}, ")).unwrap_or_else(|| "replayed trace, ".into()),
+                setup.window,
+                setup.seeds,
+                setup.workloads,
+                setup.pair_counts.0,
+                setup.pair_counts.1,
+                setup.pair_counts.2
+            );
+            s.push_str(&table(
+                &[
+                    "policy",
+                    "throughput ×excl",
+                    "steps/s ×excl",
+                    "makespan h",
+                    "mean JCT h",
+                    "p95 JCT h",
+                    "mean wait h",
+                    "GPU busy h",
+                    "shared %",
+                    "steps/s",
+                    "OOMs",
+                ],
+                &rows,
+            ));
+            s.push_str(
+                "\nthroughput: exclusive GPU-seconds of work done per second until the last job \
+                 started, over exclusive FIFO's (mean ± std over seeds)\n",
+            );
+            let (qm, qs) =
+                stat(runs.iter().flat_map(|r| r.metrics.iter().map(|m| m.queued_fraction)));
+            s.push_str(&format!(
+                "jobs were waiting {:.1} % ± {:.1} of the time until the last start (all policies)\n",
+                100.0 * qm,
+                100.0 * qs
+            ));
+            if let Some((m, sd)) = kace_vs_oracle(runs) {
+                s.push_str(&format!(
+                    "kace reaches {:.1} % ± {:.1} of oracle pairing's throughput\n",
+                    100.0 * m,
+                    100.0 * sd
+                ));
+            }
+            if let Some(k) = runs.iter().find(|r| r.kind == PolicyKind::Kace) {
+                let (m, sd) = stat(k.metrics.iter().map(|m| m.seen_share));
+                s.push_str(&format!(
+                    "pairs kace formed that were in its training fit: {:.1} % ± {:.1}\n",
+                    100.0 * m,
+                    100.0 * sd
+                ));
+            }
+            s
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! `kace simulate` end to end through the built binary: the table, the JSON document, the plot,
+//! a replayed trace, and clear errors for bad input. Skips with a message when the artifact is
+//! absent.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn kace(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kace")).args(args).output().expect("kace runs")
+}
+
+fn artifact() -> Option<PathBuf> {
+    let dir = std::env::var_os("KACE_ARTIFACT_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/kace-artifact")
+    });
+    if dir.join("pairs").is_dir() {
+        Some(dir)
+    } else {
+        eprintln!("skipping: artifact data not found at {}", dir.display());
+        None
+    }
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kace-simulate-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+const SMALL: [&str; 8] =
+    ["--nodes", "4", "--gpus-per-node", "2", "--jobs", "300", "--seeds", "1,2"];
+
+#[test]
+fn json_reports_every_policy_with_spread_and_ratios() {
+    let Some(dir) = artifact() else { return };
+    let mut args = vec!["simulate", "--data", dir.to_str().unwrap(), "--format", "json"];
+    args.extend(SMALL);
+    let out = kace(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    assert_eq!(v["gpus"], 8);
+    assert_eq!(v["jobs"], 300);
+    assert_eq!(v["pairs"]["measured"], 181);
+    for p in ["exclusive", "queue-order", "memcap", "kace", "oracle"] {
+        let p = &v["policies"][p];
+        assert_eq!(p["runs"].as_array().map(Vec::len), Some(2));
+        for k in ["makespan_s", "mean_jct_s", "p95_jct_s", "mean_wait_s", "steps_per_s", "ooms"] {
+            assert!(p["mean"][k].is_number() && p["std"][k].is_number(), "{k}");
+        }
+        assert!(p["vs_exclusive"]["throughput"]["mean"].is_number());
+    }
+    let base = &v["policies"]["exclusive"]["vs_exclusive"]["throughput"];
+    assert_eq!((base["mean"].as_f64(), base["std"].as_f64()), (Some(1.0), Some(0.0)));
+    assert!(v["kace_vs_oracle"]["mean"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn table_plot_and_a_replayed_trace() {
+    let Some(dir) = artifact() else { return };
+    let d = tmp("plot");
+    let svg = d.join("sim.svg");
+    let trace = d.join("trace.csv");
+    std::fs::write(
+        &trace,
+        "submit_s,workload,steps\n0,bert-base-cased_batch8-inf,9000\n\
+         0,wav2vec2-base-960h_batch2-inf,3000\n10,vit_h_14_batch2-train,500\n",
+    )
+    .unwrap();
+    let out = kace(&[
+        "simulate",
+        "--data",
+        dir.to_str().unwrap(),
+        "--trace",
+        trace.to_str().unwrap(),
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "1",
+        "--seeds",
+        "1",
+        "--policies",
+        "kace,oracle",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("3 jobs per run, replayed trace"), "{text}");
+    for p in ["exclusive", "kace", "oracle"] {
+        assert!(text.lines().any(|l| l.starts_with(p)), "{p} row in {text}");
+    }
+    assert!(!text.lines().any(|l| l.starts_with("memcap")), "only the policies asked for");
+    let svg = std::fs::read_to_string(svg).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("job completion time CDF"));
+    assert_eq!(svg.matches("<polyline").count(), 6, "a CDF and a timeline per policy");
+    std::fs::remove_dir_all(d).ok();
+}
+
+#[test]
+fn a_written_trace_replays_to_the_same_results() {
+    let Some(dir) = artifact() else { return };
+    let d = tmp("replay");
+    let trace = d.join("t.csv");
+    let data = dir.to_str().unwrap();
+    let mut args = vec!["simulate", "--data", data, "--format", "json", "--seeds", "7"];
+    args.extend(&SMALL[..6]);
+    let mut first = args.clone();
+    first.extend(["--write-trace", trace.to_str().unwrap()]);
+    let a = kace(&first);
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    let mut again = args.clone();
+    again.extend(["--trace", trace.to_str().unwrap()]);
+    let b = kace(&again);
+    assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    let (a, b): (serde_json::Value, serde_json::Value) =
+        (serde_json::from_slice(&a.stdout).unwrap(), serde_json::from_slice(&b.stdout).unwrap());
+    for p in ["exclusive", "queue-order", "kace", "oracle"] {
+        let (x, y) = (&a["policies"][p]["mean"], &b["policies"][p]["mean"]);
+        for k in ["makespan_s", "mean_jct_s", "ooms"] {
+            let (x, y) = (x[k].as_f64().unwrap(), y[k].as_f64().unwrap());
+            assert!((x - y).abs() <= 1e-6 * x.abs().max(1.0), "{p} {k}: {x} vs {y}");
+        }
+    }
+    std::fs::remove_dir_all(d).ok();
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let Some(dir) = artifact() else { return };
+    let d = tmp("bad");
+    let trace = d.join("bad.csv");
+    std::fs::write(&trace, "submit_s,workload,steps\n0,bert-base-cased_batch8-inf,10\n1,gpt5,3\n")
+        .unwrap();
+    let data = dir.to_str().unwrap();
+    let cases: [(Vec<&str>, &str); 4] = [
+        (
+            vec!["--trace", trace.to_str().unwrap()],
+            "line 3, column 'workload': unknown workload 'gpt5'",
+        ),
+        (vec!["--nodes", "0"], "zero GPUs"),
+        (vec!["--policies", "fastest"], "unknown policy 'fastest'"),
+        (vec!["--window", "0"], "candidate window"),
+    ];
+    for (extra, needle) in cases {
+        let mut args = vec!["simulate", "--data", data];
+        args.extend(extra);
+        let out = kace(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let out = kace(&["simulate", "--data", "/nonexistent/kace"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("couldn't open /nonexistent/kace"), "{err}");
+    std::fs::remove_dir_all(d).ok();
+}

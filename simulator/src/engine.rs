@@ -1,0 +1,695 @@
+//! The discrete-event simulation: GPUs with up to two jobs, a FIFO queue, and a policy that
+//! fills a GPU's free slot from the first `window` pending jobs.
+//!
+//! # Model
+//! - Each GPU holds a *first* job (the lead, or the job left when its partner ended) and at
+//!   most one partner. Alone, a job runs at its workload's exclusive throughput; beside a
+//!   partner, at the measured colocated throughput of the pair. Rates change only when a
+//!   partner joins or leaves; the remaining steps are brought up to date at each change and
+//!   the job's finish event is rescheduled (older events are recognised by a version number
+//!   and dropped when they surface: lazy deletion keeps every operation O(log n)).
+//! - A GPU with no job takes the queue's head as its lead (the kace dispatch releases the
+//!   oldest held job onto a GPU with no kace job). A GPU with one job, whether it just got a
+//!   lead or just lost a partner, asks the policy for a partner among the first `window`
+//!   pending jobs, the kace prolog's bounded candidate list. The policy may refuse every
+//!   candidate; the GPU then stays *open* and is offered each job that later enters the window.
+//!   Offers go to the open GPU whose job's workload gives the best merit, so finding one costs
+//!   O(workloads), not O(GPUs).
+//! - Arrivals go to an idle GPU when there is one (they become leads), else to the queue's
+//!   tail. At equal times, completions are handled before arrivals.
+//! - A pair over the GPU's memory can only be formed by a policy that does not check memory
+//!   (queue order): the joining job fails at start with out-of-memory, is counted, stays at
+//!   its place in the queue and from then on only runs alone (its user resubmits it without
+//!   sharing). The failure costs no simulated time, which flatters queue order.
+//! - A pair never measured has no ground truth and no policy forms it.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeSet, BinaryHeap, VecDeque};
+
+use crate::error::SimError;
+use crate::metrics::Timeline;
+use crate::policy::{Policy, PolicyKind};
+use crate::trace::Job;
+use crate::world::{PairKind, WorkloadId, World};
+
+const NONE: u32 = u32::MAX;
+
+/// The default candidate window: how many pending jobs, from the queue's head, a free slot
+/// considers (the prolog's candidate list is bounded the same way).
+pub const DEFAULT_WINDOW: usize = 32;
+
+/// How much work was done by the time the last job started: the cluster's throughput while
+/// the queue still held jobs, free of the drain at the end.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sustained {
+    /// When the last job started (seconds).
+    pub until: f64,
+    /// Steps done by then, partial jobs included.
+    pub steps: f64,
+    /// Work done by then in exclusive GPU-seconds (steps over exclusive throughput).
+    pub work_s: f64,
+    /// Seconds, by then, with at least one job waiting in the queue.
+    pub queued_s: f64,
+}
+
+/// What one simulation produced. Per-job vectors are in the trace's order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The policy simulated.
+    pub policy: PolicyKind,
+    /// GPUs in the cluster.
+    pub gpus: usize,
+    /// Submission time of each job.
+    pub submit: Vec<f64>,
+    /// When each job started (a job that failed with out-of-memory: when it started for good).
+    pub start: Vec<f64>,
+    /// When each job finished.
+    pub finish: Vec<f64>,
+    /// Jobs that failed with out-of-memory on joining a GPU.
+    pub ooms: u64,
+    /// Pairs formed.
+    pub pairings: u64,
+    /// Pairs formed that were among the policy's training pairs.
+    pub pairings_seen: u64,
+    /// GPU-seconds with at least one job.
+    pub busy_gpu_s: f64,
+    /// GPU-seconds with two jobs.
+    pub shared_gpu_s: f64,
+    /// Every job's steps, summed.
+    pub total_steps: f64,
+    /// Every job's length alone, summed (exclusive GPU-seconds).
+    pub total_work_s: f64,
+    /// Work done when the last job started.
+    pub sustained: Sustained,
+    /// Busy GPUs and running jobs over time.
+    pub timeline: Timeline,
+    /// Events processed (arrivals and completions, stale ones excluded).
+    pub events: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    t: f64,
+    job: u32,
+    version: u32,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Event {
+    // Reversed: BinaryHeap is a max-heap and the earliest event must come out first; equal
+    // times go by job index so that runs are deterministic.
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.t.total_cmp(&self.t).then(other.job.cmp(&self.job))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct JobState {
+    remaining: f64,
+    rate: f64,
+    last: f64,
+    version: u32,
+    gpu: u32,
+    alone_only: bool,
+}
+
+struct Sim<'a> {
+    world: &'a World,
+    policy: &'a Policy,
+    jobs: &'a [Job],
+    window: usize,
+    now: f64,
+    st: Vec<JobState>,
+    start: Vec<f64>,
+    finish: Vec<f64>,
+    /// `slots[2g]` is GPU g's first job, `slots[2g + 1]` its partner.
+    slots: Vec<u32>,
+    idle: Vec<u32>,
+    /// Open GPUs (one job, no acceptable candidate), by the workload of their job.
+    open: Vec<BTreeSet<u32>>,
+    open_total: usize,
+    queue: VecDeque<u32>,
+    heap: BinaryHeap<Event>,
+    busy: usize,
+    running: usize,
+    shared: usize,
+    started: usize,
+    done_steps: f64,
+    done_work: f64,
+    out_ooms: u64,
+    pairings: u64,
+    pairings_seen: u64,
+    busy_gpu_s: f64,
+    shared_gpu_s: f64,
+    queued_s: f64,
+    sustained: Option<Sustained>,
+    timeline: Timeline,
+    events: u64,
+}
+
+/// Runs `jobs` on `gpus` GPUs under `policy`, choosing partners among the first `window`
+/// pending jobs. Jobs need not be sorted by submission time.
+pub fn simulate(
+    world: &World,
+    policy: &Policy,
+    jobs: &[Job],
+    gpus: usize,
+    window: usize,
+) -> Result<Outcome, SimError> {
+    if gpus == 0 {
+        return Err(SimError::Config("the cluster has zero GPUs".into()));
+    }
+    if gpus >= (NONE / 2) as usize || jobs.len() >= NONE as usize {
+        return Err(SimError::Config(format!("{gpus} GPUs and {} jobs is too many", jobs.len())));
+    }
+    if window == 0 {
+        return Err(SimError::Config("the candidate window must hold at least one job".into()));
+    }
+    if jobs.is_empty() {
+        return Err(SimError::Config("the trace has no jobs".into()));
+    }
+    for (i, j) in jobs.iter().enumerate() {
+        if usize::from(j.workload) >= world.len() {
+            return Err(SimError::Config(format!("job {i}: workload id {} unknown", j.workload)));
+        }
+        if !(j.submit.is_finite() && j.submit >= 0.0 && j.steps.is_finite() && j.steps > 0.0) {
+            return Err(SimError::Config(format!(
+                "job {i}: submit time {} and steps {} must be finite, ≥ 0 and > 0",
+                j.submit, j.steps
+            )));
+        }
+    }
+    let mut order: Vec<u32> = (0..jobs.len() as u32).collect();
+    order.sort_by(|&a, &b| jobs[a as usize].submit.total_cmp(&jobs[b as usize].submit));
+    let mut sim = Sim {
+        world,
+        policy,
+        jobs,
+        window,
+        now: 0.0,
+        st: jobs
+            .iter()
+            .map(|j| JobState {
+                remaining: j.steps,
+                rate: 0.0,
+                last: 0.0,
+                version: 0,
+                gpu: NONE,
+                alone_only: false,
+            })
+            .collect(),
+        start: vec![f64::NAN; jobs.len()],
+        finish: vec![f64::NAN; jobs.len()],
+        slots: vec![NONE; 2 * gpus],
+        // Popped from the back, so GPU 0 is used first.
+        idle: (0..gpus as u32).rev().collect(),
+        open: vec![BTreeSet::new(); world.len()],
+        open_total: 0,
+        queue: VecDeque::new(),
+        heap: BinaryHeap::new(),
+        busy: 0,
+        running: 0,
+        shared: 0,
+        started: 0,
+        done_steps: 0.0,
+        done_work: 0.0,
+        out_ooms: 0,
+        pairings: 0,
+        pairings_seen: 0,
+        busy_gpu_s: 0.0,
+        shared_gpu_s: 0.0,
+        queued_s: 0.0,
+        sustained: None,
+        timeline: Timeline::new(),
+        events: 0,
+    };
+    let mut next = 0;
+    loop {
+        let arrival = order.get(next).map(|&j| jobs[j as usize].submit);
+        let first = sim.heap.peek().copied();
+        match (first, arrival) {
+            (Some(ev), a) if a.is_none_or(|a| ev.t <= a) => {
+                sim.heap.pop();
+                let s = &sim.st[ev.job as usize];
+                if s.version != ev.version || !sim.finish[ev.job as usize].is_nan() {
+                    continue;
+                }
+                sim.advance(ev.t);
+                sim.complete(ev.job);
+            }
+            (_, Some(a)) => {
+                sim.advance(a);
+                sim.arrive(order[next]);
+                next += 1;
+            }
+            (_, None) => break,
+        }
+        sim.events += 1;
+        #[cfg(test)]
+        sim.check_invariants();
+    }
+    let total_steps = jobs.iter().map(|j| j.steps).sum();
+    let total_work_s = jobs.iter().map(|j| j.steps / world.exclusive(j.workload)).sum();
+    let sustained =
+        sim.sustained.unwrap_or(Sustained { until: 0.0, steps: 0.0, work_s: 0.0, queued_s: 0.0 });
+    Ok(Outcome {
+        policy: policy.kind(),
+        gpus,
+        submit: jobs.iter().map(|j| j.submit).collect(),
+        start: sim.start,
+        finish: sim.finish,
+        ooms: sim.out_ooms,
+        pairings: sim.pairings,
+        pairings_seen: sim.pairings_seen,
+        busy_gpu_s: sim.busy_gpu_s,
+        shared_gpu_s: sim.shared_gpu_s,
+        total_steps,
+        total_work_s,
+        sustained,
+        timeline: sim.timeline,
+        events: sim.events,
+    })
+}
+
+impl Sim<'_> {
+    /// Everything the O(log n) bookkeeping promises, checked by brute force after every event
+    /// (unit tests only).
+    #[cfg(test)]
+    fn check_invariants(&self) {
+        assert!(self.idle.is_empty() || self.queue.is_empty(), "idle GPU while jobs wait");
+        let (mut busy, mut shared, mut open) = (0, 0, 0);
+        for g in 0..self.slots.len() / 2 {
+            let (a, b) = (self.slots[2 * g], self.slots[2 * g + 1]);
+            assert!(b == NONE || a != NONE, "GPU {g}: partner without a first job");
+            busy += usize::from(a != NONE);
+            shared += usize::from(b != NONE);
+            let listed = self.open.iter().position(|set| set.contains(&(g as u32)));
+            let alone = a != NONE && b == NONE;
+            let shareable = alone && self.policy.shares() && !self.st[a as usize].alone_only;
+            if shareable {
+                let wa = self.workload(a);
+                assert_eq!(listed, Some(usize::from(wa)), "GPU {g}: alone, shareable, not open");
+                for &c in self.queue.iter().take(self.window) {
+                    let acceptable = !self.st[c as usize].alone_only
+                        && self.policy.score(wa, self.workload(c)).is_some();
+                    assert!(!acceptable, "GPU {g} is open but job {c} in the window fits");
+                }
+                open += 1;
+            } else {
+                assert_eq!(listed, None, "GPU {g} is open but cannot take a partner");
+            }
+        }
+        assert_eq!((busy, shared, open), (self.busy, self.shared, self.open_total));
+        assert_eq!(self.running, busy + shared);
+    }
+
+    fn workload(&self, j: u32) -> WorkloadId {
+        self.jobs[j as usize].workload
+    }
+
+    fn advance(&mut self, t: f64) {
+        let dt = t - self.now;
+        if dt > 0.0 {
+            self.busy_gpu_s += self.busy as f64 * dt;
+            self.shared_gpu_s += self.shared as f64 * dt;
+            if !self.queue.is_empty() {
+                self.queued_s += dt;
+            }
+            self.timeline.add(self.now, t, self.busy as f64, self.running as f64);
+            self.now = t;
+        }
+    }
+
+    /// Brings the job's remaining steps up to now, switches it to `rate` and reschedules its end.
+    fn set_rate(&mut self, j: u32, rate: f64) {
+        let now = self.now;
+        let s = &mut self.st[j as usize];
+        s.remaining = (s.remaining - s.rate * (now - s.last)).max(0.0);
+        s.rate = rate;
+        s.last = now;
+        s.version = s.version.wrapping_add(1);
+        self.heap.push(Event { t: now + s.remaining / rate, job: j, version: s.version });
+    }
+
+    /// Sets the rates of the jobs on GPU g from the ground truth.
+    fn retime(&mut self, g: u32) {
+        let (a, b) = (self.slots[2 * g as usize], self.slots[2 * g as usize + 1]);
+        if b == NONE {
+            self.set_rate(a, self.world.exclusive(self.workload(a)));
+            return;
+        }
+        let (wa, wb) = (self.workload(a), self.workload(b));
+        let (ra, rb) = match self.world.pair(wa, wb) {
+            PairKind::Measured { first, second } => (first, second),
+            // Never formed: policies refuse unknown pairs and over-memory joins fail first.
+            PairKind::OverMemory | PairKind::Unknown => {
+                (self.world.exclusive(wa), self.world.exclusive(wb))
+            }
+        };
+        self.set_rate(a, ra);
+        self.set_rate(b, rb);
+    }
+
+    fn place(&mut self, g: u32, j: u32) {
+        let base = 2 * g as usize;
+        if self.slots[base] == NONE {
+            self.slots[base] = j;
+            self.busy += 1;
+        } else {
+            self.slots[base + 1] = j;
+            self.shared += 1;
+            self.pairings += 1;
+            if self.policy.seen(self.workload(self.slots[base]), self.workload(j)) {
+                self.pairings_seen += 1;
+            }
+        }
+        self.st[j as usize].gpu = g;
+        self.start[j as usize] = self.now;
+        self.running += 1;
+        self.started += 1;
+        self.retime(g);
+        if self.started == self.jobs.len() {
+            self.snapshot();
+        }
+    }
+
+    fn snapshot(&mut self) {
+        let (mut steps, mut work) = (self.done_steps, self.done_work);
+        for &j in self.slots.iter().filter(|&&j| j != NONE) {
+            let s = &self.st[j as usize];
+            let left = (s.remaining - s.rate * (self.now - s.last)).max(0.0);
+            let done = self.jobs[j as usize].steps - left;
+            steps += done;
+            work += done / self.world.exclusive(self.workload(j));
+        }
+        self.sustained =
+            Some(Sustained { until: self.now, steps, work_s: work, queued_s: self.queued_s });
+    }
+
+    fn arrive(&mut self, j: u32) {
+        self.queue.push_back(j);
+        if let Some(g) = self.idle.pop() {
+            self.start_lead(g);
+        } else if self.queue.len() <= self.window {
+            self.offer(self.queue.len() - 1);
+        }
+    }
+
+    fn complete(&mut self, j: u32) {
+        let g = self.st[j as usize].gpu;
+        let base = 2 * g as usize;
+        self.finish[j as usize] = self.now;
+        self.running -= 1;
+        let steps = self.jobs[j as usize].steps;
+        self.done_steps += steps;
+        self.done_work += steps / self.world.exclusive(self.workload(j));
+        if self.slots[base + 1] != NONE {
+            if self.slots[base] == j {
+                self.slots[base] = self.slots[base + 1];
+            }
+            self.slots[base + 1] = NONE;
+            self.shared -= 1;
+            let survivor = self.slots[base];
+            self.retime(g);
+            self.fill(g, survivor);
+            return;
+        }
+        self.slots[base] = NONE;
+        self.busy -= 1;
+        let w = usize::from(self.workload(j));
+        if self.open[w].remove(&g) {
+            self.open_total -= 1;
+        }
+        if self.queue.is_empty() {
+            self.idle.push(g);
+        } else {
+            self.start_lead(g);
+        }
+    }
+
+    fn start_lead(&mut self, g: u32) {
+        let Some(lead) = self.queue.pop_front() else {
+            self.idle.push(g);
+            return;
+        };
+        self.place(g, lead);
+        self.window_moved();
+        self.fill(g, lead);
+    }
+
+    /// Asks the policy for a partner of `first`, alone on GPU g.
+    fn fill(&mut self, g: u32, first: u32) {
+        if !self.policy.shares() || self.st[first as usize].alone_only {
+            return;
+        }
+        let wf = self.workload(first);
+        loop {
+            let mut best: Option<(usize, f64)> = None;
+            for (pos, &c) in self.queue.iter().take(self.window).enumerate() {
+                if self.st[c as usize].alone_only {
+                    continue;
+                }
+                if let Some(s) = self.policy.score(wf, self.jobs[c as usize].workload) {
+                    if best.is_none_or(|(_, b)| s > b) {
+                        best = Some((pos, s));
+                    }
+                }
+            }
+            let Some((pos, _)) = best else {
+                if self.open[usize::from(wf)].insert(g) {
+                    self.open_total += 1;
+                }
+                return;
+            };
+            let c = self.queue[pos];
+            if self.world.pair(wf, self.workload(c)) == PairKind::OverMemory {
+                self.oom(c);
+                continue;
+            }
+            self.queue.remove(pos);
+            self.place(g, c);
+            self.window_moved();
+            return;
+        }
+    }
+
+    fn oom(&mut self, j: u32) {
+        self.out_ooms += 1;
+        self.st[j as usize].alone_only = true;
+    }
+
+    /// A job left the window: the one that slid into its last place is offered to open GPUs
+    /// (and the next, while offers succeed).
+    fn window_moved(&mut self) {
+        while self.open_total > 0 && self.queue.len() >= self.window {
+            if !self.offer(self.window - 1) {
+                break;
+            }
+        }
+    }
+
+    /// Offers the queued job at `pos` to the open GPU that values it most. Returns whether it
+    /// was placed.
+    fn offer(&mut self, pos: usize) -> bool {
+        if self.open_total == 0 || !self.policy.shares() {
+            return false;
+        }
+        let j = self.queue[pos];
+        if self.st[j as usize].alone_only {
+            return false;
+        }
+        let wj = self.workload(j);
+        let mut best: Option<(usize, f64)> = None;
+        for (a, set) in self.open.iter().enumerate() {
+            if set.is_empty() {
+                continue;
+            }
+            if let Some(s) = self.policy.score(a as WorkloadId, wj) {
+                if best.is_none_or(|(_, b)| s > b) {
+                    best = Some((a, s));
+                }
+            }
+        }
+        let Some((a, _)) = best else { return false };
+        if self.world.pair(a as WorkloadId, wj) == PairKind::OverMemory {
+            self.oom(j);
+            return false;
+        }
+        let Some(g) = self.open[a].pop_first() else { return false };
+        self.open_total -= 1;
+        self.queue.remove(pos);
+        // No recursion into `window_moved`: its caller's loop offers the next entrant.
+        self.place(g, j);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::trace::{generate, TraceSpec};
+    use crate::world::tests_support::tiny_world;
+    use kace_selector::SelectionRules;
+
+    fn job(world: &World, submit: f64, w: &str, steps: f64) -> Job {
+        Job { submit, workload: world.id(w).expect("known workload"), steps }
+    }
+
+    fn rules() -> SelectionRules {
+        SelectionRules { gpu_memory_gib: Some(32.0), memory_margin: 0.0, ..Default::default() }
+    }
+
+    fn assert_times(got: &[f64], want: &[f64]) {
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() < 1e-9, "job {i}: {g} vs {w} (all: {got:?})");
+        }
+    }
+
+    #[test]
+    fn exclusive_fifo_runs_one_job_per_gpu_in_order() {
+        let w = tiny_world();
+        // a alone: 10 steps/s, b alone: 5 steps/s.
+        let jobs = [job(&w, 0.0, "a", 100.0), job(&w, 0.0, "b", 50.0), job(&w, 1.0, "a", 50.0)];
+        let o = simulate(&w, &Policy::exclusive(&w), &jobs, 2, 8).unwrap();
+        // Both GPUs free at t = 10; job 0's completion comes first (lower index), job 2 takes
+        // its GPU and runs 50 / 10 = 5 s.
+        assert_times(&o.start, &[0.0, 0.0, 10.0]);
+        assert_times(&o.finish, &[10.0, 10.0, 15.0]);
+        assert_eq!((o.ooms, o.pairings), (0, 0));
+        assert!((o.busy_gpu_s - 25.0).abs() < 1e-9);
+        assert!((o.busy_gpu_s - o.total_work_s).abs() < 1e-9);
+        let m = Metrics::of(&o);
+        assert_eq!(m.makespan_s, 15.0);
+        assert!((m.mean_wait_s - 3.0).abs() < 1e-12);
+        assert!((m.mean_jct_s - (10.0 + 10.0 + 14.0) / 3.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn queue_order_pairs_in_order_rates_change_and_ooms_are_counted() {
+        let w = tiny_world();
+        let jobs = [
+            job(&w, 0.0, "a", 120.0),
+            job(&w, 0.0, "b", 40.0),
+            job(&w, 0.0, "c", 8.0),
+            job(&w, 0.0, "b", 30.0),
+        ];
+        let o = simulate(&w, &Policy::queue_order(&w), &jobs, 1, 8).unwrap();
+        // t=0: a leads, b joins: a 6, b 4 steps/s; b ends at 40 / 4 = 10 with a at 60 left.
+        // t=10: the head, c, joins a and runs out of memory (10 + 25 > 32 GiB); the next b
+        // joins: a 6, b 4; b ends at 10 + 30 / 4 = 17.5, a has 60 − 45 = 15 left.
+        // t=17.5: a alone at 10 steps/s ends at 19; c (alone only now) leads: 8 / 4 → 21.
+        assert_times(&o.start, &[0.0, 0.0, 19.0, 10.0]);
+        assert_times(&o.finish, &[19.0, 10.0, 21.0, 17.5]);
+        assert_eq!((o.ooms, o.pairings), (1, 2));
+        assert!((o.shared_gpu_s - 17.5).abs() < 1e-9);
+        assert!((o.busy_gpu_s - 21.0).abs() < 1e-9);
+        // Sustained throughput is measured when c started (t = 19): everything but c was done.
+        assert!((o.sustained.until - 19.0).abs() < 1e-9);
+        assert!((o.sustained.steps - 190.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn oracle_applies_the_gain_rule_and_a_survivor_gets_a_new_partner() {
+        let w = tiny_world();
+        let jobs = [job(&w, 0.0, "b", 30.0), job(&w, 0.0, "a", 60.0), job(&w, 0.0, "b", 30.0)];
+        let o = simulate(&w, &Policy::oracle(&w, &rules()), &jobs, 1, 8).unwrap();
+        // t=0: b leads (5 alone) and takes a (4 + 6 = 10 > 5): b ends at 7.5, a has 15 left.
+        // t=7.5: a survives; b beside a (6 + 4 = 10) does not beat a alone (10): a runs alone
+        // to 9, then b leads and runs alone: 30 / 5 → 15.
+        assert_times(&o.start, &[0.0, 0.0, 9.0]);
+        assert_times(&o.finish, &[7.5, 9.0, 15.0]);
+        // Queue order pairs the survivor: a 6, b 4 until a ends at 10; b then has 20 left at 5.
+        let q = simulate(&w, &Policy::queue_order(&w), &jobs, 1, 8).unwrap();
+        assert_times(&q.start, &[0.0, 0.0, 7.5]);
+        assert_times(&q.finish, &[7.5, 10.0, 14.0]);
+    }
+
+    #[test]
+    fn the_window_bounds_the_candidates_and_open_gpus_get_later_entrants() {
+        let w = tiny_world();
+        let jobs = [job(&w, 0.0, "a", 100.0), job(&w, 1.0, "c", 4.0), job(&w, 2.0, "b", 20.0)];
+        let memcap = Policy::memcap(&w, &rules());
+        // Window 1: c (does not fit) blocks b from a's view until a ends at 10.
+        let o = simulate(&w, &memcap, &jobs, 1, 1).unwrap();
+        assert_times(&o.start, &[0.0, 10.0, 11.0]);
+        // c (4 steps at 4/s) ends at 11; b then leads: 20 / 5 → 15.
+        assert_times(&o.finish, &[10.0, 11.0, 15.0]);
+        // Window 2: b arrives inside the window and the open GPU takes it at t = 2.
+        let o = simulate(&w, &memcap, &jobs, 1, 2).unwrap();
+        // a: 20 steps by t=2, then 6/s; b: 20 / 4 → 7; a: 80 − 30 = 50 at 10/s → 12.
+        assert_times(&o.start, &[0.0, 12.0, 2.0]);
+        assert_times(&o.finish, &[12.0, 13.0, 7.0]);
+        assert_eq!(o.ooms, 0, "memcap knows memory");
+    }
+
+    #[test]
+    fn bad_configurations_are_errors() {
+        let w = tiny_world();
+        let jobs = [job(&w, 0.0, "a", 1.0)];
+        let p = Policy::exclusive(&w);
+        assert!(matches!(simulate(&w, &p, &jobs, 0, 8), Err(SimError::Config(_))));
+        assert!(matches!(simulate(&w, &p, &jobs, 1, 0), Err(SimError::Config(_))));
+        assert!(matches!(simulate(&w, &p, &[], 1, 8), Err(SimError::Config(_))));
+        let bad = [Job { submit: 0.0, workload: 9, steps: 1.0 }];
+        assert!(matches!(simulate(&w, &p, &bad, 1, 8), Err(SimError::Config(_))));
+        let bad = [Job { submit: f64::NAN, workload: 0, steps: 1.0 }];
+        assert!(matches!(simulate(&w, &p, &bad, 1, 8), Err(SimError::Config(_))));
+    }
+
+    #[test]
+    fn bookkeeping_holds_under_random_traces_windows_and_loads() {
+        // `check_invariants` runs after every event of every simulation in unit tests.
+        let w = tiny_world();
+        for (seed, load, gpus, window) in
+            [(1, 0.5, 3, 1), (2, 0.9, 4, 2), (3, 1.5, 5, 3), (4, 3.0, 2, 8), (5, 1.0, 7, 4)]
+        {
+            let jobs = generate(&w, &TraceSpec::new(400, load, gpus, seed)).unwrap();
+            for p in [
+                Policy::exclusive(&w),
+                Policy::queue_order(&w),
+                Policy::memcap(&w, &rules()),
+                Policy::oracle(&w, &rules()),
+            ] {
+                let o = simulate(&w, &p, &jobs, gpus, window).unwrap();
+                assert!(o.finish.iter().all(|f| f.is_finite()));
+            }
+        }
+    }
+
+    #[test]
+    fn every_job_runs_once_and_work_is_conserved() {
+        let w = tiny_world();
+        let jobs = generate(&w, &TraceSpec::new(3_000, 1.5, 16, 9)).unwrap();
+        for p in [
+            Policy::exclusive(&w),
+            Policy::queue_order(&w),
+            Policy::memcap(&w, &rules()),
+            Policy::oracle(&w, &rules()),
+        ] {
+            let o = simulate(&w, &p, &jobs, 16, 8).unwrap();
+            for (i, j) in jobs.iter().enumerate() {
+                assert!(o.start[i] >= j.submit && o.finish[i] > o.start[i], "{i}");
+            }
+            // No GPU ever holds more than two jobs, nor is busy for longer than the run.
+            let m = Metrics::of(&o);
+            assert!(o.busy_gpu_s <= 16.0 * m.makespan_s + 1e-6);
+            assert!(o.shared_gpu_s <= o.busy_gpu_s + 1e-6);
+            if p.kind() == PolicyKind::Exclusive {
+                assert!((o.busy_gpu_s - o.total_work_s).abs() < 1e-6 * o.total_work_s);
+            }
+            assert!(o.sustained.steps <= o.total_steps + 1e-6);
+        }
+    }
+}

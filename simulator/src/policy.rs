@@ -1,0 +1,216 @@
+//! The pairing policies the simulator compares, each reduced to one table: for the workload on
+//! a GPU and a pending candidate's workload, is the candidate acceptable and how good is it.
+//! A job's choice depends only on the two workloads, so the table is computed once per world
+//! and a choice inside the simulation is a lookup per candidate.
+
+use kace_selector::{select, Candidate, Predictor, SelectionRules};
+
+use crate::world::{PairKind, WorkloadId, World};
+
+/// Which policy a [`Policy`] implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PolicyKind {
+    /// One job per GPU, first come first served: the baseline.
+    Exclusive,
+    /// Two slots per GPU; a free slot takes the first pending job (Slurm's gres/shard).
+    QueueOrder,
+    /// A free slot takes the pending job with the smallest memcap that fits.
+    Memcap,
+    /// A free slot takes the job kace's model predicts best, through kace's own selection.
+    Kace,
+    /// As kace, with the measured throughput instead of a prediction.
+    Oracle,
+}
+
+impl PolicyKind {
+    /// Every policy, in report order.
+    pub const ALL: [PolicyKind; 5] = [
+        PolicyKind::Exclusive,
+        PolicyKind::QueueOrder,
+        PolicyKind::Memcap,
+        PolicyKind::Kace,
+        PolicyKind::Oracle,
+    ];
+
+    /// Stable name (CLI, JSON).
+    pub fn key(self) -> &'static str {
+        match self {
+            PolicyKind::Exclusive => "exclusive",
+            PolicyKind::QueueOrder => "queue-order",
+            PolicyKind::Memcap => "memcap",
+            PolicyKind::Kace => "kace",
+            PolicyKind::Oracle => "oracle",
+        }
+    }
+
+    /// Parses [`PolicyKind::key`].
+    pub fn from_key(s: &str) -> Option<PolicyKind> {
+        PolicyKind::ALL.into_iter().find(|p| p.key() == s)
+    }
+}
+
+/// A policy as the simulator runs it: `score[first × n + candidate]` is `None` when the
+/// candidate may not join a GPU running `first`, else its merit (higher is better; ties go to
+/// the earlier job in the queue).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    kind: PolicyKind,
+    n: usize,
+    score: Vec<Option<f64>>,
+    /// Pairs the policy learnt from (kace's training pairs), to report how often it formed
+    /// one it had seen; empty when not applicable.
+    seen: Vec<bool>,
+}
+
+impl Policy {
+    fn table(
+        kind: PolicyKind,
+        world: &World,
+        f: impl Fn(WorkloadId, WorkloadId) -> Option<f64>,
+    ) -> Policy {
+        let n = world.len();
+        let mut score = Vec::with_capacity(n * n);
+        for a in 0..n {
+            for b in 0..n {
+                let (a, b) = (a as WorkloadId, b as WorkloadId);
+                // Unmeasured pairs have no ground truth: no policy may form them.
+                let s = if world.pair(a, b) == PairKind::Unknown { None } else { f(a, b) };
+                score.push(s);
+            }
+        }
+        Policy { kind, n, score, seen: Vec::new() }
+    }
+
+    /// No sharing.
+    pub fn exclusive(world: &World) -> Policy {
+        Policy::table(PolicyKind::Exclusive, world, |_, _| None)
+    }
+
+    /// Slurm's shard gres: any pending job joins, in queue order. It does not know memory, so
+    /// it forms pairs that run out of it.
+    pub fn queue_order(world: &World) -> Policy {
+        Policy::table(PolicyKind::QueueOrder, world, |_, _| Some(0.0))
+    }
+
+    /// The smallest-memcap rule: among jobs that fit in `rules`' usable memory, the smallest.
+    pub fn memcap(world: &World, rules: &SelectionRules) -> Policy {
+        let usable = usable_memory(world, rules);
+        Policy::table(PolicyKind::Memcap, world, |a, b| {
+            let need = world.profile(a).memcap() + world.profile(b).memcap();
+            (need <= usable).then(|| -world.profile(b).memcap())
+        })
+    }
+
+    /// kace: the production [`select`] with `predictor` and `rules` (memory fit, gain
+    /// threshold), one candidate at a time; the merit is the predicted throughput sum.
+    pub fn kace(world: &World, predictor: &dyn Predictor, rules: &SelectionRules) -> Policy {
+        Policy::table(PolicyKind::Kace, world, |a, b| {
+            let cand = [Candidate { profile: Some(world.profile(b)), same_user: true }];
+            let s = select(&[*world.profile(a)], &cand, predictor, rules);
+            s.chosen.and(s.verdicts[0].prediction)
+        })
+    }
+
+    /// kace's rules with perfect knowledge: the measured throughput sum must beat the job on
+    /// the GPU alone by `rules.min_gain` and fit in usable memory.
+    pub fn oracle(world: &World, rules: &SelectionRules) -> Policy {
+        let usable = usable_memory(world, rules);
+        Policy::table(PolicyKind::Oracle, world, |a, b| {
+            let PairKind::Measured { first, second } = world.pair(a, b) else { return None };
+            let need = world.profile(a).memcap() + world.profile(b).memcap();
+            let sum = first + second;
+            (need <= usable && sum > world.exclusive(a) * (1.0 + rules.min_gain)).then_some(sum)
+        })
+    }
+
+    /// Marks the pairs (by workload name) the policy was trained on, for reporting.
+    pub fn with_seen_pairs(mut self, world: &World, pairs: &[[String; 2]]) -> Policy {
+        self.seen = vec![false; self.n * self.n];
+        for [a, b] in pairs {
+            if let (Some(a), Some(b)) = (world.id(a), world.id(b)) {
+                let (a, b) = (usize::from(a), usize::from(b));
+                self.seen[a * self.n + b] = true;
+                self.seen[b * self.n + a] = true;
+            }
+        }
+        self
+    }
+
+    /// Which policy this is.
+    pub fn kind(&self) -> PolicyKind {
+        self.kind
+    }
+
+    /// Whether the policy ever puts two jobs on a GPU.
+    pub fn shares(&self) -> bool {
+        self.kind != PolicyKind::Exclusive
+    }
+
+    /// The merit of `candidate` joining a GPU running `first`, or `None` if it may not.
+    #[inline]
+    pub fn score(&self, first: WorkloadId, candidate: WorkloadId) -> Option<f64> {
+        self.score[usize::from(first) * self.n + usize::from(candidate)]
+    }
+
+    /// Whether the pair was among the policy's training pairs.
+    #[inline]
+    pub fn seen(&self, a: WorkloadId, b: WorkloadId) -> bool {
+        !self.seen.is_empty() && self.seen[usize::from(a) * self.n + usize::from(b)]
+    }
+}
+
+fn usable_memory(world: &World, rules: &SelectionRules) -> f64 {
+    rules.gpu_memory_gib.unwrap_or(world.gpu_memory_gib()) * (1.0 - rules.memory_margin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::world::tests_support::tiny_world;
+    use kace_selector::{Feature, FEATURE_COUNT};
+
+    /// Predicts the pair's summed exclusive throughput (a deliberately naive model).
+    struct SumOfExclusive;
+    impl Predictor for SumOfExclusive {
+        fn predict(&self, f: &[f64; FEATURE_COUNT]) -> f64 {
+            f[Feature::ExclusiveThroughput.index()]
+        }
+    }
+
+    fn rules() -> SelectionRules {
+        SelectionRules { gpu_memory_gib: Some(32.0), memory_margin: 0.0, ..Default::default() }
+    }
+
+    #[test]
+    fn tables_follow_each_rule() {
+        let w = tiny_world();
+        let (a, b, c) = (0, 1, 2);
+        let q = Policy::queue_order(&w);
+        assert_eq!(q.score(a, b), Some(0.0));
+        assert_eq!(q.score(a, c), Some(0.0), "queue order does not know memory");
+        assert_eq!(q.score(a, a), None, "unknown pairs are never formed");
+        let m = Policy::memcap(&w, &rules());
+        assert_eq!(m.score(a, b), Some(-10.0));
+        assert_eq!(m.score(a, c), None);
+        let o = Policy::oracle(&w, &rules());
+        assert_eq!(o.score(a, b), None, "6 + 4 = 10 does not beat a alone (10)");
+        assert_eq!(o.score(b, a), Some(10.0), "but beats b alone (5)");
+        assert_eq!(o.score(b, b), Some(6.0));
+        let k = Policy::kace(&w, &SumOfExclusive, &rules());
+        assert_eq!(k.score(a, b), Some(15.0));
+        assert_eq!(k.score(b, b), Some(10.0));
+        assert_eq!(k.score(a, c), None, "kace's selection checks memory");
+        let e = Policy::exclusive(&w);
+        assert!(!e.shares() && e.score(b, b).is_none());
+    }
+
+    #[test]
+    fn keys_round_trip_and_seen_pairs_are_symmetric() {
+        for p in PolicyKind::ALL {
+            assert_eq!(PolicyKind::from_key(p.key()), Some(p));
+        }
+        let w = tiny_world();
+        let k = Policy::queue_order(&w).with_seen_pairs(&w, &[["a".into(), "b".into()]]);
+        assert!(k.seen(0, 1) && k.seen(1, 0) && !k.seen(1, 1));
+    }
+}

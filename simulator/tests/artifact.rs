@@ -1,0 +1,96 @@
+//! The simulator on the KACE artifact's measured pairs, through the public API: the world it
+//! builds, kace trained on exactly the paper's split, and whole runs of every policy. Skips with
+//! a message when the artifact is absent.
+
+use std::fs::File;
+use std::path::PathBuf;
+
+use kace_selector::dataset::{read_colocations, read_n_occur_splits, ColocationData};
+use kace_selector::eval::paper::{paper_split, PAPER_SEEDS};
+use kace_selector::SelectionRules;
+use kace_simulator::{
+    generate, simulate, train_kace, Metrics, Policy, PolicyKind, TraceSpec, World,
+};
+
+fn artifact() -> Option<PathBuf> {
+    let dir = std::env::var_os("KACE_ARTIFACT_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/kace-artifact")
+    });
+    if dir.join("pairs").is_dir() {
+        Some(dir)
+    } else {
+        eprintln!("skipping: artifact data not found at {}", dir.display());
+        None
+    }
+}
+
+fn pairs(dir: &std::path::Path) -> ColocationData {
+    let path = dir.join("pairs/MPS100_kernel_labels_targetMPS100.csv");
+    read_colocations("pairs", File::open(path).expect("pair table")).expect("parses")
+}
+
+#[test]
+fn the_world_has_the_artifacts_pairs() {
+    let Some(dir) = artifact() else { return };
+    let w = World::from_colocations(&pairs(&dir), 32.0).unwrap();
+    assert_eq!(w.len(), 21);
+    // 231 unordered pairs: 181 measured, 17 over 32 GiB, 33 never measured.
+    assert_eq!(w.pair_counts(), (181, 17, 33));
+}
+
+#[test]
+fn kace_trains_on_exactly_the_papers_fit_subset() {
+    let Some(dir) = artifact() else { return };
+    let data = pairs(&dir);
+    let splits = read_n_occur_splits(
+        "splits",
+        File::open(dir.join("splits/n_occur_splits.csv")).expect("splits file"),
+    )
+    .unwrap();
+    for seed in PAPER_SEEDS {
+        let k = train_kace(&data, seed).unwrap();
+        let mut want = paper_split(&data, &splits, 3, seed).unwrap().fit;
+        let mut got = k.fit_rows.clone();
+        want.sort_unstable();
+        got.sort_unstable();
+        assert_eq!(got, want, "seed {seed}");
+        assert!(got.len() < data.groups.len() / 4, "a fifth of the pairs, not the ground truth");
+    }
+}
+
+#[test]
+fn every_policy_completes_a_saturated_trace() {
+    let Some(dir) = artifact() else { return };
+    let data = pairs(&dir);
+    let world = World::from_colocations(&data, 32.0).unwrap();
+    let rules = SelectionRules { gpu_memory_gib: Some(32.0), ..SelectionRules::default() };
+    let jobs = generate(&world, &TraceSpec::new(2_000, 2.0, 40, 11)).unwrap();
+    let kace = train_kace(&data, 10).unwrap();
+    let mut results = Vec::new();
+    for p in [
+        Policy::exclusive(&world),
+        Policy::queue_order(&world),
+        Policy::memcap(&world, &rules),
+        Policy::kace(&world, &kace.model, &rules).with_seen_pairs(&world, &kace.fit_pairs),
+        Policy::oracle(&world, &rules),
+    ] {
+        let o = simulate(&world, &p, &jobs, 40, 32).unwrap();
+        assert!(o.finish.iter().all(|f| f.is_finite()), "{:?}: every job ends", p.kind());
+        let m = Metrics::of(&o);
+        assert!(m.queued_fraction > 0.9, "{:?}: load 2 keeps jobs waiting", p.kind());
+        match p.kind() {
+            PolicyKind::Exclusive => assert_eq!((o.pairings, o.ooms), (0, 0)),
+            PolicyKind::QueueOrder => assert!(o.ooms > 0, "queue order ignores memory"),
+            _ => assert_eq!(o.ooms, 0, "{:?} checks memory", p.kind()),
+        }
+        if p.kind() == PolicyKind::Kace {
+            assert!(o.pairings_seen < o.pairings, "kace also forms pairs it never saw");
+        }
+        results.push((p.kind(), m));
+    }
+    // Sharing on measured pairs does more work per second than running alone, for the
+    // policies that choose by throughput.
+    let work = |k: PolicyKind| results.iter().find(|r| r.0 == k).unwrap().1.sustained_work_per_s;
+    assert!(work(PolicyKind::Oracle) > work(PolicyKind::Exclusive));
+    assert!(work(PolicyKind::Kace) > work(PolicyKind::Exclusive));
+}
