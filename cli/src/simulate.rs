@@ -64,6 +64,9 @@ pub struct SimulateArgs {
     /// Fraction of GPU memory kace, memcap and oracle keep free.
     #[arg(long, default_value_t = 0.05)]
     memory_margin: f64,
+    /// Kind of model the kace policy trains (on the paper's n_occur = 3 training split).
+    #[arg(long, value_enum, default_value_t = SimModel::Slowdown)]
+    model: SimModel,
     /// kace's (and oracle's) gain threshold over the job already on the GPU.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     min_gain: f64,
@@ -73,6 +76,14 @@ pub struct SimulateArgs {
     /// Write an SVG (completion-time CDFs, utilisation) of the first seed to this file.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SimModel {
+    /// kace's per-job slowdown model (the production default).
+    Slowdown,
+    /// The paper's linear regression.
+    Linear,
 }
 
 /// Every run of one policy.
@@ -115,6 +126,10 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
         min_gain: args.min_gain,
         ..SelectionRules::default()
     };
+    let kind = match args.model {
+        SimModel::Slowdown => kace_selector::ModelKind::Slowdown,
+        SimModel::Linear => kace_selector::ModelKind::Linear,
+    };
     let replay = match &args.trace {
         Some(path) => Some(read_trace(&path.display().to_string(), open(path)?, &world)?),
         None => None,
@@ -149,7 +164,7 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
                 PolicyKind::Memcap => Policy::memcap(&world, &rules),
                 PolicyKind::Oracle => Policy::oracle(&world, &rules),
                 PolicyKind::Kace => {
-                    let k = train_kace(&data, model_seed).context("couldn't simulate")?;
+                    let k = train_kace(&data, model_seed, kind).context("couldn't simulate")?;
                     Policy::kace(&world, &k.model, &rules).with_seen_pairs(&world, &k.fit_pairs)
                 }
             };

@@ -3,16 +3,25 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
+use kace_selector::dataset::Group;
 use kace_selector::eval::FitQuality;
-use kace_selector::LinearModel;
-use kace_sql::decide::{active_linear, holdout_split, linear_to_new_model, training_set};
+use kace_selector::{Member, Model, ModelKind, Predictor, SlowdownParams};
+use kace_sql::decide::{active_model, holdout_split, model_to_new_model, training_set};
 use kace_sql::Error as SqlError;
 use serde_json::json;
 
 use crate::context::{num, print_json, Ctx};
 
-/// Fewest fit pairs accepted: the model has ten coefficients plus an intercept.
+/// Fewest fit pairs accepted: the linear model has ten coefficients plus an intercept.
 const MIN_FIT_PAIRS: usize = 12;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum KindArg {
+    /// kace's per-job slowdown model.
+    Slowdown,
+    /// The paper's linear regression.
+    Linear,
+}
 
 /// `kace train`
 #[derive(Debug, Args)]
@@ -26,6 +35,25 @@ pub struct TrainArgs {
     /// Seed of the held-out split (default: the config's `training.seed`).
     #[arg(long)]
     seed: Option<u64>,
+    /// Kind of model (default: the config's `training.model`).
+    #[arg(long, value_enum)]
+    kind: Option<KindArg>,
+}
+
+/// Predictions of `model` for measured groups, in the objective's units.
+fn predictions(model: &Model, groups: &[&Group], objective: kace_selector::Objective) -> Vec<f64> {
+    groups
+        .iter()
+        .map(|g| {
+            let members: Vec<Member<'_>> = g
+                .profiles
+                .iter()
+                .zip(&g.workloads)
+                .map(|(p, w)| Member { profile: p, workload: Some(w) })
+                .collect();
+            model.predict(&members, objective)
+        })
+        .collect()
 }
 
 /// Whether a new model with held-out error `new_mse` may replace the active one (`None`: there
@@ -44,29 +72,35 @@ pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
     let seed = args.seed.unwrap_or(ctx.config.training.seed);
     let mut db = ctx.open()?;
     let set = training_set(&db)?;
-    let (fit_idx, held_idx) = holdout_split(set.rows.len(), fraction, seed);
+    let kind = match args.kind {
+        Some(KindArg::Slowdown) => ModelKind::Slowdown,
+        Some(KindArg::Linear) => ModelKind::Linear,
+        None => ctx.config.training.model,
+    };
+    let objective = ctx.config.selection.objective;
+    let (fit_idx, held_idx) = holdout_split(set.groups.len(), fraction, seed);
     if fit_idx.len() < MIN_FIT_PAIRS || held_idx.is_empty() {
         bail!(
             "couldn't fit a model: {} usable observed pair(s) ({} skipped for missing profiles); \
              need at least {} to fit and one to hold out",
-            set.rows.len(),
+            set.groups.len(),
             set.skipped,
             MIN_FIT_PAIRS + 1
         );
     }
-    let pick = |idx: &[usize]| -> (Vec<[f64; 10]>, Vec<f64>) {
-        (idx.iter().map(|&i| set.rows[i]).collect(), idx.iter().map(|&i| set.targets[i]).collect())
-    };
-    let (fit_x, fit_y) = pick(&fit_idx);
-    let (held_x, held_y) = pick(&held_idx);
-    let model = LinearModel::fit(&fit_x, &fit_y)?;
-    let quality = |m: &LinearModel| {
-        let pred: Vec<f64> = held_x.iter().map(|r| m.predict(r)).collect();
-        FitQuality::of(&held_y, &pred)
-    };
+    let fit: Vec<&Group> = fit_idx.iter().map(|&i| &set.groups[i]).collect();
+    let held: Vec<&Group> = held_idx.iter().map(|&i| &set.groups[i]).collect();
+    let held_y: Vec<f64> = held.iter().map(|g| objective.value(g)).collect();
+    let model = Model::train(kind, &fit, objective, SlowdownParams::default())?;
+    let quality = |m: &Model| FitQuality::of(&held_y, &predictions(m, &held, objective));
     let new_q = quality(&model);
-    let active = match active_linear(&db) {
-        Ok((v, m)) => Some((v, quality(&m))),
+    let active = match active_model(&db) {
+        // An active model that cannot predict this objective is no competitor.
+        Ok((v, m)) if m.serves(objective) => Some((v, quality(&m))),
+        Ok((v, _)) => {
+            ctx.info(&format!("train: active model {v} does not serve {}", objective.key()));
+            None
+        }
         Err(SqlError::NoActiveModel) => None,
         // An active model this build cannot read is "worse than anything".
         Err(SqlError::BadModel { version, reason }) => {
@@ -86,9 +120,10 @@ pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
         "holdout_r2": new_q.r2,
         "active_version_at_training": active.map(|a| a.0),
         "active_holdout_mse": active.map(|a| a.1.mse),
-        "unit": "throughput sum, steps/s",
+        "kind": kind.key(),
+        "objective": objective.key(),
     });
-    let version = db.insert_model(&linear_to_new_model(
+    let version = db.insert_model(&model_to_new_model(
         &model,
         metrics.clone(),
         set.digest(),
@@ -102,7 +137,8 @@ pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
         print_json(&json!({ "version": version, "activated": activated, "metrics": metrics }))
     } else {
         println!(
-            "model version {version}: fitted on {} pairs, held-out MSE {} (R² {}) on {} pairs",
+            "model version {version} ({}): fitted on {} pairs, held-out MSE {} (R² {}) on {} pairs",
+            kind.key(),
             fit_idx.len(),
             num(new_q.mse),
             num(new_q.r2),

@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kace_selector::dataset::read_colocations;
-use kace_selector::{select, Candidate, LinearModel, Profile, SelectionRules};
+use kace_selector::{select, Candidate, LinearModel, Member, Model, Profile, SelectionRules};
 use kace_sql::decide::holdout_split;
 use kace_sql::spool::{record_file_name, write_record};
 use kace_sql::{Observation, Partner};
@@ -154,7 +154,7 @@ fn init_import_train_select_agrees_with_the_selector_in_memory() {
     let again = env.json(&["observations", "import", pairs.to_str().unwrap()]);
     assert_eq!((again["inserted"].as_u64(), again["duplicates"].as_u64()), (Some(0), Some(362)));
 
-    let trained = env.json(&["train"]);
+    let trained = env.json(&["train", "--kind", "linear"]);
     assert_eq!(trained["version"], 1);
     assert_eq!(trained["activated"], true);
     let m = &trained["metrics"];
@@ -172,8 +172,9 @@ fn init_import_train_select_agrees_with_the_selector_in_memory() {
     let y: Vec<f64> = fit.iter().map(|&i| table.groups[order[i]].total_throughput()).collect();
     let reference = LinearModel::fit(&x, &y).unwrap();
     let shown = env.json(&["model", "show"]);
-    let stored: LinearModel = serde_json::from_value(shown["body"].clone()).unwrap();
-    for (a, b) in stored.coefficients.iter().zip(&reference.coefficients) {
+    let stored: Model = serde_json::from_value(shown["body"].clone()).unwrap();
+    let Model::Linear { model: ref stored_lr, .. } = stored else { panic!("a linear model") };
+    for (a, b) in stored_lr.coefficients.iter().zip(&reference.coefficients) {
         assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{a} vs {b}");
     }
 
@@ -200,9 +201,10 @@ fn init_import_train_select_agrees_with_the_selector_in_memory() {
         ]);
         let in_mem: Vec<Candidate<'_>> = cands
             .iter()
-            .map(|c| Candidate { profile: profiles.get(*c), same_user: true })
+            .map(|c| Candidate { profile: profiles.get(*c), workload: Some(c), same_user: true })
             .collect();
-        let expect = select(&[profiles[*lead]], &in_mem, &stored, &rules);
+        let running = [Member { profile: &profiles[*lead], workload: Some(lead.as_str()) }];
+        let expect = select(&running, &in_mem, &stored, &rules);
         let want = expect.chosen.map(|i| cands[i]);
         assert_eq!(out["chosen"].as_str(), want, "lead {lead}");
         let items = out["candidates"].as_array().unwrap();
@@ -222,7 +224,7 @@ fn init_import_train_select_agrees_with_the_selector_in_memory() {
 
     // A second training on the same data is not worse, so it becomes active; --activate and
     // model activate switch back.
-    assert_eq!(env.json(&["train"])["activated"], true);
+    assert_eq!(env.json(&["train", "--kind", "linear"])["activated"], true);
     env.ok(&["model", "activate", "1"]);
     assert_eq!(env.json(&["model", "show"])["version"], 1);
     let list = env.json(&["model", "list"]);

@@ -17,6 +17,7 @@
 //! [selection]
 //! memory_margin = 0.05    # keep 5 % of GPU memory free
 //! min_gain = 0.0          # predicted pair sum must beat the lead alone by this fraction
+//! objective = "throughput-sum"   # or "normalised-progress"
 //!
 //! [profiling]
 //! warmup_steps = 10
@@ -25,11 +26,13 @@
 //! [training]
 //! holdout_fraction = 0.2
 //! seed = 30
+//! model = "slowdown"      # or "linear" (the paper's regression)
 //! ```
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub use kace_selector::{ModelKind, Objective};
 use serde::Deserialize;
 
 /// Where the site configuration lives when nothing else is named (next to `slurm.conf`).
@@ -97,11 +100,15 @@ pub struct Selection {
     /// A candidate is chosen only when its predicted pair throughput sum beats the lead's
     /// exclusive throughput by more than this fraction (0.05 = 5 %). Default 0.0.
     pub min_gain: f64,
+    /// What a pairing is worth: `"throughput-sum"` (the paper's Σ steps/s, default) or
+    /// `"normalised-progress"` (Σ colocated/exclusive throughput per job, so one fast inference
+    /// job cannot dominate the choice).
+    pub objective: Objective,
 }
 
 impl Default for Selection {
     fn default() -> Self {
-        Selection { memory_margin: 0.05, min_gain: 0.0 }
+        Selection { memory_margin: 0.05, min_gain: 0.0, objective: Objective::ThroughputSum }
     }
 }
 
@@ -130,11 +137,14 @@ pub struct Training {
     pub holdout_fraction: f64,
     /// Seed of the held-out split, so that a retrain on the same data gives the same model.
     pub seed: u64,
+    /// Kind of model to train: `"slowdown"` (kace's per-job model, default; see
+    /// `docs/models.md`) or `"linear"` (the paper's regression).
+    pub model: ModelKind,
 }
 
 impl Default for Training {
     fn default() -> Self {
-        Training { holdout_fraction: 0.2, seed: 30 }
+        Training { holdout_fraction: 0.2, seed: 30, model: ModelKind::Slowdown }
     }
 }
 
@@ -313,6 +323,10 @@ mod tests {
         assert!(matches!(e, Error::Parse { .. }));
         let e = Config::parse("[selection]\nmemory_margin = 1.5\n", p()).unwrap_err();
         assert!(matches!(e, Error::Invalid { .. }), "{e}");
+        let e = Config::parse("[training]\nmodel = \"forest\"\n", p()).unwrap_err();
+        assert!(e.to_string().contains("forest"), "{e}");
+        let e = Config::parse("[selection]\nobjective = \"speed\"\n", p()).unwrap_err();
+        assert!(e.to_string().contains("speed"), "{e}");
         let e = Config::parse("this is = = not toml", p()).unwrap_err();
         assert!(e.to_string().starts_with("couldn't parse config test.conf"), "{e}");
     }

@@ -1,13 +1,16 @@
-//! Benchmark (prints a table): training the paper's model, and predicting + choosing among
-//! 10…10 000 candidates. Run with `cargo bench -p kace-selector --bench selection`.
+//! Benchmark (prints a table): training each model on the paper's 181 pairs, and predicting +
+//! choosing among 10…10 000 candidates. Run with `cargo bench -p kace-selector --bench
+//! selection`.
 
 use std::fs::File;
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use kace_selector::dataset::{read_colocations, ColocationData};
-use kace_selector::{combine, select, Candidate, LinearModel, Profile, SelectionRules};
+use kace_selector::dataset::{read_colocations, ColocationData, Group};
+use kace_selector::{
+    select, Candidate, Member, Model, ModelKind, Objective, Profile, SelectionRules, SlowdownParams,
+};
 
 /// Median wall time of `f` over `runs` runs (after one warm-up).
 fn median<F: FnMut()>(runs: usize, mut f: F) -> Duration {
@@ -39,7 +42,7 @@ fn pairs() -> (ColocationData, &'static str) {
     for i in 0..181 {
         let p = |s: f64| Profile::new(std::array::from_fn(|j| 1.0 + s * (j as f64 + 1.0)));
         let (a, b) = (p((i % 21) as f64), p((i % 13) as f64 * 0.7));
-        groups.push(kace_selector::dataset::Group {
+        groups.push(Group {
             workloads: vec![format!("w{}", i % 21), format!("w{}", i % 13)],
             profiles: vec![a, b],
             throughputs: vec![10.0 + (i % 7) as f64, 5.0 + (i % 5) as f64],
@@ -50,55 +53,49 @@ fn pairs() -> (ColocationData, &'static str) {
 
 fn main() {
     let (data, source) = pairs();
-    let x: Vec<[f64; 10]> = data.groups.iter().map(|g| g.features()).collect();
-    let y: Vec<f64> = data.groups.iter().map(|g| g.total_throughput()).collect();
-    let fit_all = median(201, || {
-        black_box(LinearModel::fit(black_box(&x), black_box(&y)).ok());
-    });
-    let fit_small = median(201, || {
-        black_box(LinearModel::fit(black_box(&x[..32]), black_box(&y[..32])).ok());
-    });
-    let model = LinearModel::fit(&x, &y).expect("fit");
-
+    let groups: Vec<&Group> = data.groups.iter().collect();
+    let train = |kind| {
+        Model::train(kind, &groups, Objective::ThroughputSum, SlowdownParams::default())
+            .expect("fit")
+    };
     println!("kace-selector benchmark ({source}; median of repeated runs)");
     println!();
-    println!("{:<44} {:>12}", "training (OLS on z-scored features)", "time");
-    println!("{:<44} {:>9.1} µs", "fit on all 181 pairs", fit_all.as_secs_f64() * 1e6);
     println!(
-        "{:<44} {:>9.1} µs",
-        "fit on 32 pairs (n_occur=3 fit subset size)",
-        fit_small.as_secs_f64() * 1e6
+        "{:<10} {:>18} {:>14} {:>14} {:>14} {:>14}",
+        "model", "train 181 pairs", "10 cand.", "100 cand.", "1 000 cand.", "10 000 cand."
     );
-    println!();
-    println!("{:<12} {:>14} {:>16}", "candidates", "select() time", "per candidate");
-
-    let lead = data.groups[0].profiles[0];
-    let pool: Vec<Profile> = data.groups.iter().map(|g| g.profiles[1]).collect();
-    for n in [10usize, 100, 1_000, 10_000] {
-        let profiles: Vec<Profile> = (0..n).map(|i| pool[i % pool.len()]).collect();
-        let cands: Vec<Candidate<'_>> =
-            profiles.iter().map(|p| Candidate { profile: Some(p), same_user: true }).collect();
-        let rules = SelectionRules { gpu_memory_gib: Some(32.0), ..SelectionRules::default() };
-        let runs = if n >= 10_000 { 101 } else { 1001 };
-        let t = median(runs, || {
-            black_box(select(black_box(&[lead]), black_box(&cands), &model, &rules).chosen);
+    for (key, kind) in [("kace", ModelKind::Slowdown), ("kace-lr", ModelKind::Linear)] {
+        let t_fit = median(101, || {
+            black_box(train(kind));
         });
+        let model = train(kind);
+        let lead = &data.groups[0];
+        let running = [Member { profile: &lead.profiles[0], workload: Some(&lead.workloads[0]) }];
+        let pool: Vec<(&Profile, &str)> =
+            data.groups.iter().map(|g| (&g.profiles[1], g.workloads[1].as_str())).collect();
+        let rules = SelectionRules { gpu_memory_gib: Some(32.0), ..SelectionRules::default() };
+        let mut cells = Vec::new();
+        for n in [10usize, 100, 1_000, 10_000] {
+            let cands: Vec<Candidate<'_>> = (0..n)
+                .map(|i| {
+                    let (p, w) = pool[i % pool.len()];
+                    Candidate { profile: Some(p), workload: Some(w), same_user: true }
+                })
+                .collect();
+            let runs = if n >= 10_000 { 101 } else { 1001 };
+            let t = median(runs, || {
+                black_box(select(black_box(&running), black_box(&cands), &model, &rules).chosen);
+            });
+            cells.push(format!("{:.0} ns/cand", t.as_secs_f64() * 1e9 / n as f64));
+        }
         println!(
-            "{:<12} {:>11.2} µs {:>13.1} ns",
-            n,
-            t.as_secs_f64() * 1e6,
-            t.as_secs_f64() * 1e9 / n as f64
+            "{:<10} {:>15.1} µs {:>14} {:>14} {:>14} {:>14}",
+            key,
+            t_fit.as_secs_f64() * 1e6,
+            cells[0],
+            cells[1],
+            cells[2],
+            cells[3]
         );
     }
-    // The raw predict path alone, for reference.
-    let feats: Vec<[f64; 10]> = pool.iter().map(|p| combine([&lead, p])).collect();
-    let t = median(1001, || {
-        let s: f64 = feats.iter().map(|f| model.predict(black_box(f))).sum();
-        black_box(s);
-    });
-    println!();
-    println!(
-        "model.predict alone: {:.1} ns per candidate",
-        t.as_secs_f64() * 1e9 / feats.len() as f64
-    );
 }

@@ -8,6 +8,7 @@
 //! - [`features`]: the ten features, [`Profile`], [`combine`] for groups of any size k.
 //! - [`zscore`], [`linear`]: normalisation and the paper's OLS model.
 //! - [`policy`]: single-feature rules, argmax/argmin with the artifact's tie rule, objectives.
+//! - [`slowdown`], [`model`]: kace's per-job slowdown model, and the deployable [`Model`].
 //! - [`selection`]: the filters and choice the prolog runs.
 //! - [`dataset`]: the artifact's `wN_` tables and split files.
 //! - [`eval`]: scoring against the oracle; the paper's exact protocol and kace's general one.
@@ -18,6 +19,7 @@ pub mod error;
 pub mod eval;
 pub mod features;
 pub mod linear;
+pub mod model;
 pub mod numpy_rng;
 pub mod policy;
 pub mod selection;
@@ -27,5 +29,7 @@ pub mod zscore;
 pub use error::{DataError, SelectorError};
 pub use features::{combine, Feature, Profile, FEATURE_COUNT};
 pub use linear::LinearModel;
+pub use model::{Model, ModelKind};
 pub use policy::Objective;
 pub use selection::{select, Candidate, Predictor, Rejection, Selection, SelectionRules, Verdict};
+pub use slowdown::{Member, SlowdownModel, SlowdownParams};

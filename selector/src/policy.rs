@@ -5,7 +5,8 @@ use crate::dataset::Group;
 use crate::features::{Feature, FEATURE_COUNT};
 
 /// What a colocation is worth.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Objective {
     /// The paper's objective: the members' colocated throughputs summed (steps per second).
     #[default]

@@ -1,20 +1,14 @@
 //! kace's production choice: given the jobs already on a GPU and the held candidates, filter out
 //! what cannot or should not share, predict the rest, and pick the best.
 
-use crate::features::{combine, Profile, FEATURE_COUNT};
-use crate::linear::LinearModel;
+use crate::features::Profile;
 use crate::policy::Objective;
+use crate::slowdown::Member;
 
-/// Anything that predicts a group's objective from its combined feature vector.
+/// Anything that predicts a group's objective from its members.
 pub trait Predictor {
-    /// The predicted objective, in the objective's own units.
-    fn predict(&self, features: &[f64; FEATURE_COUNT]) -> f64;
-}
-
-impl Predictor for LinearModel {
-    fn predict(&self, features: &[f64; FEATURE_COUNT]) -> f64 {
-        LinearModel::predict(self, features)
-    }
+    /// The predicted objective of the group, in the objective's own units (NaN: no answer).
+    fn predict(&self, members: &[Member<'_>], objective: Objective) -> f64;
 }
 
 /// The filters and thresholds of a choice.
@@ -50,6 +44,8 @@ impl Default for SelectionRules {
 pub struct Candidate<'a> {
     /// Its profile, when the workload is known.
     pub profile: Option<&'a Profile>,
+    /// Its workload name, for models with per-workload terms.
+    pub workload: Option<&'a str>,
     /// Whether it belongs to the same user as the jobs on the GPU.
     pub same_user: bool,
 }
@@ -116,21 +112,19 @@ pub struct Selection {
 /// has the highest predicted objective, after the filters. Ties go to the earliest candidate,
 /// which callers order by submission so that the older job wins.
 pub fn select(
-    running: &[Profile],
+    running: &[Member<'_>],
     candidates: &[Candidate<'_>],
     predictor: &dyn Predictor,
     rules: &SelectionRules,
 ) -> Selection {
     let baseline = match rules.objective {
-        Objective::ThroughputSum => running.iter().map(Profile::exclusive_throughput).sum(),
+        Objective::ThroughputSum => running.iter().map(|m| m.profile.exclusive_throughput()).sum(),
         Objective::NormalisedProgress => running.len() as f64,
     };
     let required = baseline * (1.0 + rules.min_gain);
-    let running_mem: f64 = running.iter().map(Profile::memcap).sum();
+    let running_mem: f64 = running.iter().map(|m| m.profile.memcap()).sum();
     let usable = rules.gpu_memory_gib.map(|m| m * (1.0 - rules.memory_margin));
-    let mut group: Vec<Profile> = running.to_vec();
-    group.push(Profile::new([0.0; FEATURE_COUNT]));
-    let last = group.len() - 1;
+    let mut group: Vec<Member<'_>> = running.to_vec();
     let mut chosen: Option<(usize, f64)> = None;
     let verdicts = candidates
         .iter()
@@ -147,8 +141,9 @@ pub fn select(
                     return reject(Rejection::MemoryDoesNotFit { needed_gib: needed, usable_gib });
                 }
             }
-            group[last] = *p;
-            let predicted = predictor.predict(&combine(group.iter()));
+            group.push(Member { profile: p, workload: c.workload });
+            let predicted = predictor.predict(&group, rules.objective);
+            group.pop();
             // NaN predictions fail this test too, so they are never chosen.
             if predicted.is_nan() || predicted <= required {
                 return Verdict {
@@ -170,12 +165,19 @@ mod tests {
     use super::*;
     use crate::features::Feature;
 
+    use crate::features::{combine, FEATURE_COUNT};
+
     /// Predicts the group's summed exclusive throughput minus its memcap, so tests can steer it.
     struct Toy;
     impl Predictor for Toy {
-        fn predict(&self, f: &[f64; FEATURE_COUNT]) -> f64 {
+        fn predict(&self, m: &[Member<'_>], _: Objective) -> f64 {
+            let f = combine(m.iter().map(|m| m.profile));
             f[Feature::ExclusiveThroughput.index()] - f[Feature::Memcap.index()]
         }
+    }
+
+    fn lead(p: &Profile) -> [Member<'_>; 1] {
+        [Member { profile: p, workload: Some("lead") }]
     }
 
     fn prof(excl: f64, mem: f64) -> Profile {
@@ -187,14 +189,15 @@ mod tests {
 
     #[test]
     fn filters_then_picks_the_best_prediction() {
-        let lead = [prof(10.0, 4.0)];
+        let lp = prof(10.0, 4.0);
+        let lead = lead(&lp);
         let (a, b, c, d) = (prof(5.0, 2.0), prof(9.0, 3.0), prof(30.0, 40.0), prof(50.0, 1.0));
         let cands = [
-            Candidate { profile: None, same_user: true },
-            Candidate { profile: Some(&a), same_user: true },
-            Candidate { profile: Some(&b), same_user: true },
-            Candidate { profile: Some(&c), same_user: true },
-            Candidate { profile: Some(&d), same_user: false },
+            Candidate { profile: None, workload: None, same_user: true },
+            Candidate { profile: Some(&a), workload: None, same_user: true },
+            Candidate { profile: Some(&b), workload: None, same_user: true },
+            Candidate { profile: Some(&c), workload: None, same_user: true },
+            Candidate { profile: Some(&d), workload: None, same_user: false },
         ];
         let rules = SelectionRules { gpu_memory_gib: Some(32.0), ..SelectionRules::default() };
         let s = select(&lead, &cands, &Toy, &rules);
@@ -214,11 +217,12 @@ mod tests {
 
     #[test]
     fn gain_threshold_and_ties() {
-        let lead = [prof(10.0, 0.0)];
+        let lp = prof(10.0, 0.0);
+        let lead = lead(&lp);
         let a = prof(2.0, 0.0);
         let cands = [
-            Candidate { profile: Some(&a), same_user: true },
-            Candidate { profile: Some(&a), same_user: true },
+            Candidate { profile: Some(&a), workload: None, same_user: true },
+            Candidate { profile: Some(&a), workload: None, same_user: true },
         ];
         let loose = SelectionRules::default();
         assert_eq!(select(&lead, &cands, &Toy, &loose).chosen, Some(0));

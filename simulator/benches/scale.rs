@@ -18,14 +18,17 @@ use kace_simulator::{
 
 /// The artifact's world and a kace model trained on seed 10's split, or a synthetic world of
 /// the same shape (21 workloads, every pair measured) when the artifact is absent.
-fn world() -> (World, Option<kace_selector::LinearModel>, &'static str) {
+fn world() -> (World, Option<kace_selector::Model>, &'static str) {
     let dir = std::env::var_os("KACE_ARTIFACT_DIR").map(PathBuf::from).unwrap_or_else(|| {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/kace-artifact")
     });
     let path = dir.join("pairs/MPS100_kernel_labels_targetMPS100.csv");
     if let Ok(f) = File::open(&path) {
         if let Ok(d) = read_colocations("pairs", f) {
-            if let (Ok(w), Ok(k)) = (World::from_colocations(&d, 32.0), train_kace(&d, 10)) {
+            if let (Ok(w), Ok(k)) = (
+                World::from_colocations(&d, 32.0),
+                train_kace(&d, 10, kace_selector::ModelKind::default()),
+            ) {
                 return (w, Some(k.model), "artifact, 21 workloads");
             }
         }

@@ -3,7 +3,7 @@
 //! A job's choice depends only on the two workloads, so the table is computed once per world
 //! and a choice inside the simulation is a lookup per candidate.
 
-use kace_selector::{select, Candidate, Predictor, SelectionRules};
+use kace_selector::{select, Candidate, Member, Predictor, SelectionRules};
 
 use crate::world::{PairKind, WorkloadId, World};
 
@@ -105,8 +105,13 @@ impl Policy {
     /// threshold), one candidate at a time; the merit is the predicted throughput sum.
     pub fn kace(world: &World, predictor: &dyn Predictor, rules: &SelectionRules) -> Policy {
         Policy::table(PolicyKind::Kace, world, |a, b| {
-            let cand = [Candidate { profile: Some(world.profile(b)), same_user: true }];
-            let s = select(&[*world.profile(a)], &cand, predictor, rules);
+            let cand = [Candidate {
+                profile: Some(world.profile(b)),
+                workload: Some(world.name(b)),
+                same_user: true,
+            }];
+            let running = [Member { profile: world.profile(a), workload: Some(world.name(a)) }];
+            let s = select(&running, &cand, predictor, rules);
             s.chosen.and(s.verdicts[0].prediction)
         })
     }
@@ -167,13 +172,13 @@ fn usable_memory(world: &World, rules: &SelectionRules) -> f64 {
 mod tests {
     use super::*;
     use crate::world::tests_support::tiny_world;
-    use kace_selector::{Feature, FEATURE_COUNT};
+    use kace_selector::Objective;
 
     /// Predicts the pair's summed exclusive throughput (a deliberately naive model).
     struct SumOfExclusive;
     impl Predictor for SumOfExclusive {
-        fn predict(&self, f: &[f64; FEATURE_COUNT]) -> f64 {
-            f[Feature::ExclusiveThroughput.index()]
+        fn predict(&self, m: &[Member<'_>], _: Objective) -> f64 {
+            m.iter().map(|m| m.profile.exclusive_throughput()).sum()
         }
     }
 

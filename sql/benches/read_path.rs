@@ -9,8 +9,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kace_selector::{LinearModel, SelectionRules};
-use kace_sql::decide::{decide, linear_to_new_model, CandidateSpec};
+use kace_selector::dataset::Group;
+use kace_selector::{Model, ModelKind, Objective, Profile, SelectionRules, SlowdownParams};
+use kace_sql::decide::{decide, model_to_new_model, CandidateSpec};
 use kace_sql::{Db, NewProfile, Observation, Partner, FEATURE_COUNT};
 
 const WORKLOADS: usize = 1_001;
@@ -89,13 +90,32 @@ fn build(path: &Path, observations: usize) -> Db {
         }
     }
     db.insert_observations(&batch).expect("observations");
-    // A model fitted on synthetic pair rows.
-    let rows: Vec<[f64; FEATURE_COUNT]> = (0..200).map(|_| profile_values(&mut r)).collect();
-    let y: Vec<f64> = rows.iter().map(|x| x[6] * 1.5 - x[9] * 0.3 + r.next()).collect();
-    let model = LinearModel::fit(&rows, &y).expect("fit");
+    // kace's default model, fitted on 200 synthetic pairs of 200 workloads (so it carries
+    // per-workload terms, as a production model does).
+    let groups: Vec<Group> = (0..200)
+        .map(|i| {
+            let (a, b) =
+                (Profile::new(profile_values(&mut r)), Profile::new(profile_values(&mut r)));
+            let t =
+                [a.exclusive_throughput() * (0.3 + 0.6 * r.next()), b.exclusive_throughput() * 0.5];
+            Group {
+                workloads: vec![name(i), name(i + 200)],
+                profiles: vec![a, b],
+                throughputs: t.to_vec(),
+            }
+        })
+        .collect();
+    let refs: Vec<&Group> = groups.iter().collect();
+    let model = Model::train(
+        ModelKind::Slowdown,
+        &refs,
+        Objective::ThroughputSum,
+        SlowdownParams::default(),
+    )
+    .expect("fit");
     let v = db
         .insert_model(
-            &linear_to_new_model(&model, serde_json::json!({}), "bench".into(), 200).unwrap(),
+            &model_to_new_model(&model, serde_json::json!({}), "bench".into(), 200).unwrap(),
         )
         .expect("model");
     db.activate_model(v).expect("activate");

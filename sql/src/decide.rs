@@ -4,8 +4,9 @@
 
 use std::collections::HashMap;
 
+use kace_selector::dataset::Group;
 use kace_selector::{
-    combine, select, Candidate, Feature, LinearModel, Profile, Selection, SelectionRules,
+    select, Candidate, Feature, Member, Model, ModelKind, Profile, Selection, SelectionRules,
 };
 use serde_json::json;
 
@@ -13,32 +14,46 @@ use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::types::{ModelRecord, NewModel, ObservedPair};
 
-/// Kind string of the paper's model (OLS on z-scored features, throughput-sum target). The
-/// suffix is the body format version: a future change of `LinearModel`'s serialisation bumps it.
-pub const LINEAR_KIND: &str = "linear-ols-zscore/1";
+/// Version of the stored model body format; part of the `kind` column (`slowdown/1`,
+/// `linear/1`) so a future change of a model's serialisation is recognised.
+pub const MODEL_FORMAT: u32 = 1;
+
+/// The `kind` column value for a model kind.
+pub fn kind_column(kind: ModelKind) -> String {
+    format!("{}/{MODEL_FORMAT}", kind.key())
+}
 
 /// Wraps a fitted model for storage, with its metrics and training-set digest.
-pub fn linear_to_new_model(
-    model: &LinearModel,
+pub fn model_to_new_model(
+    model: &Model,
     metrics: serde_json::Value,
     training_digest: String,
     training_size: usize,
 ) -> Result<NewModel> {
     let body = serde_json::to_value(model)
-        .map_err(|source| Error::Json { what: "linear model".into(), source })?;
+        .map_err(|source| Error::Json { what: "model".into(), source })?;
+    // The summary columns hold what an admin reads in `kace model show`; the body is what the
+    // prolog loads.
+    let (normalisation, coefficients) = match model {
+        Model::Linear { model: m, objective } => (
+            json!({"x_mean": m.x_scale.mean, "x_std": m.x_scale.std, "y_mean": m.y_mean, "y_std": m.y_std}),
+            json!({"objective": objective, "intercept": m.intercept, "weights": m.coefficients}),
+        ),
+        Model::Slowdown(m) => (
+            json!({"x_mean": m.scale.mean, "x_std": m.scale.std}),
+            json!({
+                "intercept": m.intercept,
+                "weights": m.weights,
+                "sensitivity": m.sensitivity,
+                "pressure": m.pressure,
+            }),
+        ),
+    };
     Ok(NewModel {
-        kind: LINEAR_KIND.into(),
+        kind: kind_column(model.kind()),
         features: Feature::ALL.iter().map(|f| f.key().to_string()).collect(),
-        normalisation: json!({
-            "x_mean": model.x_scale.mean,
-            "x_std": model.x_scale.std,
-            "y_mean": model.y_mean,
-            "y_std": model.y_std,
-        }),
-        coefficients: json!({
-            "intercept": model.intercept,
-            "weights": model.coefficients,
-        }),
+        normalisation,
+        coefficients,
         body,
         metrics,
         training_digest,
@@ -47,38 +62,35 @@ pub fn linear_to_new_model(
 }
 
 /// Reads a stored model back, refusing kinds and shapes this build does not know.
-pub fn linear_from_record(r: &ModelRecord) -> Result<LinearModel> {
+pub fn model_from_record(r: &ModelRecord) -> Result<Model> {
     let bad = |reason: String| Error::BadModel { version: r.version, reason };
-    if r.model.kind != LINEAR_KIND {
+    let known = [ModelKind::Slowdown, ModelKind::Linear].map(kind_column);
+    if !known.contains(&r.model.kind) {
         return Err(bad(format!(
-            "unknown kind {:?} (this kace reads {LINEAR_KIND})",
+            "unknown kind {:?} (this kace reads {})",
+            r.model.kind,
+            known.join(", ")
+        )));
+    }
+    let model: Model = serde_json::from_value(r.model.body.clone())
+        .map_err(|e| bad(format!("unreadable body: {e}")))?;
+    if kind_column(model.kind()) != r.model.kind {
+        return Err(bad(format!(
+            "body is a {} model, kind says {}",
+            model.kind().key(),
             r.model.kind
         )));
     }
-    let model: LinearModel = serde_json::from_value(r.model.body.clone())
-        .map_err(|e| bad(format!("unreadable body: {e}")))?;
-    if model.width() != Feature::ALL.len() || model.x_scale.width() != model.width() {
-        return Err(bad(format!(
-            "{} coefficients, expected {}",
-            model.width(),
-            Feature::ALL.len()
-        )));
-    }
-    let finite = model.coefficients.iter().chain(&model.x_scale.mean).chain(&model.x_scale.std);
-    if !finite.chain([&model.intercept, &model.y_mean, &model.y_std]).all(|v| v.is_finite()) {
-        return Err(bad("non-finite parameters".into()));
-    }
+    model.check().map_err(bad)?;
     Ok(model)
 }
 
 /// Training examples: observed pairs whose two workloads both have complete profiles.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TrainingSet {
-    /// Combined feature vector of each pair.
-    pub rows: Vec<[f64; kace_selector::FEATURE_COUNT]>,
-    /// Pair throughput sum (the target).
-    pub targets: Vec<f64>,
-    /// The pairs, parallel to `rows`.
+    /// Each pair as a measured group (names, profiles, per-job colocated throughput).
+    pub groups: Vec<Group>,
+    /// The pairs, parallel to `groups`.
     pub pairs: Vec<ObservedPair>,
     /// Observed pairs left out because a profile was missing or incomplete.
     pub skipped: usize,
@@ -94,10 +106,11 @@ impl TrainingSet {
                 h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
             }
         };
-        for (p, (row, y)) in self.pairs.iter().zip(self.rows.iter().zip(&self.targets)) {
+        for (p, g) in self.pairs.iter().zip(&self.groups) {
             eat(p.keys.0.as_bytes());
             eat(p.keys.1.as_bytes());
-            for v in row.iter().chain(std::iter::once(y)) {
+            let values = g.profiles.iter().flat_map(|p| p.features.iter()).chain(&g.throughputs);
+            for v in values {
                 eat(&v.to_bits().to_le_bytes());
             }
         }
@@ -118,9 +131,12 @@ pub fn training_set(db: &Db) -> Result<TrainingSet> {
     for p in pairs {
         let get = |w: &str| profiles.get(w).and_then(selector_profile);
         match (get(&p.workload1), get(&p.workload2)) {
-            (Some(a), Some(b)) => {
-                set.rows.push(combine([&a, &b]));
-                set.targets.push(p.throughput1 + p.throughput2);
+            (Some(a), Some(b)) if p.throughput1 > 0.0 && p.throughput2 > 0.0 => {
+                set.groups.push(Group {
+                    workloads: vec![p.workload1.clone(), p.workload2.clone()],
+                    profiles: vec![a, b],
+                    throughputs: vec![p.throughput1, p.throughput2],
+                });
                 set.pairs.push(p);
             }
             _ => set.skipped += 1,
@@ -167,9 +183,9 @@ pub struct Decision {
 }
 
 /// The active model, decoded.
-pub fn active_linear(db: &Db) -> Result<(i64, LinearModel)> {
+pub fn active_model(db: &Db) -> Result<(i64, Model)> {
     let rec = db.active_model()?.ok_or(Error::NoActiveModel)?;
-    Ok((rec.version, linear_from_record(&rec)?))
+    Ok((rec.version, model_from_record(&rec)?))
 }
 
 /// The prolog's read path: active model, profiles of the lead and candidates (one query), the
@@ -182,7 +198,17 @@ pub fn decide(
     rules: &SelectionRules,
     gpu_model: Option<&str>,
 ) -> Result<Decision> {
-    let (model_version, model) = active_linear(db)?;
+    let (model_version, model) = active_model(db)?;
+    if !model.serves(rules.objective) {
+        return Err(Error::BadModel {
+            version: model_version,
+            reason: format!(
+                "a {} model trained for another objective cannot predict {}",
+                model.kind().key(),
+                rules.objective.key()
+            ),
+        });
+    }
     let mut names: Vec<&str> = Vec::with_capacity(candidates.len() + 1);
     names.push(lead);
     names.extend(candidates.iter().map(|c| c.workload.as_str()));
@@ -198,13 +224,18 @@ pub fn decide(
         stored.iter().filter_map(|(w, p)| selector_profile(p).map(|sp| (w.as_str(), sp))).collect();
     let cands: Vec<Candidate<'_>> = candidates
         .iter()
-        .map(|c| Candidate { profile: converted.get(c.workload.as_str()), same_user: c.same_user })
+        .map(|c| Candidate {
+            profile: converted.get(c.workload.as_str()),
+            workload: Some(c.workload.as_str()),
+            same_user: c.same_user,
+        })
         .collect();
     let incomplete = candidates
         .iter()
         .map(|c| stored.get(&c.workload).map(|p| p.missing()).unwrap_or_default())
         .collect();
-    let selection = select(&[lead_profile], &cands, &model, rules);
+    let running = [Member { profile: &lead_profile, workload: Some(lead) }];
+    let selection = select(&running, &cands, &model, rules);
     Ok(Decision { model_version, selection, incomplete })
 }
 

@@ -220,20 +220,20 @@ fn one_active_model_at_a_time() {
     // The active model must be one the prolog can use.
     let problems = db.check().unwrap().problems;
     assert!(problems.iter().any(|p| p.contains("unknown kind")), "{problems:?}");
-    assert!(matches!(
-        kace_sql::decide::active_linear(&db),
-        Err(Error::BadModel { version: 2, .. })
-    ));
+    assert!(matches!(kace_sql::decide::active_model(&db), Err(Error::BadModel { version: 2, .. })));
     let rows: Vec<[f64; 10]> =
         (0..20).map(|i| std::array::from_fn(|j| ((i * (j + 3)) % 7) as f64 + j as f64)).collect();
     let y: Vec<f64> = rows.iter().map(|r| r[6] * 2.0 + r[9]).collect();
-    let lm = kace_selector::LinearModel::fit(&rows, &y).unwrap();
+    let lm = kace_selector::Model::Linear {
+        objective: kace_selector::Objective::ThroughputSum,
+        model: kace_selector::LinearModel::fit(&rows, &y).unwrap(),
+    };
     let rec =
-        kace_sql::decide::linear_to_new_model(&lm, serde_json::json!({}), "d".into(), 20).unwrap();
+        kace_sql::decide::model_to_new_model(&lm, serde_json::json!({}), "d".into(), 20).unwrap();
     let v3 = db.insert_model(&rec).unwrap();
     db.activate_model(v3).unwrap();
     assert!(db.check().unwrap().problems.is_empty());
-    let (v, back) = kace_sql::decide::active_linear(&db).unwrap();
+    let (v, back) = kace_sql::decide::active_model(&db).unwrap();
     assert_eq!((v, back), (3, lm));
 }
 

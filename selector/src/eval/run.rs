@@ -8,12 +8,14 @@ use crate::dataset::{ColocationData, Group};
 use crate::error::SelectorError;
 use crate::features::FEATURE_COUNT;
 use crate::linear::LinearModel;
+use crate::model::{Model, ModelKind};
 use crate::numpy_rng::train_test_split_train;
 use crate::policy::{argmax_first, Objective};
-use crate::slowdown::{Member, SlowdownModel, SlowdownParams};
+use crate::selection::Predictor;
+use crate::slowdown::{Member, SlowdownParams};
 use crate::zscore::ZScore;
 
-/// Report key of kace's production model (the [`SlowdownModel`]).
+/// Report key of kace's production model (the slowdown model).
 pub const KACE: &str = "kace";
 
 /// How a model is trained and how its choice is made.
@@ -63,6 +65,14 @@ impl ModelChoice {
     pub fn from_key(s: &str) -> Option<ModelChoice> {
         ModelChoice::ALL.into_iter().find(|m| m.key() == s)
     }
+
+    /// The kind of model trained.
+    pub fn kind(self) -> ModelKind {
+        match self {
+            ModelChoice::KaceLr => ModelKind::Linear,
+            ModelChoice::Kace => ModelKind::Slowdown,
+        }
+    }
 }
 
 /// What an evaluation runs.
@@ -110,11 +120,6 @@ pub(crate) struct Run<'a> {
     pub seed: u32,
 }
 
-enum Fitted {
-    Lr(LinearModel),
-    Slowdown(SlowdownModel),
-}
-
 fn members(g: &Group) -> Vec<Member<'_>> {
     g.profiles
         .iter()
@@ -123,19 +128,11 @@ fn members(g: &Group) -> Vec<Member<'_>> {
         .collect()
 }
 
-impl Fitted {
-    fn predict(&self, g: &Group, objective: Objective) -> f64 {
-        match self {
-            Fitted::Lr(m) => m.predict(&g.features()),
-            Fitted::Slowdown(m) => match objective {
-                Objective::ThroughputSum => m.throughput_sum(&members(g)),
-                Objective::NormalisedProgress => m.normalised_progress(&members(g)),
-            },
-        }
-    }
+fn predict(m: &Model, g: &Group, objective: Objective) -> f64 {
+    m.predict(&members(g), objective)
 }
 
-/// Trains the paper's linear model for an objective on the given groups.
+/// Trains the paper's linear model for an objective on the given rows of a data set.
 pub fn fit_linear(
     data: &ColocationData,
     rows: &[usize],
@@ -153,27 +150,20 @@ pub(crate) fn run(
     report: &mut EvalReport,
 ) -> Result<(), SelectorError> {
     let obj = opts.objective;
-    let mut fitted: Vec<(ModelChoice, Fitted)> = Vec::new();
+    let groups: Vec<&Group> = run.fit_rows.iter().map(|&i| &run.train.groups[i]).collect();
+    let mut fitted: Vec<(ModelChoice, Model)> = Vec::new();
     for &m in &opts.models {
-        let f = match m {
-            ModelChoice::KaceLr => Fitted::Lr(fit_linear(run.train, run.fit_rows, obj)?),
-            ModelChoice::Kace => {
-                let groups: Vec<&Group> =
-                    run.fit_rows.iter().map(|&i| &run.train.groups[i]).collect();
-                Fitted::Slowdown(SlowdownModel::fit(&groups, opts.slowdown)?)
-            }
-        };
-        fitted.push((m, f));
+        fitted.push((m, Model::train(m.kind(), &groups, obj, opts.slowdown)?));
     }
     let truth: Vec<f64> = run.test_rows.iter().map(|&i| obj.value(&run.test.groups[i])).collect();
     for (m, f) in &fitted {
         let q = match (f, opts.protocol) {
-            (Fitted::Lr(lr), Protocol::Paper) => {
+            (Model::Linear { model: lr, .. }, Protocol::Paper) => {
                 self_normalised_quality(lr, run.test, run.test_rows, obj)
             }
             _ => {
                 let pred: Vec<f64> =
-                    run.test_rows.iter().map(|&i| f.predict(&run.test.groups[i], obj)).collect();
+                    run.test_rows.iter().map(|&i| predict(f, &run.test.groups[i], obj)).collect();
                 quality_in_test_units(&truth, &pred)
             }
         };
@@ -190,12 +180,12 @@ pub(crate) fn run(
         let mut picks: Vec<(&str, usize)> = Vec::new();
         for (m, f) in &fitted {
             let pick = match (f, opts.protocol) {
-                (Fitted::Lr(lr), Protocol::Paper) => {
+                (Model::Linear { model: lr, .. }, Protocol::Paper) => {
                     let feats: Vec<[f64; FEATURE_COUNT]> =
                         groups.iter().map(|g| g.features()).collect();
                     candidate_normalised_pick(lr, &feats)
                 }
-                _ => argmax_first(&groups.iter().map(|g| f.predict(g, obj)).collect::<Vec<_>>()),
+                _ => argmax_first(&groups.iter().map(|g| predict(f, g, obj)).collect::<Vec<_>>()),
             };
             if let Some(p) = pick {
                 picks.push((m.key(), p));

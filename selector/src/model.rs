@@ -1,0 +1,147 @@
+//! The models kace can deploy, behind one serialisable type: the paper's linear regression and
+//! kace's per-job slowdown model (the default), with training from measured groups.
+
+use serde::{Deserialize, Serialize};
+
+use crate::dataset::Group;
+use crate::error::SelectorError;
+use crate::features::{combine, FEATURE_COUNT};
+use crate::linear::LinearModel;
+use crate::policy::Objective;
+use crate::selection::Predictor;
+use crate::slowdown::{Member, SlowdownModel, SlowdownParams};
+
+/// Which kind of model to train.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelKind {
+    /// kace's per-job slowdown model (see [`SlowdownModel`]); the production default.
+    #[default]
+    Slowdown,
+    /// The paper's OLS on z-scored, summed group features.
+    Linear,
+}
+
+impl ModelKind {
+    /// Stable name, for config, the database and reports.
+    pub fn key(self) -> &'static str {
+        match self {
+            ModelKind::Slowdown => "slowdown",
+            ModelKind::Linear => "linear",
+        }
+    }
+
+    /// Parses [`ModelKind::key`].
+    pub fn from_key(s: &str) -> Option<ModelKind> {
+        [ModelKind::Slowdown, ModelKind::Linear].into_iter().find(|k| k.key() == s)
+    }
+}
+
+/// A trained model of either kind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Model {
+    /// The paper's linear regression, trained to predict one objective.
+    Linear {
+        /// The objective it predicts.
+        objective: Objective,
+        /// The regression.
+        model: LinearModel,
+    },
+    /// kace's slowdown model; it predicts either objective.
+    Slowdown(SlowdownModel),
+}
+
+impl Model {
+    /// Trains a model of `kind` on measured groups. The linear model learns `objective`
+    /// directly; the slowdown model learns per-job slowdowns and serves both objectives.
+    pub fn train(
+        kind: ModelKind,
+        groups: &[&Group],
+        objective: Objective,
+        params: SlowdownParams,
+    ) -> Result<Model, SelectorError> {
+        match kind {
+            ModelKind::Linear => {
+                let x: Vec<[f64; FEATURE_COUNT]> = groups.iter().map(|g| g.features()).collect();
+                let y: Vec<f64> = groups.iter().map(|g| objective.value(g)).collect();
+                Ok(Model::Linear { objective, model: LinearModel::fit(&x, &y)? })
+            }
+            ModelKind::Slowdown => Ok(Model::Slowdown(SlowdownModel::fit(groups, params)?)),
+        }
+    }
+
+    /// The kind of this model.
+    pub fn kind(&self) -> ModelKind {
+        match self {
+            Model::Linear { .. } => ModelKind::Linear,
+            Model::Slowdown(_) => ModelKind::Slowdown,
+        }
+    }
+
+    /// Whether the model can predict `objective`.
+    pub fn serves(&self, objective: Objective) -> bool {
+        match self {
+            Model::Linear { objective: o, .. } => *o == objective,
+            Model::Slowdown(_) => true,
+        }
+    }
+
+    /// Checks a deserialised model: widths and finite parameters. Returns what is wrong.
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            Model::Linear { model: m, .. } => {
+                if m.width() != FEATURE_COUNT || m.x_scale.width() != FEATURE_COUNT {
+                    return Err(format!("{} coefficients, expected {FEATURE_COUNT}", m.width()));
+                }
+                let all = m
+                    .coefficients
+                    .iter()
+                    .chain(&m.x_scale.mean)
+                    .chain(&m.x_scale.std)
+                    .chain([&m.intercept, &m.y_mean, &m.y_std]);
+                if !all.into_iter().all(|v| v.is_finite()) {
+                    return Err("non-finite parameters".into());
+                }
+            }
+            Model::Slowdown(m) => {
+                let w = crate::slowdown::PROFILE_WIDTH;
+                if m.weights.len() != w || m.scale.width() != w {
+                    return Err(format!("{} weights, expected {w}", m.weights.len()));
+                }
+                let all = m
+                    .weights
+                    .iter()
+                    .chain(&m.scale.mean)
+                    .chain(&m.scale.std)
+                    .chain(m.sensitivity.values())
+                    .chain(m.pressure.values())
+                    .chain([&m.intercept]);
+                if !all.into_iter().all(|v| v.is_finite()) {
+                    return Err("non-finite parameters".into());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Predictor for Model {
+    fn predict(&self, members: &[Member<'_>], objective: Objective) -> f64 {
+        match self {
+            // Trained for one objective: asked for another, it has no answer (NaN is never
+            // chosen by `select`); callers check [`Model::serves`] first.
+            Model::Linear { objective: o, model } => {
+                if *o == objective {
+                    model.predict(&combine(members.iter().map(|m| m.profile)))
+                } else {
+                    f64::NAN
+                }
+            }
+            Model::Slowdown(m) => match objective {
+                Objective::ThroughputSum => m.throughput_sum(members),
+                Objective::NormalisedProgress => m.normalised_progress(members),
+            },
+        }
+    }
+}
