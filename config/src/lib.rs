@@ -27,6 +27,22 @@
 //! holdout_fraction = 0.2
 //! seed = 30
 //! model = "slowdown"      # or "linear" (the paper's regression)
+//!
+//! [node]
+//! scontrol = "/usr/bin/scontrol"
+//! squeue = "/usr/bin/squeue"
+//! sinfo = "/usr/bin/sinfo"
+//! mps_control = "/usr/bin/nvidia-cuda-mps-control"
+//! command_timeout_ms = 2000
+//! prolog_budget_ms = 5000
+//! mps_root = "/run/kace/mps"
+//! progress_root = "/var/spool/kace/progress"
+//! state_dir = "/run/kace"
+//! # gpu_memory_gib = 32.0  # when NVML cannot tell
+//!
+//! [dispatch]
+//! max_hold_s = 600
+//! lock = "/run/kace/dispatch.lock"
 //! ```
 
 use std::fmt;
@@ -55,6 +71,10 @@ pub struct Config {
     pub profiling: Profiling,
     /// `kace train` / nightly retrain.
     pub training: Training,
+    /// The node side: kace-prolog and kace-epilog.
+    pub node: Node,
+    /// `kace dispatch` on the controller.
+    pub dispatch: Dispatch,
 }
 
 /// `[database]`
@@ -145,6 +165,70 @@ pub struct Training {
 impl Default for Training {
     fn default() -> Self {
         Training { holdout_fraction: 0.2, seed: 30, model: ModelKind::Slowdown }
+    }
+}
+
+/// `[node]`: what kace-prolog and kace-epilog run and where they keep state. Slurm runs them
+/// as root with no PATH, so every program is named by absolute path.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Node {
+    /// `scontrol`, by absolute path. Default `/usr/bin/scontrol`.
+    pub scontrol: PathBuf,
+    /// `squeue`, by absolute path. Default `/usr/bin/squeue`.
+    pub squeue: PathBuf,
+    /// `sinfo`, by absolute path (used by `kace dispatch`). Default `/usr/bin/sinfo`.
+    pub sinfo: PathBuf,
+    /// NVIDIA's MPS control program. Default `/usr/bin/nvidia-cuda-mps-control`.
+    pub mps_control: PathBuf,
+    /// Each external command is killed after this many milliseconds. Default 2000.
+    pub command_timeout_ms: u64,
+    /// The prolog gives up whatever it still has to do after this many milliseconds (its
+    /// total, all commands included), so that it never holds a job up for long. Default 5000.
+    pub prolog_budget_ms: u64,
+    /// Root of the per-GPU MPS directories; must equal the SPANK plugin's `mps_root`.
+    pub mps_root: PathBuf,
+    /// Directory of the per-job progress files; must equal the plugin's `progress_root`.
+    pub progress_root: PathBuf,
+    /// Node-local state: per-GPU lock files and the record of kace jobs on each GPU.
+    /// Default `/run/kace` (a tmpfs: a reboot ends every job anyway).
+    pub state_dir: PathBuf,
+    /// GPU memory in GiB, used when NVML cannot tell (no driver); unset skips the memory
+    /// filter in that case.
+    pub gpu_memory_gib: Option<f64>,
+}
+
+impl Default for Node {
+    fn default() -> Self {
+        Node {
+            scontrol: PathBuf::from("/usr/bin/scontrol"),
+            squeue: PathBuf::from("/usr/bin/squeue"),
+            sinfo: PathBuf::from("/usr/bin/sinfo"),
+            mps_control: PathBuf::from("/usr/bin/nvidia-cuda-mps-control"),
+            command_timeout_ms: 2000,
+            prolog_budget_ms: 5000,
+            mps_root: PathBuf::from(kace_layout::DEFAULT_MPS_ROOT),
+            progress_root: PathBuf::from(kace_layout::DEFAULT_PROGRESS_ROOT),
+            state_dir: PathBuf::from("/run/kace"),
+            gpu_memory_gib: None,
+        }
+    }
+}
+
+/// `[dispatch]`: `kace dispatch`, run by `EpilogSlurmctld=` and a timer on the controller.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Dispatch {
+    /// A kace job held longer than this many seconds is released wherever Slurm puts it, so
+    /// that nothing waits forever for a partner. Default 600 (10 minutes).
+    pub max_hold_s: u64,
+    /// Lock file that keeps one `kace dispatch` running at a time.
+    pub lock: PathBuf,
+}
+
+impl Default for Dispatch {
+    fn default() -> Self {
+        Dispatch { max_hold_s: 600, lock: PathBuf::from("/run/kace/dispatch.lock") }
     }
 }
 
@@ -239,6 +323,42 @@ impl Config {
                 return Err(format!("{key} is empty"));
             }
         }
+        let n = &self.node;
+        // Slurm runs the prolog and epilog with no PATH: a relative program name would be
+        // resolved against whatever directory slurmd happens to be in.
+        for (key, p) in [
+            ("node.scontrol", &n.scontrol),
+            ("node.squeue", &n.squeue),
+            ("node.sinfo", &n.sinfo),
+            ("node.mps_control", &n.mps_control),
+            ("node.mps_root", &n.mps_root),
+            ("node.progress_root", &n.progress_root),
+            ("node.state_dir", &n.state_dir),
+            ("dispatch.lock", &self.dispatch.lock),
+        ] {
+            if !p.is_absolute() {
+                return Err(format!("{key} = {:?}: must be an absolute path", p.display()));
+            }
+        }
+        if n.mps_root.as_os_str().len() > kace_layout::MAX_MPS_ROOT_LEN {
+            return Err(format!(
+                "node.mps_root is longer than {} bytes (the MPS socket path must fit sun_path)",
+                kace_layout::MAX_MPS_ROOT_LEN
+            ));
+        }
+        if n.command_timeout_ms == 0 || n.prolog_budget_ms == 0 {
+            return Err(
+                "node.command_timeout_ms and node.prolog_budget_ms must be at least 1".into()
+            );
+        }
+        if let Some(g) = n.gpu_memory_gib {
+            if !(g.is_finite() && g > 0.0) {
+                return Err(format!("node.gpu_memory_gib = {g}: must be a positive number"));
+            }
+        }
+        if self.dispatch.max_hold_s == 0 {
+            return Err("dispatch.max_hold_s must be at least 1".into());
+        }
         Ok(())
     }
 
@@ -327,6 +447,10 @@ mod tests {
         assert!(e.to_string().contains("forest"), "{e}");
         let e = Config::parse("[selection]\nobjective = \"speed\"\n", p()).unwrap_err();
         assert!(e.to_string().contains("speed"), "{e}");
+        let e = Config::parse("[node]\nscontrol = \"scontrol\"\n", p()).unwrap_err();
+        assert!(e.to_string().contains("absolute"), "{e}");
+        let e = Config::parse("[node]\ngpu_memory_gib = -1.0\n", p()).unwrap_err();
+        assert!(matches!(e, Error::Invalid { .. }), "{e}");
         let e = Config::parse("this is = = not toml", p()).unwrap_err();
         assert!(e.to_string().starts_with("couldn't parse config test.conf"), "{e}");
     }

@@ -5,15 +5,7 @@
 use std::fmt;
 use std::path::{Component, Path, PathBuf};
 
-/// Default for `mps_root`: a tmpfs, since MPS pipes must not outlive a reboot.
-pub const DEFAULT_MPS_ROOT: &str = "/run/kace/mps";
-/// Default for `progress_root`: survives a slurmd restart, so the epilog can still read it.
-pub const DEFAULT_PROGRESS_ROOT: &str = "/var/spool/kace/progress";
-
-/// Longest `mps_root` accepted, in bytes. MPS listens on a Unix socket
-/// `<mps_root>/<gpu>/pipe/control`, and `sun_path` holds 107 bytes; 64 leaves room for the
-/// GPU index and the suffixes.
-pub const MAX_MPS_ROOT_LEN: usize = 64;
+pub use kace_layout::{DEFAULT_MPS_ROOT, DEFAULT_PROGRESS_ROOT, MAX_MPS_ROOT_LEN};
 /// Longest `progress_root` accepted, in bytes.
 pub const MAX_PROGRESS_ROOT_LEN: usize = 512;
 

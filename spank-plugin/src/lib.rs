@@ -14,7 +14,7 @@
 pub mod config;
 mod ffi;
 mod guard;
-pub mod layout;
+pub use kace_layout as layout;
 mod option;
 mod remote;
 mod slurm;

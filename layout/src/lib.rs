@@ -1,6 +1,6 @@
-//! Where kace's per-GPU MPS directories and per-job progress files live. Pure, and public so the
-//! prolog (which starts the MPS control daemon) and the epilog (which reads progress) compute
-//! exactly the paths the plugin gives the job's tasks.
+//! Where kace's per-GPU MPS directories and per-job progress files live. Pure and dependency-free,
+//! shared so that the prolog (which starts the MPS control daemon) and the epilog (which reads
+//! progress) compute exactly the paths the SPANK plugin gives the job's tasks.
 //!
 //! Layout, for `mps_root=/run/kace/mps`, `progress_root=/var/spool/kace/progress`:
 //! ```text
@@ -12,6 +12,15 @@
 //! in host numbering both to the prolog and to the job, falling back to `CUDA_VISIBLE_DEVICES`).
 
 use std::path::{Path, PathBuf};
+
+/// Default MPS root: a tmpfs, since MPS pipes must not outlive a reboot.
+pub const DEFAULT_MPS_ROOT: &str = "/run/kace/mps";
+/// Default progress root: survives a slurmd restart, so the epilog can still read it.
+pub const DEFAULT_PROGRESS_ROOT: &str = "/var/spool/kace/progress";
+/// Longest MPS root accepted, in bytes. MPS listens on a Unix socket
+/// `<mps_root>/<gpu>/pipe/control`, and `sun_path` holds 107 bytes; 64 leaves room for the
+/// GPU index and the suffixes.
+pub const MAX_MPS_ROOT_LEN: usize = 64;
 
 /// A node-global GPU index, as Slurm numbers the node's `gpu` gres.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
