@@ -734,8 +734,35 @@ impl Db {
 
     // ---- decisions -------------------------------------------------------------------------
 
-    /// Records a partner choice.
+    /// Records a partner choice made now.
     pub fn insert_decision(&mut self, d: &NewDecision) -> Result<i64> {
+        self.insert_decision_at(d, now())
+    }
+
+    /// Records a partner choice made at `created_at` (Unix seconds), unless a decision for the
+    /// same lead job at the same time is already stored: that is the same spooled record
+    /// ingested again. Returns the row id, or `None` for such a duplicate.
+    pub fn insert_spooled_decision(
+        &mut self,
+        d: &NewDecision,
+        created_at: f64,
+    ) -> Result<Option<i64>> {
+        let p = &self.path;
+        let seen: bool = self
+            .conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM decisions WHERE lead_job IS ?1 AND created_at = ?2)",
+                params![d.lead_job, created_at],
+                |r| r.get(0),
+            )
+            .map_err(sql("look up decision", p))?;
+        if seen {
+            return Ok(None);
+        }
+        self.insert_decision_at(d, created_at).map(Some)
+    }
+
+    fn insert_decision_at(&mut self, d: &NewDecision, created_at: f64) -> Result<i64> {
         crate::types::validate_workload_name(&d.lead_workload)?;
         self.conn
             .execute(
@@ -748,7 +775,7 @@ impl Db {
                     d.chosen_job,
                     d.model_version,
                     to_json("decision candidates", &d.candidates)?,
-                    now()
+                    created_at
                 ],
             )
             .map_err(sql("store decision", &self.path))?;

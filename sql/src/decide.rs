@@ -180,6 +180,10 @@ pub struct Decision {
     pub selection: Selection,
     /// Per candidate, the features its profile lacks (empty when complete or absent).
     pub incomplete: Vec<Vec<&'static str>>,
+    /// Time spent reading the model and the profiles.
+    pub db_time: std::time::Duration,
+    /// Time spent filtering and predicting.
+    pub predict_time: std::time::Duration,
 }
 
 /// The active model, decoded.
@@ -198,6 +202,7 @@ pub fn decide(
     rules: &SelectionRules,
     gpu_model: Option<&str>,
 ) -> Result<Decision> {
+    let started = std::time::Instant::now();
     let (model_version, model) = active_model(db)?;
     if !model.serves(rules.objective) {
         return Err(Error::BadModel {
@@ -234,9 +239,11 @@ pub fn decide(
         .iter()
         .map(|c| stored.get(&c.workload).map(|p| p.missing()).unwrap_or_default())
         .collect();
+    let db_time = started.elapsed();
     let running = [Member { profile: &lead_profile, workload: Some(lead) }];
     let selection = select(&running, &cands, &model, rules);
-    Ok(Decision { model_version, selection, incomplete })
+    let predict_time = started.elapsed().saturating_sub(db_time);
+    Ok(Decision { model_version, selection, incomplete, db_time, predict_time })
 }
 
 #[cfg(test)]

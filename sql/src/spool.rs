@@ -6,6 +6,10 @@
 //! commit and removal, a re-run, or two ingests running at once therefore only meet keys that are
 //! already stored, which change nothing. A file that cannot be read as an observation is moved to
 //! the quarantine directory next to a `.reason` file: nothing is dropped silently.
+//!
+//! The prolog's partner decisions travel the same way, in the `decisions/` sub-directory (the
+//! prolog opens the database read-only): [`write_decision`] and [`ingest_decisions`]. A
+//! decision is stored once per (lead job, time), so re-ingesting changes nothing either.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
@@ -13,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use crate::db::Db;
 use crate::error::{Error, Result};
-use crate::types::Observation;
+use crate::types::{NewDecision, Observation};
 
 /// Suffix of a complete spool record.
 pub const RECORD_SUFFIX: &str = ".json";
@@ -59,12 +63,128 @@ pub fn write_record(dir: &Path, obs: &Observation) -> Result<PathBuf> {
     obs.validate()?;
     let body = serde_json::to_vec_pretty(obs)
         .map_err(|source| Error::Json { what: format!("observation {}", obs.key), source })?;
-    let name = record_file_name(&obs.key);
+    write_atomic(dir, &record_file_name(&obs.key), &body)
+}
+
+/// Sub-directory of the spool that holds decision records.
+pub const DECISIONS_DIR: &str = "decisions";
+
+/// A partner decision as the prolog spools it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpooledDecision {
+    /// Unique key (`<cluster>/<lead job>/decision`).
+    pub key: String,
+    /// Unix seconds when the decision was made.
+    pub created_at: f64,
+    /// What was decided.
+    pub decision: NewDecision,
+}
+
+/// Writes a decision record into `<spool>/decisions/` atomically, creating that directory.
+pub fn write_decision(spool: &Path, d: &SpooledDecision) -> Result<PathBuf> {
+    crate::types::validate_workload_name(&d.decision.lead_workload)?;
+    if d.key.is_empty() || d.key.len() > crate::types::MAX_KEY_LEN || !d.created_at.is_finite() {
+        return Err(Error::Invalid { reason: format!("decision key {:?} or time is bad", d.key) });
+    }
+    let dir = spool.join(DECISIONS_DIR);
+    fs::create_dir_all(&dir).map_err(io_err("create decision spool", &dir))?;
+    let body = serde_json::to_vec_pretty(d)
+        .map_err(|source| Error::Json { what: format!("decision {}", d.key), source })?;
+    write_atomic(&dir, &record_file_name(&d.key), &body)
+}
+
+/// The decision records still in `<spool>/decisions/` (not yet ingested), in file-name order;
+/// unreadable ones come back as the reason. A missing directory is an empty spool.
+pub fn spooled_decisions(
+    spool: &Path,
+) -> Result<Vec<(PathBuf, std::result::Result<SpooledDecision, String>)>> {
+    let dir = spool.join(DECISIONS_DIR);
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err("read decision spool", &dir)(e)),
+    };
+    let mut paths: Vec<PathBuf> = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(io_err("read decision spool", &dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') && name.ends_with(RECORD_SUFFIX) {
+            paths.push(entry.path());
+        }
+    }
+    paths.sort();
+    let mut out = Vec::new();
+    for p in paths {
+        let read = match read_bounded(&p)? {
+            None => continue,
+            Some(Err(why)) => Err(why),
+            Some(Ok(buf)) => serde_json::from_slice::<SpooledDecision>(&buf)
+                .map_err(|e| format!("not a valid decision record: {e}")),
+        };
+        out.push((p, read));
+    }
+    Ok(out)
+}
+
+/// Moves the decision records of `<spool>/decisions/` into `db` (see [`ingest`]).
+pub fn ingest_decisions(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<IngestReport> {
+    let mut report = IngestReport::default();
+    for (path, read) in spooled_decisions(spool)? {
+        match read {
+            Err(reason) => {
+                if quarantine(&path, quarantine_dir, &reason)? {
+                    report.quarantined.push((path, reason));
+                } else {
+                    report.vanished += 1;
+                }
+            }
+            Ok(d) => {
+                match db.insert_spooled_decision(&d.decision, d.created_at)? {
+                    Some(_) => report.inserted += 1,
+                    None => report.duplicates += 1,
+                }
+                remove_ingested(&[path])?;
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// Reads at most [`MAX_RECORD_BYTES`] of a regular file without following a symlink. `None`
+/// when it vanished; `Some(Err)` when it is not something to read.
+fn read_bounded(path: &Path) -> Result<Option<std::result::Result<Vec<u8>, String>>> {
+    let meta = match fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err("inspect spool record", path)(e)),
+    };
+    if !meta.file_type().is_file() {
+        return Ok(Some(Err("not a regular file".into())));
+    }
+    let mut f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err("open spool record", path)(e)),
+    };
+    let mut buf = Vec::new();
+    Read::by_ref(&mut f)
+        .take(MAX_RECORD_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(io_err("read spool record", path))?;
+    if buf.len() as u64 > MAX_RECORD_BYTES {
+        return Ok(Some(Err(format!("larger than {MAX_RECORD_BYTES} bytes"))));
+    }
+    Ok(Some(Ok(buf)))
+}
+
+/// Writes `body` to `dir/name` atomically (temporary file, fsync, rename, fsync the directory).
+fn write_atomic(dir: &Path, name: &str, body: &[u8]) -> Result<PathBuf> {
     let tmp = dir.join(format!(".tmp.{}.{name}", std::process::id()));
     let dest = dir.join(&name);
     let write = || -> std::io::Result<()> {
         let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-        f.write_all(&body)?;
+        f.write_all(body)?;
         f.write_all(b"\n")?;
         f.sync_all()
     };

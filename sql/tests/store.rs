@@ -4,7 +4,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use kace_sql::spool::{ingest, record_file_name, write_record};
+use kace_sql::spool::{
+    ingest, ingest_decisions, record_file_name, spooled_decisions, write_decision, write_record,
+    SpooledDecision,
+};
 use kace_sql::{
     Db, DecisionCandidate, Error, NewDecision, NewModel, NewProfile, Observation, Partner,
     CURRENT_VERSION, FEATURE_COUNT,
@@ -266,6 +269,26 @@ fn decisions_round_trip() {
     let got = db.decisions(10).unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].decision, d);
+
+    // Spooled by a prolog, then ingested twice: stored once, with its own time.
+    let spool = dir.path().join("spool");
+    let quarantine = dir.path().join("q");
+    fs::create_dir_all(&spool).unwrap();
+    let rec = SpooledDecision { key: "c/10/decision".into(), created_at: 1234.5, decision: d };
+    write_decision(&spool, &rec).unwrap();
+    fs::write(spool.join("decisions/garbage.json"), b"{").unwrap();
+    let listed = spooled_decisions(&spool).unwrap();
+    assert_eq!(listed.len(), 2);
+    assert_eq!(listed.iter().filter(|(_, r)| r.as_ref() == Ok(&rec)).count(), 1);
+    let r = ingest_decisions(&mut db, &spool, &quarantine).unwrap();
+    assert_eq!((r.inserted, r.duplicates, r.quarantined.len()), (1, 0, 1));
+    write_decision(&spool, &rec).unwrap();
+    let r = ingest_decisions(&mut db, &spool, &quarantine).unwrap();
+    assert_eq!((r.inserted, r.duplicates), (0, 1));
+    let got = db.decisions(10).unwrap();
+    assert_eq!(got.len(), 2);
+    assert_eq!((got[0].created_at, &got[0].decision), (1234.5, &rec.decision));
+    assert!(spooled_decisions(&spool).unwrap().is_empty());
 }
 
 #[test]
