@@ -181,7 +181,7 @@ fn read_bounded(path: &Path) -> Result<Option<std::result::Result<Vec<u8>, Strin
 /// Writes `body` to `dir/name` atomically (temporary file, fsync, rename, fsync the directory).
 fn write_atomic(dir: &Path, name: &str, body: &[u8]) -> Result<PathBuf> {
     let tmp = dir.join(format!(".tmp.{}.{name}", std::process::id()));
-    let dest = dir.join(&name);
+    let dest = dir.join(name);
     let write = || -> std::io::Result<()> {
         let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
         f.write_all(body)?;

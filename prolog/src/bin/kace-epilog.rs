@@ -1,6 +1,9 @@
-//! `kace-epilog`: the slurmd epilog entry point. It must always exit 0 so that kace never drains a node.
+//! `kace-epilog`: the slurmd `Epilog=` entry point. A thin shell around
+//! [`kace_node::epilog::run`]; like the prolog it always exits 0 (a failing epilog drains the
+//! node) and logs why it did nothing, on stderr, which slurmd keeps in its log.
 
-fn main() {
-    // Not wired yet: the co-scheduling issue fills this in. Exiting 0 keeps the node up.
-    eprintln!("kace: epilog: nothing to do: kace-epilog is not implemented in this build");
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    kace_node::hook::main(kace_node::hook::Phase::Epilog)
 }

@@ -1,6 +1,10 @@
-//! `kace-prolog`: the slurmd prolog entry point. It must always exit 0 so that kace never drains a node.
+//! `kace-prolog`: the slurmd `Prolog=` entry point. A thin shell around
+//! [`kace_node::prolog::run`]: it reads the job's environment and the configuration, gives the
+//! logic real Slurm commands, MPS control and NVML, and always exits 0 within the configured
+//! budget, because a failing prolog drains the node. Its stderr goes to slurmd's log.
 
-fn main() {
-    // Not wired yet: the co-scheduling issue fills this in. Exiting 0 keeps the node up.
-    eprintln!("kace: prolog: nothing to do: kace-prolog is not implemented in this build");
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    kace_node::hook::main(kace_node::hook::Phase::Prolog)
 }

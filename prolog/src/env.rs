@@ -1,0 +1,124 @@
+//! What Slurm tells a prolog or epilog about its job, read from the environment once, so the
+//! logic below takes a plain struct (and tests build one by hand).
+
+use kace_layout::GpuIndex;
+
+use crate::error::{Error, Result};
+
+/// Set by the SPANK plugin (`spank_job_control_setenv`) for every kace job, empty for the bare
+/// form; its presence, not its value, marks a kace job (the workload is in AdminComment).
+pub const KACE_VAR: &str = "SPANK_KACE_COLOCATE";
+
+/// One job's facts from the prolog/epilog environment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobEnv {
+    /// `SLURM_JOB_ID`.
+    pub job: u32,
+    /// `SLURM_JOB_UID`.
+    pub uid: u32,
+    /// `SLURM_JOB_USER` (empty when unset).
+    pub user: String,
+    /// `SLURMD_NODENAME`.
+    pub node: String,
+    /// `SLURM_CLUSTER_NAME` (for observation keys; `cluster` when unset).
+    pub cluster: String,
+    /// Whether the job asked for colocation.
+    pub kace: bool,
+    /// The value of [`KACE_VAR`] (empty for the bare form; the gate's AdminComment is the
+    /// authority, this is only a fallback when Slurm cannot be asked).
+    pub kace_value: String,
+    /// The job's GPU (from `SLURM_JOB_GPUS`, else `CUDA_VISIBLE_DEVICES`).
+    pub gpu: Option<GpuIndex>,
+    /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, when set.
+    pub mps_share: Option<f64>,
+}
+
+impl JobEnv {
+    /// Reads the variables through `get` (the process environment in the binaries).
+    pub fn read(get: impl Fn(&str) -> Option<String>) -> Result<JobEnv> {
+        let num = |var: &'static str| -> Result<u32> {
+            let v = get(var).ok_or(Error::Env { var, why: "is not set".into() })?;
+            v.trim().parse().map_err(|_| Error::Env { var, why: format!("is not a number: {v:?}") })
+        };
+        let job = num("SLURM_JOB_ID")?;
+        let kace = get(KACE_VAR).is_some();
+        // A plain job needs nothing else: return before asking for what it may lack.
+        if !kace {
+            return Ok(JobEnv {
+                job,
+                uid: 0,
+                user: String::new(),
+                node: String::new(),
+                cluster: String::new(),
+                kace,
+                kace_value: String::new(),
+                gpu: None,
+                mps_share: None,
+            });
+        }
+        let node = get("SLURMD_NODENAME")
+            .filter(|n| !n.is_empty() && n.len() <= 256)
+            .ok_or(Error::Env { var: "SLURMD_NODENAME", why: "is not set".into() })?;
+        Ok(JobEnv {
+            job,
+            uid: num("SLURM_JOB_UID")?,
+            user: get("SLURM_JOB_USER").unwrap_or_default(),
+            node,
+            cluster: get("SLURM_CLUSTER_NAME")
+                .filter(|c| !c.is_empty())
+                .unwrap_or("cluster".into()),
+            kace,
+            kace_value: get(KACE_VAR).unwrap_or_default(),
+            gpu: kace_layout::job_gpu(
+                get("SLURM_JOB_GPUS").as_deref(),
+                get("CUDA_VISIBLE_DEVICES").as_deref(),
+            ),
+            mps_share: get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|v| v.is_finite() && *v > 0.0 && *v <= 100.0),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> =
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn a_plain_job_needs_only_its_id() {
+        let e = JobEnv::read(env(&[("SLURM_JOB_ID", "7")])).unwrap();
+        assert_eq!((e.job, e.kace), (7, false));
+        assert!(JobEnv::read(env(&[])).is_err());
+        assert!(JobEnv::read(env(&[("SLURM_JOB_ID", "x")])).is_err());
+    }
+
+    #[test]
+    fn a_kace_job_with_an_empty_value_is_still_a_kace_job() {
+        let e = JobEnv::read(env(&[
+            ("SLURM_JOB_ID", "8"),
+            (KACE_VAR, ""),
+            ("SLURM_JOB_UID", "1001"),
+            ("SLURM_JOB_USER", "alice"),
+            ("SLURMD_NODENAME", "n1"),
+            ("SLURM_JOB_GPUS", "1"),
+            ("CUDA_VISIBLE_DEVICES", "0"),
+            ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50"),
+        ]))
+        .unwrap();
+        assert!(e.kace);
+        assert_eq!((e.uid, e.user.as_str(), e.node.as_str()), (1001, "alice", "n1"));
+        assert_eq!(
+            (e.gpu, e.mps_share, e.cluster.as_str()),
+            (Some(GpuIndex(1)), Some(50.0), "cluster")
+        );
+        let no_node = env(&[("SLURM_JOB_ID", "8"), (KACE_VAR, "x"), ("SLURM_JOB_UID", "0")]);
+        assert!(JobEnv::read(no_node).is_err());
+    }
+}

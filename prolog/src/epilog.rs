@@ -1,0 +1,341 @@
+//! `kace-epilog`'s logic: end the job's record on its GPU, stop the GPU's MPS daemon when no
+//! kace job is left there, and turn the job's progress file into observations: one per interval
+//! in which the set of kace jobs sharing the GPU stayed the same (alone, or with partners).
+//!
+//! The progress file is the user's: it is opened without following symlinks and without
+//! blocking (a FIFO), only a regular file is read, and at most
+//! [`kace_profiling::progress::MAX_BYTES`] of it.
+
+use std::io::Read;
+use std::path::Path;
+
+use kace_layout::{mps_dirs, progress_file, GpuIndex};
+use kace_profiling::progress::{self, Point, Progress};
+use kace_sql::spool::write_record;
+use kace_sql::{Observation, Partner};
+
+use crate::env::JobEnv;
+use crate::error::{io, Error, Result};
+use crate::state::{self, JobRecord};
+use crate::Node;
+
+/// What the epilog did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Not a kace job.
+    NotKace,
+    /// A kace job without a GPU index.
+    NoGpu,
+    /// Done: the observations spooled and whether the MPS daemon was stopped.
+    Done {
+        /// Observations written to the spool.
+        observations: Vec<Observation>,
+        /// Whether this was the GPU's last kace job (and its daemon was told to quit).
+        stopped_mps: bool,
+    },
+}
+
+/// One interval of a job's run with the same partners throughout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Segment {
+    /// Start, Unix seconds.
+    pub start: f64,
+    /// End, Unix seconds.
+    pub end: f64,
+    /// The kace jobs that shared the GPU throughout.
+    pub partners: Vec<JobRecord>,
+}
+
+/// Splits `[start, end]` at every partner's start and end, merging neighbours with the same
+/// partners. Partners still running count as running until `end`.
+pub fn segments(start: f64, end: f64, others: &[JobRecord]) -> Vec<Segment> {
+    let overlapping: Vec<&JobRecord> =
+        others.iter().filter(|o| o.start < end && o.end.unwrap_or(f64::INFINITY) > start).collect();
+    let mut cuts = vec![start, end];
+    for o in &overlapping {
+        for t in [Some(o.start), o.end].into_iter().flatten() {
+            if t > start && t < end {
+                cuts.push(t);
+            }
+        }
+    }
+    cuts.sort_by(f64::total_cmp);
+    cuts.dedup();
+    let mut out: Vec<Segment> = Vec::new();
+    for w in cuts.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        if b <= a {
+            continue;
+        }
+        let mut partners: Vec<JobRecord> = overlapping
+            .iter()
+            .filter(|o| o.start < b && o.end.unwrap_or(f64::INFINITY) > a)
+            .map(|o| (*o).clone())
+            .collect();
+        partners.sort_by_key(|p| p.job);
+        match out.last_mut() {
+            Some(last) if same_jobs(&last.partners, &partners) => last.end = b,
+            _ => out.push(Segment { start: a, end: b, partners }),
+        }
+    }
+    out
+}
+
+fn same_jobs(a: &[JobRecord], b: &[JobRecord]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.job == y.job)
+}
+
+/// Steps per second within `[a, b]` from the points inside it (after the warm-up), with the
+/// steps done: `None` when fewer than two points fall inside or no time passes between them.
+pub fn throughput_within(points: &[Point], a: f64, b: f64, warmup: u64) -> Option<(f64, f64)> {
+    let inside: Vec<&Point> =
+        points.iter().filter(|p| p.time >= a && p.time <= b && p.steps >= warmup as f64).collect();
+    let (first, last) = (inside.first()?, inside.last()?);
+    let dt = last.time - first.time;
+    if inside.len() < 2 || dt <= 0.0 {
+        return None;
+    }
+    let steps = last.steps - first.steps;
+    Some((steps / dt, steps))
+}
+
+/// Reads a user's progress file safely (see the module docs). A missing file is no progress.
+pub fn read_progress(path: &Path) -> Result<(Progress, bool)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok((Progress::default(), false))
+        }
+        Err(e) => return Err(io("open progress file (not following links)", path)(e)),
+    };
+    let meta = f.metadata().map_err(io("inspect progress file", path))?;
+    if !meta.file_type().is_file() {
+        return Err(Error::Io {
+            op: "read progress file".into(),
+            path: path.to_path_buf(),
+            cause: std::io::Error::other("not a regular file"),
+        });
+    }
+    let mut buf = Vec::new();
+    f.take(progress::MAX_BYTES).read_to_end(&mut buf).map_err(io("read progress file", path))?;
+    let truncated = meta.len() > progress::MAX_BYTES;
+    Ok((progress::parse(&String::from_utf8_lossy(&buf)), truncated))
+}
+
+/// Runs the epilog for `env`. Never fails: problems are logged.
+pub fn run(n: &Node, env: &JobEnv) -> Outcome {
+    if !env.kace {
+        return Outcome::NotKace;
+    }
+    let log = |m: &str| (n.log)(&format!("kace: epilog: job {}: {m}", env.job));
+    let Some(gpu) = env.gpu else {
+        log("couldn't find the job's GPU: neither SLURM_JOB_GPUS nor CUDA_VISIBLE_DEVICES holds a GPU index");
+        return Outcome::NoGpu;
+    };
+    let now = n.clock.now();
+    let (me, history, stopped_mps) = match finish_on_gpu(n, env, gpu, now) {
+        Ok(x) => x,
+        Err(e) => {
+            log(&format!("couldn't update GPU {}'s record: {e}", gpu.0));
+            (None, Vec::new(), false)
+        }
+    };
+    let path = progress_file(&n.config.node.progress_root, env.job);
+    let observations = match me {
+        None => {
+            log("couldn't find the job's start on its GPU (did its prolog run?); no observation");
+            Vec::new()
+        }
+        Some(me) => observe(n, env, gpu, &me, &history, &path),
+    };
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.file_type().is_file() || m.file_type().is_symlink() => {
+            if let Err(e) = std::fs::remove_file(&path) {
+                log(&format!("couldn't remove {}: {e}", path.display()));
+            }
+        }
+        _ => {}
+    }
+    Outcome::Done { observations, stopped_mps }
+}
+
+/// Moves the job to "ended" on its GPU; returns its record, the GPU's other records (running
+/// and ended) and whether the MPS daemon was stopped because no kace job is left.
+fn finish_on_gpu(
+    n: &Node,
+    env: &JobEnv,
+    gpu: GpuIndex,
+    now: f64,
+) -> Result<(Option<JobRecord>, Vec<JobRecord>, bool)> {
+    let log = |m: &str| (n.log)(&format!("kace: epilog: job {}: {m}", env.job));
+    let lock = state::lock_gpu(&n.config.node.state_dir, gpu, n.deadline)?;
+    let me = lock.end(env.job, now)?;
+    let mut running = lock.running();
+    if !running.is_empty() {
+        if let Ok(alive) = n.slurm.jobs_on_node(&env.node) {
+            for r in running.iter().filter(|r| !alive.contains(&r.job)) {
+                log(&format!("forgetting job {} on GPU {}: Slurm no longer has it", r.job, gpu.0));
+                lock.forget(r.job)?;
+            }
+            running.retain(|r| alive.contains(&r.job));
+        }
+    }
+    let mut stopped = false;
+    if running.is_empty() {
+        let dirs = mps_dirs(&n.config.node.mps_root, gpu);
+        if n.mps.running(&dirs) {
+            match n.mps.quit(&dirs) {
+                Ok(()) => {
+                    stopped = true;
+                    log(&format!(
+                        "stopped the MPS control daemon of GPU {}: no kace job left",
+                        gpu.0
+                    ));
+                }
+                Err(e) => {
+                    log(&format!("couldn't stop the MPS control daemon of GPU {}: {e}", gpu.0))
+                }
+            }
+        }
+    }
+    let mut history = running;
+    history.extend(lock.ended().into_iter().filter(|r| r.job != env.job));
+    Ok((me, history, stopped))
+}
+
+fn observe(
+    n: &Node,
+    env: &JobEnv,
+    gpu: GpuIndex,
+    me: &JobRecord,
+    history: &[JobRecord],
+    path: &Path,
+) -> Vec<Observation> {
+    let log = |m: &str| (n.log)(&format!("kace: epilog: job {}: {m}", env.job));
+    if kace_sql::validate_workload_name(&me.workload).is_err() {
+        log("couldn't name the job's workload; no observation");
+        return Vec::new();
+    }
+    let (prog, truncated) = match read_progress(path) {
+        Ok(p) => p,
+        Err(e) => {
+            log(&format!("couldn't use the progress file: {e}; no observation"));
+            return Vec::new();
+        }
+    };
+    if truncated {
+        log(&format!("read only the first {} bytes of the progress file", progress::MAX_BYTES));
+    }
+    if prog.skipped > 0 {
+        log(&format!("skipped {} malformed or backwards progress line(s)", prog.skipped));
+    }
+    let end = me.end.unwrap_or(me.start);
+    let warmup = n.config.profiling.warmup_steps;
+    if let Ok(t) = prog.throughput(warmup) {
+        log(&format!("whole run: {:.3} steps/s", t.steps_per_second));
+    }
+    let mut out = Vec::new();
+    for (i, seg) in segments(me.start, end, history).iter().enumerate() {
+        let Some((thr, steps)) = throughput_within(&prog.points, seg.start, seg.end, warmup) else {
+            continue;
+        };
+        if seg.partners.iter().any(|p| kace_sql::validate_workload_name(&p.workload).is_err()) {
+            log("a partner's workload is unknown; that interval is not observed");
+            continue;
+        }
+        let obs = Observation {
+            key: format!("{}/{}/{i}", env.cluster, env.job),
+            job: env.job.to_string(),
+            workload: me.workload.clone(),
+            partners: seg
+                .partners
+                .iter()
+                .map(|p| Partner { job: p.job.to_string(), workload: p.workload.clone() })
+                .collect(),
+            node: env.node.clone(),
+            gpu: gpu.0.to_string(),
+            mps_share: env.mps_share,
+            start: seg.start,
+            end: seg.end,
+            steps: Some(steps),
+            throughput: thr,
+        };
+        match write_record(&n.config.spool.dir, &obs) {
+            Ok(_) => out.push(obs),
+            Err(e) => log(&format!("couldn't spool observation {}: {e}", obs.key)),
+        }
+    }
+    if out.is_empty() && !prog.points.is_empty() {
+        log("too few progress lines inside any interval; no observation");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(job: u32, start: f64, end: Option<f64>) -> JobRecord {
+        JobRecord { job, workload: format!("w{job}"), start, end }
+    }
+
+    #[test]
+    fn segments_split_at_partner_starts_and_ends() {
+        // Alone 0–10, with 2 from 10–20, with 2 and 3 from 20–25, with 3 until 30.
+        let others = [rec(2, 10.0, Some(25.0)), rec(3, 20.0, None), rec(4, 40.0, Some(50.0))];
+        let s = segments(0.0, 30.0, &others);
+        let shape: Vec<(f64, f64, Vec<u32>)> = s
+            .iter()
+            .map(|g| (g.start, g.end, g.partners.iter().map(|p| p.job).collect()))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (0.0, 10.0, vec![]),
+                (10.0, 20.0, vec![2]),
+                (20.0, 25.0, vec![2, 3]),
+                (25.0, 30.0, vec![3]),
+            ]
+        );
+        assert_eq!(segments(0.0, 10.0, &[]).len(), 1);
+        assert!(segments(5.0, 5.0, &[]).is_empty());
+    }
+
+    #[test]
+    fn throughput_uses_points_inside_the_interval_after_warmup() {
+        let p = progress::parse("0 0\n1 10\n2 20\n3 30\n4 50\n5 70\n");
+        assert_eq!(throughput_within(&p.points, 0.0, 3.0, 0), Some((10.0, 30.0)));
+        assert_eq!(throughput_within(&p.points, 3.0, 5.0, 0), Some((20.0, 40.0)));
+        assert_eq!(throughput_within(&p.points, 0.0, 2.0, 15), None);
+        assert_eq!(throughput_within(&p.points, 10.0, 20.0, 0), None);
+    }
+
+    #[test]
+    fn hostile_progress_files_are_refused_or_bounded() {
+        let d = std::env::temp_dir().join(format!("kace-node-progress-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let (p, _) = read_progress(&d.join("missing")).unwrap();
+        assert!(p.points.is_empty());
+        std::fs::write(d.join("secret"), "1 1\n2 2\n").unwrap();
+        std::os::unix::fs::symlink(d.join("secret"), d.join("link")).unwrap();
+        assert!(read_progress(&d.join("link")).is_err(), "a symlink was followed");
+        let fifo = std::ffi::CString::new(d.join("fifo").to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert!(read_progress(&d.join("fifo")).is_err(), "a FIFO was read");
+        std::fs::write(d.join("garbage"), b"\xff\xfe\x00 nonsense\n1 2 3\n").unwrap();
+        let (p, _) = read_progress(&d.join("garbage")).unwrap();
+        assert!(p.points.is_empty() && p.skipped > 0);
+        let big = std::fs::File::create(d.join("huge")).unwrap();
+        big.set_len(progress::MAX_BYTES + 10).unwrap();
+        let (_, truncated) = read_progress(&d.join("huge")).unwrap();
+        assert!(truncated);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}

@@ -1,0 +1,105 @@
+//! The shared shell of `kace-prolog` and `kace-epilog`: environment and configuration in, the
+//! real Slurm/MPS/NVML behind the traits, a watchdog that ends the process at the budget, a
+//! panic guard, and exit 0 whatever happened. Every line it logs starts `kace: <phase>:`.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use kace_config::Config;
+
+use crate::env::JobEnv;
+use crate::gpu::Nvml;
+use crate::mps::NvidiaMps;
+use crate::slurm::Commands;
+use crate::{Node, SystemClock};
+
+/// Which hook is running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// slurmd `Prolog=`.
+    Prolog,
+    /// slurmd `Epilog=`.
+    Epilog,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Prolog => "prolog",
+            Phase::Epilog => "epilog",
+        }
+    }
+}
+
+/// Extra time the watchdog allows past the budget for the logic to wind down by itself.
+const WATCHDOG_GRACE: Duration = Duration::from_millis(500);
+
+/// Runs the hook and returns success, always.
+pub fn main(phase: Phase) -> ExitCode {
+    let started = Instant::now();
+    let name = phase.name();
+    if std::panic::catch_unwind(|| body(phase, started)).is_err() {
+        eprintln!("kace: {name}: couldn't finish: internal error (see the panic above); the job is not affected");
+    }
+    ExitCode::SUCCESS
+}
+
+fn body(phase: Phase, started: Instant) {
+    let name = phase.name();
+    let env = match JobEnv::read(|k| std::env::var(k).ok()) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("kace: {name}: couldn't read the job's environment: {e}; nothing done");
+            return;
+        }
+    };
+    // A plain job: nothing to read, nothing to run.
+    if !env.kace {
+        return;
+    }
+    let config = match Config::load(None) {
+        Ok((c, _)) => c,
+        Err(e) => {
+            eprintln!(
+                "kace: {name}: job {}: couldn't load the configuration: {e}; nothing done",
+                env.job
+            );
+            return;
+        }
+    };
+    let budget = Duration::from_millis(config.node.prolog_budget_ms);
+    let job = env.job;
+    std::thread::spawn(move || {
+        std::thread::sleep(budget + WATCHDOG_GRACE);
+        eprintln!("kace: {name}: job {job}: couldn't finish within {budget:?}; stopped, the job is not affected");
+        std::process::exit(0);
+    });
+    let deadline = started + budget;
+    let timeout = Duration::from_millis(config.node.command_timeout_ms);
+    let slurm = Commands {
+        scontrol: config.node.scontrol.clone(),
+        squeue: config.node.squeue.clone(),
+        sinfo: config.node.sinfo.clone(),
+        timeout,
+        deadline: Some(deadline),
+    };
+    let mps = NvidiaMps { program: config.node.mps_control.clone(), timeout };
+    let log = |m: &str| eprintln!("{m}");
+    let node = Node {
+        config: &config,
+        slurm: &slurm,
+        mps: &mps,
+        gpus: &Nvml,
+        clock: &SystemClock,
+        deadline,
+        log: &log,
+    };
+    match phase {
+        Phase::Prolog => {
+            crate::prolog::run(&node, &env);
+        }
+        Phase::Epilog => {
+            crate::epilog::run(&node, &env);
+        }
+    }
+}

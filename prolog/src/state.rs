@@ -1,0 +1,248 @@
+//! Node-local state under `node.state_dir`: one lock per GPU and the record of the kace jobs
+//! that use it (running, and recently ended, with their times), so that the prolog knows
+//! whether a GPU already has a kace job and the epilog knows who shared it and when.
+//!
+//! ```text
+//! <state_dir>/gpu<N>/lock           flock(2) taken around every change below
+//! <state_dir>/gpu<N>/jobs/<job>     "<workload> <start>"       a kace job on GPU N
+//! <state_dir>/gpu<N>/ended/<job>    "<workload> <start> <end>" kept a day, for overlaps
+//! <state_dir>/expect/<job>          "<lead> <node> <gpu>"      a partner released to a GPU
+//! ```
+//! Files hold only what root wrote; they are still read with a size bound and parsed strictly.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kace_layout::GpuIndex;
+
+use crate::error::{io, Error, Result};
+
+/// How long an ended job's record is kept for its partners' epilogs.
+pub const KEEP_ENDED_S: f64 = 86_400.0;
+
+/// A kace job's record on a GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRecord {
+    /// Job id.
+    pub job: u32,
+    /// Its workload.
+    pub workload: String,
+    /// When its prolog ran, Unix seconds.
+    pub start: f64,
+    /// When its epilog ran (ended jobs only).
+    pub end: Option<f64>,
+}
+
+/// An exclusive lock on one GPU's state, released when dropped.
+#[derive(Debug)]
+pub struct GpuLock {
+    _file: File,
+    dir: PathBuf,
+}
+
+/// Takes GPU `gpu`'s lock, waiting until `deadline` at most.
+pub fn lock_gpu(state_dir: &Path, gpu: GpuIndex, deadline: Instant) -> Result<GpuLock> {
+    let dir = state_dir.join(format!("gpu{}", gpu.0));
+    for sub in ["jobs", "ended"] {
+        fs::create_dir_all(dir.join(sub)).map_err(io("create state directory", &dir))?;
+    }
+    let file = lock_file(&dir.join("lock"), deadline)?;
+    Ok(GpuLock { _file: file, dir })
+}
+
+/// Takes an exclusive lock on `path` (created if missing), waiting until `deadline` at most;
+/// `Ok(None)`-like failures are reported as a budget error naming the lock.
+pub fn lock_file(path: &Path, deadline: Instant) -> Result<File> {
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(io("open lock file", path))?;
+    loop {
+        // SAFETY: flock on a descriptor we own; no memory is passed.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(file);
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(io("lock", path)(err));
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Budget { step: format!("taking the lock {}", path.display()) });
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Tries the lock once: `None` when someone else holds it.
+pub fn try_lock_file(path: &Path) -> Result<Option<File>> {
+    match lock_file(path, Instant::now()) {
+        Ok(f) => Ok(Some(f)),
+        Err(Error::Budget { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn read_small(path: &Path) -> Option<String> {
+    let mut s = String::new();
+    File::open(path).ok()?.take(4096).read_to_string(&mut s).ok()?;
+    Some(s)
+}
+
+fn parse_record(job: u32, text: &str) -> Option<JobRecord> {
+    let mut it = text.split_whitespace();
+    let workload = it.next()?.to_string();
+    let start = it.next()?.parse().ok()?;
+    let end = match it.next() {
+        Some(e) => Some(e.parse().ok()?),
+        None => None,
+    };
+    Some(JobRecord { job, workload, start, end })
+}
+
+fn records(dir: &Path) -> Vec<JobRecord> {
+    let Ok(entries) = fs::read_dir(dir) else { return Vec::new() };
+    let mut out: Vec<JobRecord> = entries
+        .flatten()
+        .filter_map(|e| {
+            let job = e.file_name().to_str()?.parse().ok()?;
+            parse_record(job, &read_small(&e.path())?)
+        })
+        .collect();
+    out.sort_by_key(|r| r.job);
+    out
+}
+
+impl GpuLock {
+    /// The kace jobs recorded as running on this GPU.
+    pub fn running(&self) -> Vec<JobRecord> {
+        records(&self.dir.join("jobs"))
+    }
+
+    /// The kace jobs that ended on this GPU within [`KEEP_ENDED_S`].
+    pub fn ended(&self) -> Vec<JobRecord> {
+        records(&self.dir.join("ended"))
+    }
+
+    /// Records `job` as running since `start`.
+    pub fn add(&self, job: u32, workload: &str, start: f64) -> Result<()> {
+        let p = self.dir.join("jobs").join(job.to_string());
+        fs::write(&p, format!("{workload} {start}\n")).map_err(io("record job", &p))
+    }
+
+    /// Forgets a running job without recording an end (it is not there any more).
+    pub fn forget(&self, job: u32) -> Result<()> {
+        let p = self.dir.join("jobs").join(job.to_string());
+        match fs::remove_file(&p) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io("remove job record", &p)(e)),
+        }
+    }
+
+    /// Moves `job` from running to ended at `end`; returns its record, when it had one.
+    /// Ended records older than [`KEEP_ENDED_S`] are dropped on the way.
+    pub fn end(&self, job: u32, end: f64) -> Result<Option<JobRecord>> {
+        let running = self.dir.join("jobs").join(job.to_string());
+        let rec = read_small(&running).and_then(|t| parse_record(job, &t));
+        if let Some(r) = &rec {
+            let p = self.dir.join("ended").join(job.to_string());
+            fs::write(&p, format!("{} {} {end}\n", r.workload, r.start))
+                .map_err(io("record job end", &p))?;
+        }
+        self.forget(job)?;
+        for old in self.ended() {
+            if old.end.is_some_and(|e| end - e > KEEP_ENDED_S) {
+                let _ = fs::remove_file(self.dir.join("ended").join(old.job.to_string()));
+            }
+        }
+        Ok(rec.map(|r| JobRecord { end: Some(end), ..r }))
+    }
+}
+
+/// Where a released partner is expected to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expectation {
+    /// The lead that chose it.
+    pub lead: u32,
+    /// The lead's node.
+    pub node: String,
+    /// The lead's GPU.
+    pub gpu: u32,
+}
+
+/// Notes that `partner` was released to join `e`.
+pub fn expect(state_dir: &Path, partner: u32, e: &Expectation) -> Result<()> {
+    let dir = state_dir.join("expect");
+    fs::create_dir_all(&dir).map_err(io("create state directory", &dir))?;
+    let p = dir.join(partner.to_string());
+    fs::write(&p, format!("{} {} {}\n", e.lead, e.node, e.gpu)).map_err(io("record partner", &p))
+}
+
+/// Takes (reads and removes) the expectation for `job`, if any.
+pub fn take_expectation(state_dir: &Path, job: u32) -> Option<Expectation> {
+    let p = state_dir.join("expect").join(job.to_string());
+    let text = read_small(&p)?;
+    let _ = fs::remove_file(&p);
+    let mut it = text.split_whitespace();
+    Some(Expectation {
+        lead: it.next()?.parse().ok()?,
+        node: it.next()?.to_string(),
+        gpu: it.next()?.parse().ok()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(tag: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("kace-node-state-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&p);
+        p
+    }
+
+    #[test]
+    fn jobs_are_recorded_ended_and_forgotten() {
+        let d = tmp("rec");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let l = lock_gpu(&d, GpuIndex(1), deadline).unwrap();
+        l.add(5, "bert", 100.0).unwrap();
+        l.add(6, "lstm", 101.5).unwrap();
+        assert_eq!(l.running().iter().map(|r| r.job).collect::<Vec<_>>(), vec![5, 6]);
+        let ended = l.end(5, 110.0).unwrap().unwrap();
+        assert_eq!((ended.workload.as_str(), ended.start, ended.end), ("bert", 100.0, Some(110.0)));
+        assert_eq!(l.ended().len(), 1);
+        assert_eq!(l.end(99, 1.0).unwrap(), None);
+        l.forget(6).unwrap();
+        assert!(l.running().is_empty());
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_held_lock_times_out_and_try_lock_says_busy() {
+        let d = tmp("lock");
+        let l = lock_gpu(&d, GpuIndex(0), Instant::now()).unwrap();
+        let again = lock_gpu(&d, GpuIndex(0), Instant::now() + Duration::from_millis(30));
+        assert!(matches!(again, Err(Error::Budget { .. })), "{again:?}");
+        assert!(try_lock_file(&d.join("gpu0/lock")).unwrap().is_none());
+        drop(l);
+        assert!(try_lock_file(&d.join("gpu0/lock")).unwrap().is_some());
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn expectations_are_taken_once() {
+        let d = tmp("exp");
+        let e = Expectation { lead: 3, node: "n1".into(), gpu: 1 };
+        expect(&d, 4, &e).unwrap();
+        assert_eq!(take_expectation(&d, 4), Some(e));
+        assert_eq!(take_expectation(&d, 4), None);
+        let _ = fs::remove_dir_all(&d);
+    }
+}
