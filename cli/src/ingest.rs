@@ -1,4 +1,5 @@
-//! `kace ingest`: move the epilog's spool files into the database, exactly once.
+//! `kace ingest`: move the epilog's observations and the prolog's decisions from the spool into
+//! the database, exactly once.
 
 use std::path::PathBuf;
 
@@ -26,6 +27,8 @@ pub fn run(args: IngestArgs, ctx: &Ctx) -> Result<()> {
     let qdir = args.quarantine.unwrap_or_else(|| ctx.config.spool.quarantine.clone());
     let mut db = ctx.open()?;
     let r = spool::ingest(&mut db, &dir, &qdir)?;
+    // The prolog's decisions travel in the same spool (it opens the database read-only).
+    let d = spool::ingest_decisions(&mut db, &dir, &qdir)?;
     if ctx.json() {
         let q: Vec<_> =
             r.quarantined.iter().map(|(p, why)| json!({ "file": p, "reason": why })).collect();
@@ -35,6 +38,11 @@ pub fn run(args: IngestArgs, ctx: &Ctx) -> Result<()> {
             "quarantined": q,
             "vanished": r.vanished,
             "stale_temp_files": r.stale_temp_files,
+            "decisions": {
+                "inserted": d.inserted,
+                "duplicates": d.duplicates,
+                "quarantined": d.quarantined.len(),
+            },
         }))?;
     } else {
         println!(
@@ -43,7 +51,13 @@ pub fn run(args: IngestArgs, ctx: &Ctx) -> Result<()> {
             r.duplicates,
             r.quarantined.len()
         );
-        for (p, why) in &r.quarantined {
+        println!(
+            "ingested {} new decision(s), {} already stored, {} quarantined",
+            d.inserted,
+            d.duplicates,
+            d.quarantined.len()
+        );
+        for (p, why) in r.quarantined.iter().chain(&d.quarantined) {
             eprintln!("kace: ingest: quarantined {}: {why}", p.display());
         }
         for p in &r.stale_temp_files {

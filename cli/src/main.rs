@@ -5,7 +5,9 @@
 
 mod context;
 mod db_cmd;
+mod dispatch;
 mod eval;
+mod explain;
 mod ingest;
 mod model;
 mod observations;
@@ -68,6 +70,10 @@ enum Command {
     Select(select::SelectArgs),
     /// Simulate a cluster under each pairing policy, on measured colocations.
     Simulate(simulate::SimulateArgs),
+    /// Release held kace jobs: leads onto free GPUs, and any held longer than max_hold.
+    Dispatch(dispatch::DispatchArgs),
+    /// Why a job was or was not paired, from the prolog's decisions.
+    Explain(explain::ExplainArgs),
 }
 
 fn main() -> ExitCode {
@@ -119,5 +125,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Model(args) => model::run(args, &ctx().context("config")?).context("model"),
         Command::Select(args) => select::run(args, &ctx().context("config")?).context("select"),
         Command::Simulate(args) => simulate::run(args, cli.format),
+        Command::Dispatch(args) => {
+            dispatch::run(args, &ctx().context("config")?).context("dispatch")
+        }
+        Command::Explain(args) => explain::run(args, &ctx().context("config")?).context("explain"),
     }
 }
