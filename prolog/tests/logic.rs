@@ -1,0 +1,538 @@
+//! The prolog, epilog and dispatch logic against a fake Slurm, a fake MPS control and a fixed
+//! GPU, with a real (temporary) database and spool: what is released, what is recorded, what is
+//! observed, and that failures leave the job alone.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use kace_config::Config;
+use kace_layout::{GpuIndex, MpsDirs};
+use kace_node::env::JobEnv;
+use kace_node::error::{Error, ExecError, Result};
+use kace_node::gpu::GpuInfo;
+use kace_node::mps::MpsControl;
+use kace_node::slurm::{GresAlloc, JobDetail, NodeGpus, QueuedJob, RunningJob, Slurm, Target};
+use kace_node::{dispatch, epilog, prolog, Clock, Node};
+use kace_selector::dataset::Group;
+use kace_selector::{Model, ModelKind, Objective, Profile, SlowdownParams};
+use kace_sql::decide::{decide, model_to_new_model, CandidateSpec};
+use kace_sql::{Db, NewProfile, FEATURE_COUNT};
+
+struct Temp(PathBuf);
+
+impl Temp {
+    fn new(tag: &str) -> Temp {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::SeqCst);
+        let p = std::env::temp_dir().join(format!("kace-node-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Temp(p)
+    }
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A Slurm that holds jobs in memory and records every command.
+#[derive(Default)]
+struct FakeSlurm {
+    pending: RefCell<Vec<QueuedJob>>,
+    details: RefCell<BTreeMap<u32, JobDetail>>,
+    on_node: RefCell<Vec<u32>>,
+    running: RefCell<Vec<RunningJob>>,
+    nodes: Vec<NodeGpus>,
+    /// Jobs whose release fails (cancelled meanwhile).
+    gone: Vec<u32>,
+    calls: RefCell<Vec<String>>,
+}
+
+fn failed(what: &str) -> Error {
+    Error::Exec(ExecError::Failed {
+        command: what.into(),
+        code: Some(1),
+        stderr: "Invalid job id specified".into(),
+    })
+}
+
+impl Slurm for FakeSlurm {
+    fn pending_kace_jobs(&self) -> Result<Vec<QueuedJob>> {
+        self.calls.borrow_mut().push("squeue".into());
+        Ok(self.pending.borrow().clone())
+    }
+    fn job(&self, id: u32) -> Result<JobDetail> {
+        self.calls.borrow_mut().push(format!("show {id}"));
+        self.details.borrow().get(&id).cloned().ok_or_else(|| failed("scontrol show job"))
+    }
+    fn jobs_on_node(&self, _node: &str) -> Result<Vec<u32>> {
+        Ok(self.on_node.borrow().clone())
+    }
+    fn pin(&self, id: u32, target: &Target, shards: u32) -> Result<()> {
+        self.calls
+            .borrow_mut()
+            .push(format!("pin {id} {} {:?} {shards}", target.node, target.kind));
+        if self.gone.contains(&id) {
+            return Err(failed("scontrol update"));
+        }
+        Ok(())
+    }
+    fn release(&self, id: u32) -> Result<()> {
+        self.calls.borrow_mut().push(format!("release {id}"));
+        let mut p = self.pending.borrow_mut();
+        let Some(j) = p.iter_mut().find(|j| j.id == id) else {
+            return Err(failed("scontrol release"));
+        };
+        j.reason = "None".into();
+        Ok(())
+    }
+    fn running_kace_jobs(&self) -> Result<Vec<RunningJob>> {
+        Ok(self.running.borrow().clone())
+    }
+    fn nodes(&self) -> Result<Vec<NodeGpus>> {
+        Ok(self.nodes.clone())
+    }
+}
+
+#[derive(Default)]
+struct FakeMps {
+    up: RefCell<bool>,
+    fail: bool,
+    calls: RefCell<Vec<String>>,
+}
+
+impl MpsControl for FakeMps {
+    fn running(&self, _dirs: &MpsDirs) -> bool {
+        *self.up.borrow()
+    }
+    fn start(&self, _dirs: &MpsDirs, gpu: GpuIndex, uid: u32) -> Result<()> {
+        self.calls.borrow_mut().push(format!("start {} {uid}", gpu.0));
+        if self.fail {
+            return Err(failed("nvidia-cuda-mps-control -d"));
+        }
+        *self.up.borrow_mut() = true;
+        Ok(())
+    }
+    fn quit(&self, _dirs: &MpsDirs) -> Result<()> {
+        self.calls.borrow_mut().push("quit".into());
+        *self.up.borrow_mut() = false;
+        Ok(())
+    }
+}
+
+struct NoNvml;
+impl GpuInfo for NoNvml {
+    fn memory_gib(&self, _gpu: GpuIndex) -> std::result::Result<f64, String> {
+        Err("couldn't initialise NVML: no driver".into())
+    }
+}
+
+struct FixedClock(RefCell<f64>);
+impl Clock for FixedClock {
+    fn now(&self) -> f64 {
+        *self.0.borrow()
+    }
+}
+
+const WORKLOADS: [&str; 6] = ["alpha", "beta", "gamma", "delta", "eps", "zeta"];
+
+/// A profile per workload (deterministic, varied) and an active slowdown model trained on
+/// synthetic pairs.
+fn make_db(path: &Path) {
+    let (mut db, _) = Db::create(path).unwrap();
+    let feats = |i: usize| -> [f64; FEATURE_COUNT] {
+        let f = i as f64;
+        [
+            256.0 * (1.0 + f),
+            20.0 + 13.0 * f,
+            10.0 + 11.0 * (5.0 - f),
+            30.0 + 7.0 * f,
+            32.0 + 4.0 * f,
+            1024.0 * f,
+            2.0 + f,
+            30.0 + 10.0 * f,
+            60.0 - 8.0 * f,
+            2.0 + 3.0 * f,
+        ]
+    };
+    let profiles: Vec<NewProfile> = WORKLOADS
+        .iter()
+        .enumerate()
+        .map(|(i, w)| NewProfile {
+            workload: w.to_string(),
+            gpu_model: "Fake".into(),
+            source: "test".into(),
+            values: feats(i).map(Some),
+        })
+        .collect();
+    db.insert_profiles(&profiles).unwrap();
+    let mut groups = Vec::new();
+    for i in 0..WORKLOADS.len() {
+        for j in i..WORKLOADS.len() {
+            let (a, b) = (feats(i), feats(j));
+            // Interference grows with the partners' summed SM use.
+            let slow = 1.0 + (a[7] + b[7]) / 150.0;
+            groups.push(Group {
+                workloads: vec![WORKLOADS[i].into(), WORKLOADS[j].into()],
+                profiles: vec![Profile::new(a), Profile::new(b)],
+                throughputs: vec![a[6] / slow, b[6] / slow],
+            });
+        }
+    }
+    let refs: Vec<&Group> = groups.iter().collect();
+    let model = Model::train(
+        ModelKind::Slowdown,
+        &refs,
+        Objective::ThroughputSum,
+        SlowdownParams::default(),
+    )
+    .unwrap();
+    let v = db
+        .insert_model(&model_to_new_model(&model, serde_json::json!({}), "t".into(), 1).unwrap())
+        .unwrap();
+    db.activate_model(v).unwrap();
+}
+
+fn config(dir: &Path, db: &Path) -> Config {
+    let mut c = Config::default();
+    c.database.path = db.to_path_buf();
+    c.spool.dir = dir.join("spool");
+    c.node.state_dir = dir.join("state");
+    c.node.mps_root = dir.join("mps");
+    c.node.progress_root = dir.join("progress");
+    c.node.gpu_memory_gib = Some(32.0);
+    c.profiling.warmup_steps = 0;
+    c
+}
+
+fn held(id: u32, w: &str, user: &str, gres: &str) -> QueuedJob {
+    QueuedJob {
+        id,
+        workload: w.into(),
+        user: user.into(),
+        reason: "JobHeldUser".into(),
+        tres_per_node: gres.into(),
+        submitted: Some(1000.0 + f64::from(id)),
+        req_nodes: String::new(),
+    }
+}
+
+fn running_detail(id: u32, w: &str, gpu: u32, kind: Option<&str>) -> JobDetail {
+    JobDetail {
+        id,
+        state: "RUNNING".into(),
+        admin_comment: format!("kace:{w}"),
+        nodes: "n1".into(),
+        gres: vec![GresAlloc {
+            name: "shard".into(),
+            kind: kind.map(str::to_string),
+            count: 1,
+            index: Some(gpu),
+        }],
+    }
+}
+
+fn job_env(job: u32, gpu: u32) -> JobEnv {
+    JobEnv {
+        job,
+        uid: 0,
+        user: "alice".into(),
+        node: "n1".into(),
+        cluster: "c".into(),
+        kace: true,
+        kace_value: String::new(),
+        gpu: Some(GpuIndex(gpu)),
+        mps_share: None,
+    }
+}
+
+struct World {
+    _t: Temp,
+    dir: PathBuf,
+    config: Config,
+    slurm: FakeSlurm,
+    mps: FakeMps,
+    clock: FixedClock,
+    logs: RefCell<Vec<String>>,
+}
+
+impl World {
+    fn new(tag: &str, slurm: FakeSlurm) -> World {
+        let t = Temp::new(tag);
+        let dir = t.0.clone();
+        let db = dir.join("k.db");
+        make_db(&db);
+        World {
+            config: config(&dir, &db),
+            dir,
+            _t: t,
+            slurm,
+            mps: FakeMps::default(),
+            clock: FixedClock(RefCell::new(2000.0)),
+            logs: RefCell::new(Vec::new()),
+        }
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&Node) -> R) -> R {
+        let log = |m: &str| self.logs.borrow_mut().push(m.to_string());
+        let node = Node {
+            config: &self.config,
+            slurm: &self.slurm,
+            mps: &self.mps,
+            gpus: &NoNvml,
+            clock: &self.clock,
+            deadline: Instant::now() + Duration::from_secs(5),
+            log: &log,
+        };
+        f(&node)
+    }
+
+    fn expected_choice(&self, lead: &str, cands: &[QueuedJob]) -> Option<u32> {
+        let db = Db::open_read_only(&self.config.database.path).unwrap();
+        let specs: Vec<CandidateSpec> = cands
+            .iter()
+            .map(|c| CandidateSpec { workload: c.workload.clone(), same_user: c.user == "alice" })
+            .collect();
+        let rules =
+            kace_selector::SelectionRules { gpu_memory_gib: Some(32.0), ..Default::default() };
+        let d = decide(&db, lead, &specs, &rules, None).unwrap();
+        d.selection.chosen.map(|i| cands[i].id)
+    }
+}
+
+fn lead_slurm(kind: Option<&str>) -> FakeSlurm {
+    let s = FakeSlurm::default();
+    *s.pending.borrow_mut() = vec![
+        held(11, "beta", "alice", "gres:shard:1"),
+        held(12, "zeta", "alice", "gres:shard:1"),
+        held(13, "gamma", "bob", "gres:shard:1"),
+        held(14, "unknown-wl", "alice", "gres:shard:1"),
+        held(15, "delta", "alice", "gres:gpu:1"),
+        held(16, "eps", "alice", "gres:shard:2"),
+        held(17, "alpha", "alice", "gres:shard:1"),
+    ];
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 1, kind));
+    *s.on_node.borrow_mut() = vec![10];
+    s
+}
+
+#[test]
+fn a_lead_releases_the_predicted_best_onto_its_gpu_and_spools_every_verdict() {
+    let w = World::new("lead", lead_slurm(Some("g1")));
+    let expected = w.expected_choice(
+        "alpha",
+        &[
+            held(11, "beta", "alice", ""),
+            held(12, "zeta", "alice", ""),
+            held(16, "eps", "alice", ""),
+            held(17, "alpha", "alice", ""),
+        ],
+    );
+    let expected = expected.expect("the synthetic data give a choice");
+    let out = w.with(|n| prolog::run(n, &job_env(10, 1)));
+    let prolog::Outcome::Led { partner, decision, .. } = out else { panic!("{out:?}") };
+    assert_eq!(partner, Some(expected));
+    let calls = w.slurm.calls.borrow().clone();
+    let shards = if expected == 16 { 2 } else { 1 };
+    assert!(calls.contains(&format!("pin {expected} n1 Some(\"g1\") {shards}")), "{calls:?}");
+    assert!(calls.contains(&format!("release {expected}")), "{calls:?}");
+    assert_eq!(calls.iter().filter(|c| c.starts_with("release")).count(), 1, "{calls:?}");
+    assert_eq!(calls.iter().filter(|c| *c == "squeue").count(), 1, "one squeue: {calls:?}");
+
+    let d = decision.unwrap();
+    assert_eq!(d.decision.chosen_job, Some(expected.to_string()));
+    let by_job: BTreeMap<String, &kace_sql::DecisionCandidate> =
+        d.decision.candidates.iter().map(|c| (c.job.clone().unwrap(), c)).collect();
+    assert_eq!(by_job.len(), 7);
+    assert!(
+        by_job["13"].rejected.as_deref().unwrap().contains("different user"),
+        "{:?}",
+        by_job["13"]
+    );
+    assert!(
+        by_job["14"].rejected.as_deref().unwrap().contains("unknown profile"),
+        "{:?}",
+        by_job["14"]
+    );
+    assert!(by_job["15"].rejected.as_deref().unwrap().contains("no shard"), "{:?}", by_job["15"]);
+    assert!(by_job[&expected.to_string()].prediction.is_some());
+    // The decision is in the spool for `kace ingest`.
+    let spooled = kace_sql::spool::spooled_decisions(&w.config.spool.dir).unwrap();
+    assert_eq!(spooled.len(), 1);
+    assert_eq!(w.mps.calls.borrow().as_slice(), ["start 1 0"]);
+    assert!(
+        w.logs.borrow().iter().any(|l| l.contains("using the configured 32 GiB")),
+        "{:?}",
+        w.logs.borrow()
+    );
+
+    // The partner's prolog on the same GPU joins the lead: no squeue, no second daemon.
+    w.slurm.details.borrow_mut().insert(expected, running_detail(expected, "x", 1, Some("g1")));
+    w.slurm.on_node.borrow_mut().push(expected);
+    let calls_before = w.slurm.calls.borrow().len();
+    let out = w.with(|n| prolog::run(n, &job_env(expected, 1)));
+    assert_eq!(out, prolog::Outcome::Joined { with: vec![10] });
+    assert!(!w.slurm.calls.borrow()[calls_before..].contains(&"squeue".to_string()));
+    assert_eq!(w.mps.calls.borrow().len(), 1);
+}
+
+#[test]
+fn a_cancelled_choice_falls_back_to_the_next_best() {
+    let mut s = lead_slurm(None);
+    let w0 = World::new("cancel0", FakeSlurm::default());
+    let first = w0
+        .expected_choice(
+            "alpha",
+            &[
+                held(11, "beta", "alice", ""),
+                held(12, "zeta", "alice", ""),
+                held(16, "eps", "alice", ""),
+                held(17, "alpha", "alice", ""),
+            ],
+        )
+        .unwrap();
+    s.gone = vec![first];
+    let w = World::new("cancel", s);
+    let out = w.with(|n| prolog::run(n, &job_env(10, 1)));
+    let prolog::Outcome::Led { partner, decision, .. } = out else { panic!("{out:?}") };
+    let partner = partner.expect("a fallback was released");
+    assert_ne!(partner, first);
+    let d = decision.unwrap();
+    let c = d.decision.candidates.iter().find(|c| c.job == Some(first.to_string())).unwrap();
+    assert!(
+        c.rejected.as_deref().unwrap().starts_with("chosen, but couldn't be released"),
+        "{c:?}"
+    );
+    // Untyped GPUs: pinned to the node only.
+    let shards = if partner == 16 { 2 } else { 1 };
+    let pinned = format!("pin {partner} n1 None {shards}");
+    assert!(w.slurm.calls.borrow().contains(&pinned), "{:?}", w.slurm.calls.borrow());
+}
+
+#[test]
+fn without_a_database_the_lead_runs_alone_and_says_why() {
+    let mut w = World::new("nodb", lead_slurm(None));
+    w.config.database.path = w.dir.join("missing.db");
+    let out = w.with(|n| prolog::run(n, &job_env(10, 1)));
+    let prolog::Outcome::Led { partner, decision, .. } = out else { panic!("{out:?}") };
+    assert_eq!(partner, None);
+    let d = decision.unwrap();
+    assert!(
+        d.decision
+            .candidates
+            .iter()
+            .filter(|c| c.rejected.as_deref().is_some_and(|r| r.starts_with("not evaluated")))
+            .count()
+            >= 4
+    );
+    assert!(!w.slurm.calls.borrow().iter().any(|c| c.starts_with("release")));
+    assert!(
+        w.logs.borrow().iter().any(|l| l.contains("couldn't choose a partner")),
+        "{:?}",
+        w.logs.borrow()
+    );
+}
+
+#[test]
+fn a_failing_mps_control_or_slurm_leaves_the_job_running_alone() {
+    let mut w = World::new("mpsfail", FakeSlurm::default());
+    w.mps.fail = true;
+    // Slurm knows nothing: scontrol show job fails, squeue lists nothing.
+    let out = w.with(|n| prolog::run(n, &job_env(10, 0)));
+    assert!(matches!(out, prolog::Outcome::Stopped(_)), "{out:?}");
+    let logs = w.logs.borrow().join("\n");
+    assert!(logs.contains("couldn't start the MPS control daemon for GPU 0"), "{logs}");
+    assert!(logs.contains("couldn't read the job from Slurm"), "{logs}");
+    w.config.node.state_dir = w.dir.join("state2");
+    let plain = JobEnv { kace: false, ..job_env(20, 0) };
+    assert_eq!(w.with(|n| prolog::run(n, &plain)), prolog::Outcome::NotKace);
+    let no_gpu = JobEnv { gpu: None, ..job_env(21, 0) };
+    assert_eq!(w.with(|n| prolog::run(n, &no_gpu)), prolog::Outcome::NoGpu);
+}
+
+#[test]
+fn epilogs_observe_each_interval_and_the_last_one_stops_mps() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    s.details.borrow_mut().insert(11, running_detail(11, "beta", 0, None));
+    *s.on_node.borrow_mut() = vec![10, 11];
+    let w = World::new("epi", s);
+    // Lead 10 starts at 2000, partner 11 at 2010; 10 ends at 2030, 11 at 2040.
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    *w.clock.0.borrow_mut() = 2010.0;
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(11, 0))), prolog::Outcome::Joined { .. }));
+    let lines = |from: u32, to: u32, rate: f64| -> String {
+        (from..=to).map(|t| format!("{t} {}\n", (f64::from(t - from) * rate) as u64)).collect()
+    };
+    // 10 steps/s alone, 5 steps/s shared.
+    let mut p10 = lines(2000, 2010, 10.0);
+    p10.push_str(
+        &(2011..=2030).map(|t| format!("{t} {}\n", 100 + (t - 2010) * 5)).collect::<String>(),
+    );
+    std::fs::write(w.config.node.progress_root.join("10.progress"), p10).unwrap();
+    std::fs::write(w.config.node.progress_root.join("11.progress"), lines(2010, 2040, 4.0))
+        .unwrap();
+
+    *w.clock.0.borrow_mut() = 2030.0;
+    let out = w.with(|n| epilog::run(n, &job_env(10, 0)));
+    let epilog::Outcome::Done { observations, stopped_mps } = out else { panic!("{out:?}") };
+    assert!(!stopped_mps, "job 11 still runs");
+    assert_eq!(observations.len(), 2, "{observations:#?}");
+    assert!(observations[0].partners.is_empty());
+    assert!((observations[0].throughput - 10.0).abs() < 1e-9);
+    assert_eq!(observations[1].partners[0].job, "11");
+    assert_eq!(observations[1].partners[0].workload, "beta");
+    assert!((observations[1].throughput - 5.0).abs() < 1e-9);
+    assert!(!w.config.node.progress_root.join("10.progress").exists());
+
+    *w.slurm.on_node.borrow_mut() = vec![11];
+    *w.clock.0.borrow_mut() = 2040.0;
+    let out = w.with(|n| epilog::run(n, &job_env(11, 0)));
+    let epilog::Outcome::Done { observations, stopped_mps } = out else { panic!("{out:?}") };
+    assert!(stopped_mps);
+    assert_eq!(observations.len(), 2);
+    assert_eq!(observations[0].partners[0].job, "10");
+    assert_eq!(w.mps.calls.borrow().as_slice(), ["start 0 0", "quit"]);
+    // Everything is in the spool, and ingest pairs the two shared intervals.
+    let mut db = Db::open(&w.config.database.path).unwrap();
+    let r = kace_sql::spool::ingest(&mut db, &w.config.spool.dir, &w.dir.join("q")).unwrap();
+    assert_eq!((r.inserted, r.quarantined.len()), (4, 0));
+    assert_eq!(db.observed_pairs().unwrap().len(), 1);
+}
+
+#[test]
+fn dispatch_releases_leads_onto_free_gpus_and_expired_holds() {
+    let mut s = FakeSlurm::default();
+    *s.pending.borrow_mut() = vec![
+        held(5, "alpha", "alice", "gres:shard:1"),
+        held(6, "beta", "alice", "gres:shard:1"),
+        held(7, "gamma", "alice", "gres:shard:1"),
+        held(8, "delta", "alice", "gres:shard:1"),
+    ];
+    // Job 8 was submitted long ago.
+    s.pending.borrow_mut()[3].submitted = Some(0.0);
+    s.nodes = vec![
+        NodeGpus {
+            name: "n1".into(),
+            gpus: vec![Some("g0".into()), Some("g1".into())],
+            usable: true,
+        },
+        NodeGpus { name: "n2".into(), gpus: vec![None], usable: false },
+    ];
+    *s.running.borrow_mut() = vec![RunningJob { id: 1, node: "n1".into() }];
+    s.details.borrow_mut().insert(1, running_detail(1, "zeta", 0, Some("g0")));
+    let r = dispatch::run(&s, 1100.0, 600).unwrap();
+    assert_eq!(r.expired, vec![8]);
+    assert_eq!(r.leads, vec![(5, "n1".to_string(), 1)]);
+    assert!(s.calls.borrow().contains(&"pin 5 n1 Some(\"g1\") 1".to_string()));
+    // Job 5 is now released but not started: it takes g1, so a second run releases nothing.
+    s.pending.borrow_mut()[0].req_nodes = "n1".into();
+    s.pending.borrow_mut()[0].tres_per_node = "gres:shard:g1:1".into();
+    let r = dispatch::run(&s, 1101.0, 600).unwrap();
+    assert!(r.leads.is_empty() && r.expired.is_empty(), "{r:?}");
+}
