@@ -172,13 +172,13 @@ fn make_db(path: &Path) {
         .collect();
     db.insert_profiles(&profiles).unwrap();
     let mut groups = Vec::new();
-    for i in 0..WORKLOADS.len() {
-        for j in i..WORKLOADS.len() {
+    for (i, wi) in WORKLOADS.iter().enumerate() {
+        for (j, wj) in WORKLOADS.iter().enumerate().skip(i) {
             let (a, b) = (feats(i), feats(j));
             // Interference grows with the partners' summed SM use.
             let slow = 1.0 + (a[7] + b[7]) / 150.0;
             groups.push(Group {
-                workloads: vec![WORKLOADS[i].into(), WORKLOADS[j].into()],
+                workloads: vec![wi.to_string(), wj.to_string()],
                 profiles: vec![Profile::new(a), Profile::new(b)],
                 throughputs: vec![a[6] / slow, b[6] / slow],
             });
