@@ -173,7 +173,7 @@ fn finish_on_gpu(
     now: f64,
 ) -> Result<(Option<JobRecord>, Vec<JobRecord>, bool)> {
     let log = |m: &str| (n.log)(&format!("kace: epilog: job {}: {m}", env.job));
-    let lock = state::lock_gpu(&n.config.node.state_dir, gpu, n.deadline)?;
+    let lock = state::lock_gpu(&n.config.node.state_dir, &env.node, gpu, n.deadline)?;
     let me = lock.end(env.job, now)?;
     let mut running = lock.running();
     if !running.is_empty() {

@@ -161,7 +161,7 @@ fn prepare_progress(n: &Node, env: &JobEnv) -> Result<()> {
 /// other kace jobs already there. All under the GPU's lock.
 fn register(n: &Node, env: &JobEnv, gpu: GpuIndex, workload: &str) -> Result<Vec<u32>> {
     let log = |m: &str| (n.log)(&format!("kace: prolog: job {}: {m}", env.job));
-    let lock = state::lock_gpu(&n.config.node.state_dir, gpu, n.deadline)?;
+    let lock = state::lock_gpu(&n.config.node.state_dir, &env.node, gpu, n.deadline)?;
     let mut others: Vec<u32> =
         lock.running().into_iter().map(|r| r.job).filter(|j| *j != env.job).collect();
     if !others.is_empty() {
@@ -325,6 +325,25 @@ fn lead(
             records[i].rejected = Some(format!("chosen, but {e}"));
             log(&format!("couldn't release job {}: {e}", job.id));
             break;
+        }
+        // Another lead may have taken it since the listing (two GPUs starting at once), or
+        // its user cancelled it: only a job still held is moved.
+        let t = Instant::now();
+        let still = n.slurm.job(job.id);
+        timings.slurm += t.elapsed();
+        match still {
+            Ok(d) if d.held() => {}
+            Ok(d) => {
+                let why = format!("chosen, but no longer held ({} {})", d.state, d.reason);
+                log(&format!("couldn't release chosen job {}: {why}", job.id));
+                records[i].rejected = Some(why);
+                continue;
+            }
+            Err(e) => {
+                log(&format!("couldn't check chosen job {}: {e}", job.id));
+                records[i].rejected = Some(format!("chosen, but couldn't be checked: {e}"));
+                continue;
+            }
         }
         let exp = Expectation { lead: env.job, node: env.node.clone(), gpu: gpu.0 };
         if let Err(e) = state::expect(&n.config.node.state_dir, job.id, &exp) {

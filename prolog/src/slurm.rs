@@ -68,6 +68,8 @@ pub struct JobDetail {
     pub id: u32,
     /// `JobState`.
     pub state: String,
+    /// `Reason` (`JobHeldUser` while held).
+    pub reason: String,
     /// `AdminComment` (empty when unset).
     pub admin_comment: String,
     /// `NodeList`.
@@ -77,6 +79,11 @@ pub struct JobDetail {
 }
 
 impl JobDetail {
+    /// Whether it is pending and held (waiting for kace).
+    pub fn held(&self) -> bool {
+        self.state == "PENDING" && self.reason.starts_with("JobHeld")
+    }
+
     /// The kace workload, when the gate marked this job.
     pub fn workload(&self) -> Option<&str> {
         self.admin_comment.strip_prefix(MARK).filter(|w| !w.is_empty())
@@ -360,12 +367,14 @@ pub fn parse_job(out: &str) -> Result<JobDetail> {
     let line = out.lines().find(|l| l.contains("JobId=")).unwrap_or("");
     let mut id = None;
     let (mut state, mut admin_comment, mut nodes) = (String::new(), String::new(), String::new());
+    let mut reason = String::new();
     let mut gres = Vec::new();
     for word in line.split_whitespace() {
         let Some((k, v)) = word.split_once('=') else { continue };
         match k {
             "JobId" => id = v.parse().ok(),
             "JobState" => state = v.to_string(),
+            "Reason" => reason = v.to_string(),
             "AdminComment" => admin_comment = v.to_string(),
             "NodeList" => nodes = v.to_string(),
             // Per-node detail lines (`-d`); `JOB_GRES=` is the request, not the placement.
@@ -377,7 +386,7 @@ pub fn parse_job(out: &str) -> Result<JobDetail> {
     if admin_comment == "(null)" {
         admin_comment.clear();
     }
-    Ok(JobDetail { id, state, admin_comment, nodes, gres })
+    Ok(JobDetail { id, state, reason, admin_comment, nodes, gres })
 }
 
 /// Parses Slurm's `YYYY-MM-DDTHH:MM:SS` (printed in UTC: kace runs Slurm commands with TZ=UTC).
@@ -426,6 +435,7 @@ mod tests {
                      Nodes=n1 CPU_IDs=0 Mem=0 GRES=shard:g0:0(IDX:),shard:g1:1(IDX:1)\n";
         let j = parse_job(typed).unwrap();
         assert_eq!((j.id, j.workload(), j.nodes.as_str()), (7, Some("bert"), "n1"));
+        assert!(!j.held());
         let on = j.on_gpu(1).unwrap();
         assert_eq!((on.kind.as_deref(), on.count), (Some("g1"), 1));
         assert!(j.on_gpu(0).is_none());

@@ -3,11 +3,13 @@
 //! whether a GPU already has a kace job and the epilog knows who shared it and when.
 //!
 //! ```text
-//! <state_dir>/gpu<N>/lock           flock(2) taken around every change below
-//! <state_dir>/gpu<N>/jobs/<job>     "<workload> <start>"       a kace job on GPU N
-//! <state_dir>/gpu<N>/ended/<job>    "<workload> <start> <end>" kept a day, for overlaps
-//! <state_dir>/expect/<job>          "<lead> <node> <gpu>"      a partner released to a GPU
+//! <state_dir>/<node>/gpu<N>/lock        flock(2) taken around every change below
+//! <state_dir>/<node>/gpu<N>/jobs/<job>  "<workload> <start>"       a kace job on GPU N
+//! <state_dir>/<node>/gpu<N>/ended/<job> "<workload> <start> <end>" kept a day, for overlaps
+//! <state_dir>/expect/<job>              "<lead> <node> <gpu>"      a partner released to a GPU
 //! ```
+//! The node name is part of the path because several slurmd may share a host (Slurm's
+//! `MULTIPLE_SLURMD`, as in kace's own tests) and the same state directory.
 //! Files hold only what root wrote; they are still read with a size bound and parsed strictly.
 
 use std::fs::{self, File, OpenOptions};
@@ -43,9 +45,16 @@ pub struct GpuLock {
     dir: PathBuf,
 }
 
-/// Takes GPU `gpu`'s lock, waiting until `deadline` at most.
-pub fn lock_gpu(state_dir: &Path, gpu: GpuIndex, deadline: Instant) -> Result<GpuLock> {
-    let dir = state_dir.join(format!("gpu{}", gpu.0));
+/// Takes the lock of GPU `gpu` of `node`, waiting until `deadline` at most.
+pub fn lock_gpu(state_dir: &Path, node: &str, gpu: GpuIndex, deadline: Instant) -> Result<GpuLock> {
+    // Node names come from Slurm's configuration; refuse anything that could leave the dir.
+    if node.is_empty() || node.starts_with('.') || node.contains('/') {
+        return Err(Error::Env {
+            var: "SLURMD_NODENAME",
+            why: format!("{node:?} is not a node name"),
+        });
+    }
+    let dir = state_dir.join(node).join(format!("gpu{}", gpu.0));
     for sub in ["jobs", "ended"] {
         fs::create_dir_all(dir.join(sub)).map_err(io("create state directory", &dir))?;
     }
@@ -211,7 +220,7 @@ mod tests {
     fn jobs_are_recorded_ended_and_forgotten() {
         let d = tmp("rec");
         let deadline = Instant::now() + Duration::from_secs(5);
-        let l = lock_gpu(&d, GpuIndex(1), deadline).unwrap();
+        let l = lock_gpu(&d, "n1", GpuIndex(1), deadline).unwrap();
         l.add(5, "bert", 100.0).unwrap();
         l.add(6, "lstm", 101.5).unwrap();
         assert_eq!(l.running().iter().map(|r| r.job).collect::<Vec<_>>(), vec![5, 6]);
@@ -227,12 +236,12 @@ mod tests {
     #[test]
     fn a_held_lock_times_out_and_try_lock_says_busy() {
         let d = tmp("lock");
-        let l = lock_gpu(&d, GpuIndex(0), Instant::now()).unwrap();
-        let again = lock_gpu(&d, GpuIndex(0), Instant::now() + Duration::from_millis(30));
+        let l = lock_gpu(&d, "n1", GpuIndex(0), Instant::now()).unwrap();
+        let again = lock_gpu(&d, "n1", GpuIndex(0), Instant::now() + Duration::from_millis(30));
         assert!(matches!(again, Err(Error::Budget { .. })), "{again:?}");
-        assert!(try_lock_file(&d.join("gpu0/lock")).unwrap().is_none());
+        assert!(try_lock_file(&d.join("n1/gpu0/lock")).unwrap().is_none());
         drop(l);
-        assert!(try_lock_file(&d.join("gpu0/lock")).unwrap().is_some());
+        assert!(try_lock_file(&d.join("n1/gpu0/lock")).unwrap().is_some());
         let _ = fs::remove_dir_all(&d);
     }
 

@@ -68,6 +68,16 @@ impl Slurm for FakeSlurm {
     }
     fn job(&self, id: u32) -> Result<JobDetail> {
         self.calls.borrow_mut().push(format!("show {id}"));
+        if let Some(j) = self.pending.borrow().iter().find(|j| j.id == id) {
+            return Ok(JobDetail {
+                id,
+                state: "PENDING".into(),
+                reason: j.reason.clone(),
+                admin_comment: format!("kace:{}", j.workload),
+                nodes: String::new(),
+                gres: Vec::new(),
+            });
+        }
         self.details.borrow().get(&id).cloned().ok_or_else(|| failed("scontrol show job"))
     }
     fn jobs_on_node(&self, _node: &str) -> Result<Vec<u32>> {
@@ -226,6 +236,7 @@ fn running_detail(id: u32, w: &str, gpu: u32, kind: Option<&str>) -> JobDetail {
     JobDetail {
         id,
         state: "RUNNING".into(),
+        reason: "None".into(),
         admin_comment: format!("kace:{w}"),
         nodes: "n1".into(),
         gres: vec![GresAlloc {
