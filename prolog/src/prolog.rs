@@ -388,7 +388,7 @@ fn lead(
         None => "no partner".to_string(),
     };
     log(&format!(
-        "lead {workload} on GPU {}: {what}, of {} held kace job(s); timing: slurm={:.1}ms db={:.1}ms predict={:.1}ms total={:.1}ms",
+        "lead {workload} on GPU {}: {what}, of {} held kace job(s); timing: slurm={:.2}ms db={:.2}ms predict={:.2}ms total={:.2}ms",
         gpu.0,
         held.len(),
         ms(timings.slurm),

@@ -1,0 +1,151 @@
+//! What the co-scheduling tests add to a cluster: the kace binaries (built when missing or
+//! stale), a kace.conf for the cluster, hooks that run kace-prolog, kace-epilog and
+//! `kace dispatch` with that configuration, and a fake `nvidia-cuda-mps-control` that records
+//! every call and keeps a pid file per GPU, the way the real one keeps a daemon.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::SystemTime;
+
+use crate::{HarnessError, Hook};
+
+const BINS: [&str; 3] = ["kace", "kace-prolog", "kace-epilog"];
+/// The crates the binaries are built from (for the staleness check).
+const CRATES: [&str; 8] =
+    ["prolog", "cli", "sql", "selector", "config", "layout", "profiling", "simulator"];
+
+/// The directory holding fresh `kace`, `kace-prolog` and `kace-epilog`: `$KACE_BIN_DIR` if set,
+/// else cargo's own output next to the test binary, else a build into `target/kace-e2e-plugin`.
+pub fn bin_dir() -> Result<PathBuf, HarnessError> {
+    static FOUND: OnceLock<Result<PathBuf, HarnessError>> = OnceLock::new();
+    FOUND.get_or_init(locate).clone()
+}
+
+fn locate() -> Result<PathBuf, HarnessError> {
+    if let Some(d) = std::env::var_os("KACE_BIN_DIR") {
+        return Ok(PathBuf::from(d));
+    }
+    let newest = newest_source();
+    let exe = std::env::current_exe()
+        .map_err(|e| HarnessError::Plugin(format!("couldn't find the test binary: {e}")))?;
+    let profile = exe.parent().and_then(Path::parent).map(Path::to_path_buf);
+    if let Some(dir) = &profile {
+        if fresh(dir, newest) {
+            return Ok(dir.clone());
+        }
+    }
+    // A separate target dir, shared with the plugin build: the outer cargo holds its own lock.
+    let target = profile
+        .as_deref()
+        .and_then(Path::parent)
+        .map(|t| t.join("kace-e2e-plugin"))
+        .unwrap_or_else(|| std::env::temp_dir().join("kace-e2e-plugin"));
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let out = Command::new(cargo)
+        .args(["build", "--offline", "-p", "kace-node", "-p", "kace-cli", "--manifest-path"])
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target)
+        .output()
+        .map_err(|e| HarnessError::Plugin(format!("couldn't run cargo build for kace: {e}")))?;
+    if !out.status.success() {
+        return Err(HarnessError::Plugin(format!(
+            "cargo build -p kace-node -p kace-cli failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(target.join("debug"))
+}
+
+fn mtime(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+fn newest_in(dir: &Path, newest: &mut Option<SystemTime>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            newest_in(&p, newest);
+        } else if let Some(t) = mtime(&p) {
+            *newest = Some(newest.map_or(t, |n| n.max(t)));
+        }
+    }
+}
+
+fn newest_source() -> Option<SystemTime> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut newest = None;
+    for c in CRATES {
+        newest_in(&root.join(c).join("src"), &mut newest);
+        if let Some(t) = mtime(&root.join(c).join("Cargo.toml")) {
+            newest = Some(newest.map_or(t, |n: SystemTime| n.max(t)));
+        }
+    }
+    newest
+}
+
+fn fresh(dir: &Path, newest: Option<SystemTime>) -> bool {
+    BINS.iter().all(|b| match (mtime(&dir.join(b)), newest) {
+        (Some(built), Some(src)) => built >= src,
+        (Some(_), None) => true,
+        (None, _) => false,
+    })
+}
+
+/// A hook that runs `program args` (a kace binary) with the cluster's kace.conf and slurm.conf
+/// (`{dir}/etc/kace.conf`); Slurm gives hooks no PATH and, on the controller, maybe no
+/// SLURM_CONF.
+pub fn hook(program: &str, args: &str) -> Result<Hook, HarnessError> {
+    let bin = bin_dir()?.join(program);
+    Ok(Hook::Script(format!(
+        "export KACE_CONFIG={{dir}}/etc/kace.conf SLURM_CONF={{dir}}/etc/slurm.conf\n\
+         exec {} {args} 2>>{{dir}}/log/kace-{program}.log",
+        bin.display()
+    )))
+}
+
+/// The configuration the tests start from: everything under the cluster directory, the fake
+/// MPS control, a 32 GiB GPU (no NVML here), and `max_hold_s`.
+pub fn conf(dir: &Path, max_hold_s: u64) -> String {
+    let d = dir.display();
+    format!(
+        "[database]\npath = \"{d}/kace.db\"\n\
+         [spool]\ndir = \"{d}/spool\"\nquarantine = \"{d}/quarantine\"\n\
+         [profiling]\nwarmup_steps = 0\n\
+         [node]\nmps_control = \"{d}/fake-mps\"\ncommand_timeout_ms = 2000\n\
+         prolog_budget_ms = 5000\nmps_root = \"{d}/mps\"\nprogress_root = \"{d}/progress\"\n\
+         state_dir = \"{d}/state\"\ngpu_memory_gib = 32.0\n\
+         [dispatch]\nmax_hold_s = {max_hold_s}\nlock = \"{d}/run/dispatch.lock\"\n"
+    )
+}
+
+/// A stand-in for `nvidia-cuda-mps-control`: `-d` starts a detached placeholder "daemon" whose
+/// pid it keeps in `$CUDA_MPS_PIPE_DIRECTORY/fake-mps.pid`; `get_server_list` succeeds only
+/// while that daemon lives; `quit` ends it. Every call is appended to `{dir}/mps-calls.log` as
+/// `<verb> <pipe dir>`. With `{dir}/mps-fail` present every call fails.
+pub fn fake_mps_script(dir: &Path) -> String {
+    let d = dir.display();
+    format!(
+        r#"#!/bin/bash
+log={d}/mps-calls.log
+pid="$CUDA_MPS_PIPE_DIRECTORY/fake-mps.pid"
+if [ -e {d}/mps-fail ]; then echo "fail $*" >> "$log"; echo "fake MPS: broken" >&2; exit 1; fi
+if [ "$1" = "-d" ]; then
+  echo "start $CUDA_MPS_PIPE_DIRECTORY gpu=$CUDA_VISIBLE_DEVICES" >> "$log"
+  setsid /bin/sleep 100000 </dev/null >/dev/null 2>&1 &
+  echo $! > "$pid"
+  exit 0
+fi
+read -r cmd
+case "$cmd" in
+  get_server_list) [ -f "$pid" ] && kill -0 "$(cat "$pid")" 2>/dev/null ;;
+  quit) echo "quit $CUDA_MPS_PIPE_DIRECTORY" >> "$log"; kill "$(cat "$pid")" 2>/dev/null; rm -f "$pid" ;;
+  start_server*) echo "server $CUDA_MPS_PIPE_DIRECTORY $cmd" >> "$log" ;;
+  *) echo "unknown $cmd" >> "$log"; exit 1 ;;
+esac
+"#
+    )
+}

@@ -1,0 +1,315 @@
+//! Co-scheduling end to end on a real Slurm cluster (one node, one fake GPU): kace-prolog,
+//! kace-epilog and `kace dispatch` (EpilogSlurmctld and a "timer" the test plays), with a
+//! database holding the KACE artifact's profiles and a model trained on its pairs.
+//!
+//! A lead and five held candidates are submitted so that queue order, the smallest-memory rule
+//! and kace's model each prefer a different candidate (one more does not fit in memory). The
+//! candidate kace ranks best must start on the lead's node and GPU while the lead runs, the
+//! others stay held until dispatched, nobody waits past `max_hold`, the fake MPS control sees
+//! one daemon per busy period, the epilogs spool observations that `kace ingest` and
+//! `kace train` take in, and `kace explain` says why each job was or was not chosen.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kace_e2e::{kace, Cluster, JobInfo, NodeSpec};
+use kace_selector::SelectionRules;
+use kace_sql::decide::{decide, CandidateSpec};
+use kace_sql::{Db, MEMCAP};
+
+const MAX_HOLD_S: u64 = 25;
+const GPU_GIB: f64 = 32.0;
+
+fn artifact() -> Option<PathBuf> {
+    let dir = std::env::var_os("KACE_ARTIFACT_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/kace-artifact")
+    });
+    if dir.join("pairs").is_dir() {
+        Some(dir)
+    } else {
+        eprintln!("SKIPPED: the KACE artifact is not at {} (set KACE_ARTIFACT_DIR)", dir.display());
+        None
+    }
+}
+
+/// Runs `kace args` with the cluster's configuration; returns stdout, failing on error.
+fn kace(c: &Cluster, args: &[&str]) -> String {
+    let bin = kace::bin_dir().unwrap().join("kace");
+    let out = Command::new(&bin)
+        .args(args)
+        .env("KACE_CONFIG", c.dir().join("etc/kace.conf"))
+        .env("SLURM_CONF", c.conf())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "kace {args:?} failed: {}{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+fn json(c: &Cluster, args: &[&str]) -> serde_json::Value {
+    let mut full = vec!["--format", "json"];
+    full.extend_from_slice(args);
+    serde_json::from_str(&kace(c, &full)).unwrap()
+}
+
+fn field<'a>(j: &'a JobInfo, k: &str) -> &'a str {
+    j.get(k).map(String::as_str).unwrap_or("")
+}
+
+/// A batch script that reports progress for `seconds` at `rate` steps per tick.
+fn worker(seconds: u32, rate: u32) -> String {
+    let ticks = seconds * 5;
+    format!(
+        "for i in $(seq 0 {ticks}); do echo \"$(date +%s.%N) $((i*{rate}))\" >> \"$KACE_PROGRESS_FILE\"; \
+         sleep 0.2; done; echo GPUS=$SLURM_JOB_GPUS PIPE=$CUDA_MPS_PIPE_DIRECTORY"
+    )
+}
+
+/// The workloads of the scenario: a lead and candidates in queue order, with the one kace
+/// must choose, chosen so that the first in queue, the smallest memcap and kace all differ.
+struct Scenario {
+    lead: String,
+    queue: Vec<String>,
+    best: String,
+    smallest: String,
+    unfit: Option<String>,
+}
+
+fn scenario(db: &Db) -> Scenario {
+    let all = db.all_profiles(None).unwrap();
+    let mut names: Vec<&String> = all.keys().filter(|w| all[*w].complete().is_some()).collect();
+    names.sort();
+    let memcap = |w: &str| all[w].values[MEMCAP].unwrap();
+    let rules = SelectionRules { gpu_memory_gib: Some(GPU_GIB), ..SelectionRules::default() };
+    for lead in &names {
+        let others: Vec<&String> = names.iter().copied().filter(|w| w != lead).collect();
+        let specs: Vec<CandidateSpec> = others
+            .iter()
+            .map(|w| CandidateSpec { workload: w.to_string(), same_user: true })
+            .collect();
+        let d = decide(db, lead, &specs, &rules, None).unwrap();
+        let mut passing: Vec<(f64, &str)> = d
+            .selection
+            .verdicts
+            .iter()
+            .zip(&others)
+            .filter(|(v, _)| v.rejection.is_none())
+            .map(|(v, w)| (v.prediction.unwrap(), w.as_str()))
+            .collect();
+        passing.sort_by(|a, b| b.0.total_cmp(&a.0));
+        if passing.len() < 4 {
+            continue;
+        }
+        let best = passing[0].1;
+        let Some(&(_, smallest)) = passing[1..]
+            .iter()
+            .filter(|(_, w)| memcap(w) < memcap(best))
+            .min_by(|a, b| memcap(a.1).total_cmp(&memcap(b.1)))
+        else {
+            continue;
+        };
+        let rest: Vec<&str> = passing[1..]
+            .iter()
+            .map(|p| p.1)
+            .filter(|w| *w != smallest && memcap(w) > memcap(smallest))
+            .take(2)
+            .collect();
+        if rest.len() < 2 {
+            continue;
+        }
+        let unfit = d
+            .selection
+            .verdicts
+            .iter()
+            .zip(&others)
+            .find(|(v, _)| v.rejection.as_ref().is_some_and(|r| r.to_string().contains("memory")))
+            .map(|(_, w)| w.to_string());
+        let mut queue = vec![rest[0].to_string(), smallest.to_string(), rest[1].to_string()];
+        queue.extend(unfit.clone());
+        queue.push(best.to_string());
+        return Scenario {
+            lead: lead.to_string(),
+            queue,
+            best: best.to_string(),
+            smallest: smallest.to_string(),
+            unfit,
+        };
+    }
+    panic!("no lead in the artifact has four fitting candidates");
+}
+
+fn mps_calls(c: &Cluster) -> Vec<String> {
+    std::fs::read_to_string(c.dir().join("mps-calls.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn gres_idx(j: &JobInfo) -> String {
+    // `scontrol -d` detail: GRES=shard:1(IDX:0)
+    field(j, "GRES").to_string()
+}
+
+#[test]
+fn kace_pairs_the_best_candidate_and_learns_from_the_pair() {
+    let test = "kace_pairs_the_best_candidate_and_learns_from_the_pair";
+    let Some(art) = artifact() else { return };
+    if kace_e2e::e2e_available(test).is_none() {
+        return;
+    }
+    let c = Cluster::builder()
+        .nodes(vec![NodeSpec::new("n1", 1)])
+        .prolog(kace::hook("kace-prolog", "").unwrap())
+        .epilog(kace::hook("kace-epilog", "").unwrap())
+        .epilog_slurmctld(kace::hook("kace", "dispatch").unwrap())
+        .start()
+        .unwrap();
+    let dir = c.dir().to_path_buf();
+    std::fs::write(dir.join("etc/kace.conf"), kace::conf(&dir, MAX_HOLD_S)).unwrap();
+    let fake = dir.join("fake-mps");
+    std::fs::write(&fake, kace::fake_mps_script(&dir)).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    // The database: the artifact's profiles and pairs, and a model trained on them.
+    kace(&c, &["db", "init"]);
+    let profiles = art.join("workload_profiles/derived_workload_profiles.csv");
+    kace(&c, &["profile", "import", profiles.to_str().unwrap()]);
+    let pairs = art.join("pairs/MPS100_kernel_labels_targetMPS100.csv");
+    kace(&c, &["observations", "import", pairs.to_str().unwrap()]);
+    let first = json(&c, &["train"]);
+    let first_size = first["metrics"]["fit_pairs"].as_u64().unwrap()
+        + first["metrics"]["holdout_pairs"].as_u64().unwrap();
+
+    let s = {
+        let db = Db::open_read_only(&dir.join("kace.db")).unwrap();
+        scenario(&db)
+    };
+    eprintln!(
+        "lead {}, queue {:?}, kace {} / smallest memcap {}",
+        s.lead, s.queue, s.best, s.smallest
+    );
+    assert_ne!(s.queue[0], s.best);
+    assert_ne!(s.queue[0], s.smallest);
+
+    let submit = |w: &str, secs: u32| {
+        let opt = format!("--kace-colocate={w}");
+        c.sbatch(&[&opt, "--gres=shard:1", "--wrap", &worker(secs, 3)]).unwrap()
+    };
+    let lead = submit(&s.lead, 10);
+    let mut ids: BTreeMap<String, u32> = BTreeMap::new();
+    for w in &s.queue {
+        ids.insert(w.clone(), submit(w, 4));
+    }
+    let best = ids[&s.best];
+    let all: Vec<u32> = std::iter::once(lead).chain(ids.values().copied()).collect();
+    for id in &all {
+        assert_eq!(field(&c.job(*id).unwrap(), "Reason"), "JobHeldUser");
+    }
+
+    // The timer's dispatch: the oldest held kace job (the lead) goes onto the free GPU.
+    let out = kace(&c, &["dispatch"]);
+    assert!(out.contains(&format!("released job {lead} as a lead onto n1 GPU 0")), "{out}");
+    let lead_info = c
+        .wait_job(lead, "running", Duration::from_secs(20), |j| field(j, "JobState") == "RUNNING")
+        .unwrap();
+    let partner = c
+        .wait_job(best, "running beside the lead", Duration::from_secs(20), |j| {
+            field(j, "JobState") != "PENDING"
+        })
+        .unwrap();
+    let lead_now = c.job(lead).unwrap();
+    assert_eq!(
+        field(&lead_now, "JobState"),
+        "RUNNING",
+        "the lead ended before its partner started"
+    );
+    assert_eq!(field(&partner, "NodeList"), field(&lead_info, "NodeList"));
+    let detail = |id: u32| {
+        let out = c.run_ok("scontrol", &["-o", "-d", "show", "job", &id.to_string()]).unwrap();
+        kace_e2e::parse_fields(&out)
+    };
+    assert_eq!(gres_idx(&detail(best)), gres_idx(&detail(lead)));
+    // While the lead runs, every other candidate stays held.
+    for (w, id) in &ids {
+        if *id != best {
+            let j = c.job(*id).unwrap();
+            assert_eq!(field(&j, "Reason"), "JobHeldUser", "{w} ({id}) left the hold: {j:?}");
+        }
+    }
+    let starts: Vec<String> =
+        mps_calls(&c).into_iter().filter(|l| l.starts_with("start")).collect();
+    assert_eq!(starts.len(), 1, "one MPS daemon for the GPU: {starts:?}");
+    assert!(starts[0].contains(&format!("{}/mps/0/pipe gpu=0", dir.display())), "{starts:?}");
+
+    // From here the timer keeps running dispatch until every job has run.
+    let deadline = Instant::now() + Duration::from_secs(150);
+    loop {
+        let done = all.iter().all(|id| {
+            let j = c.job(*id).unwrap();
+            !matches!(field(&j, "JobState"), "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING")
+        });
+        if done {
+            break;
+        }
+        assert!(Instant::now() < deadline, "jobs did not all finish: {}", c.slurmctld_log());
+        kace(&c, &["dispatch"]);
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let t = |j: &JobInfo, k: &str| kace_node_time(field(j, k));
+    for id in &all {
+        let j = c.job(*id).unwrap();
+        assert_eq!(field(&j, "JobState"), "COMPLETED", "{j:?}");
+        let waited = t(&j, "StartTime") - t(&j, "SubmitTime");
+        assert!(waited <= (MAX_HOLD_S + 5) as f64, "job {id} waited {waited} s: {j:?}");
+    }
+    let sinfo = c.run_ok("sinfo", &["-h", "-N", "-o", "%N %t"]).unwrap();
+    assert!(!sinfo.contains("drain"), "{sinfo}");
+
+    // MPS: every daemon started was stopped when its GPU had no kace job left.
+    let calls = mps_calls(&c);
+    let n_start = calls.iter().filter(|l| l.starts_with("start")).count();
+    let n_quit = calls.iter().filter(|l| l.starts_with("quit")).count();
+    assert!(n_start >= 1 && n_start == n_quit, "{calls:#?}");
+    assert!(!dir.join("mps/0/pipe/fake-mps.pid").exists(), "{calls:#?}");
+
+    // Observations and decisions are in the spool; ingest and train take them in.
+    let spooled = std::fs::read_dir(dir.join("spool"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_file())
+        .count();
+    assert!(spooled >= 2, "observations in the spool: {spooled}");
+    let ingested = json(&c, &["ingest"]);
+    assert!(ingested["inserted"].as_u64().unwrap() >= 2, "{ingested}");
+    assert!(ingested["decisions"]["inserted"].as_u64().unwrap() >= 1, "{ingested}");
+    let again = json(&c, &["train"]);
+    let size = again["metrics"]["fit_pairs"].as_u64().unwrap()
+        + again["metrics"]["holdout_pairs"].as_u64().unwrap();
+    assert!(size > first_size, "the new pair was not trained on: {first_size} -> {size}");
+
+    // explain, from the database now.
+    let e = kace(&c, &["explain", &best.to_string()]);
+    assert!(e.contains(&format!("when job {lead}")) && e.contains("chosen (predicted"), "{e}");
+    let e = kace(&c, &["explain", &ids[&s.smallest].to_string()]);
+    assert!(e.contains("not chosen: predicted"), "{e}");
+    if let Some(u) = &s.unfit {
+        let e = kace(&c, &["explain", &ids[u].to_string()]);
+        assert!(e.contains("memory does not fit"), "{e}");
+    }
+    let e = kace(&c, &["explain", &lead.to_string()]);
+    assert!(e.contains(&format!("chose job {best}")), "{e}");
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` in this host's time zone, as Unix seconds (via `date`, which knows it).
+fn kace_node_time(s: &str) -> f64 {
+    let out = Command::new("date").args(["-d", s, "+%s"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or_else(|_| panic!("time {s:?}"))
+}
