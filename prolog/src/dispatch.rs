@@ -25,9 +25,9 @@ pub struct Report {
 /// One dispatch pass at time `now` (Unix seconds).
 pub fn run(slurm: &dyn Slurm, now: f64, max_hold_s: u64) -> Result<Report> {
     let mut report = Report::default();
-    let pending = slurm.pending_kace_jobs()?;
+    let queue = slurm.kace_queue()?;
     let (held, in_flight): (Vec<&QueuedJob>, Vec<&QueuedJob>) =
-        pending.iter().partition(|j| j.held());
+        queue.iter().filter(|j| j.pending()).partition(|j| j.held());
 
     // Nothing waits forever: release what has waited too long, wherever it fits.
     let mut waiting = Vec::new();

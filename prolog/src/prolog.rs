@@ -1,6 +1,6 @@
 //! `kace-prolog`'s logic. For a kace job: record it on its GPU and make sure that GPU's MPS
 //! control daemon runs (under the GPU's lock, so two prologs racing start one daemon); if no
-//! other kace job uses the GPU, the job is a lead: list the held kace jobs (one `squeue`), read
+//! other kace job uses the GPU, the job is a lead: list the kace jobs (one `squeue`), read
 //! the active model and the profiles (read-only DB), choose, pin the best candidate to this node
 //! and GPU, release it, and spool the decision with every candidate's prediction or rejection.
 //! A plain job returns at once.
@@ -213,9 +213,9 @@ fn lead(
 ) -> Outcome {
     let log = |m: &str| (n.log)(&format!("kace: prolog: job {}: {m}", env.job));
     let t = Instant::now();
-    let pending = n.slurm.pending_kace_jobs();
+    let queue = n.slurm.kace_queue();
     timings.slurm += t.elapsed();
-    let pending = match pending {
+    let queue = match queue {
         Ok(p) => p,
         Err(e) => {
             let m = format!("couldn't list the held kace jobs: {e}; it runs alone");
@@ -223,7 +223,29 @@ fn lead(
             return Outcome::Stopped(m);
         }
     };
-    let held: Vec<&QueuedJob> = pending.iter().filter(|j| j.held() && j.id != env.job).collect();
+    // Leads starting at the same moment on other GPUs see the same held jobs, and Slurm has
+    // no compare-and-set to claim one: they split the queue instead, each taking every k-th
+    // held job by its rank among the starting kace jobs (ids in order), so two leads never
+    // move the same job. A partner whose prolog happens to run now only narrows the choice.
+    let mut starting: Vec<u32> = queue.iter().filter(|j| j.starting()).map(|j| j.id).collect();
+    if !starting.contains(&env.job) {
+        starting.push(env.job);
+    }
+    starting.sort_unstable();
+    let k = starting.len();
+    let rank = starting.iter().position(|j| *j == env.job).unwrap_or(0);
+    if k > 1 {
+        log(&format!(
+            "{k} kace jobs are starting at once ({starting:?}); taking every {k}th held job from position {rank}"
+        ));
+    }
+    let held: Vec<&QueuedJob> = queue
+        .iter()
+        .filter(|j| j.held() && j.id != env.job)
+        .enumerate()
+        .filter(|(i, _)| i % k == rank)
+        .map(|(_, j)| j)
+        .collect();
 
     // Verdicts in queue order: (job, candidate record), filled below.
     let mut records: Vec<DecisionCandidate> = held

@@ -13,11 +13,15 @@ use crate::exec::{self, Invocation};
 /// `admin_comment` prefix the gate (job_submit.lua) gives kace jobs; only root can set it.
 pub const MARK: &str = "kace:";
 
-/// The `squeue -O` format kace reads pending jobs with (8–14 ms for 1 000 jobs).
-pub const PENDING_FORMAT: &str =
-    "JobID:|,admin_comment:|,UserName:|,Reason:|,tres-per-node:|,SubmitTime:|,ReqNodes:|";
+/// The `squeue -O` format kace reads its jobs with (8–14 ms for 1 000 pending jobs).
+pub const QUEUE_FORMAT: &str = "JobID:|,admin_comment:|,UserName:|,Reason:|,tres-per-node:|,\
+                                SubmitTime:|,ReqNodes:|,StateCompact:|";
 
-/// One pending kace job, as `squeue` shows it.
+/// The states kace lists: pending (candidates, released partners) and starting (other leads
+/// whose prolog runs now; Slurm shows them configuring, or running with reason `Prolog`).
+pub const QUEUE_STATES: &str = "PD,CF,R";
+
+/// One kace job in the queue (pending or starting), as `squeue` shows it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueuedJob {
     /// Job id.
@@ -34,12 +38,24 @@ pub struct QueuedJob {
     pub submitted: Option<f64>,
     /// Nodes it was pinned to (empty when none).
     pub req_nodes: String,
+    /// Compact state: `PD`, `CF`, `R`.
+    pub state: String,
 }
 
 impl QueuedJob {
+    /// Whether it is pending.
+    pub fn pending(&self) -> bool {
+        self.state == "PD"
+    }
+
     /// Whether it is still held (by the gate or by an admin), i.e. waiting for kace.
     pub fn held(&self) -> bool {
-        self.reason.starts_with("JobHeld")
+        self.pending() && self.reason.starts_with("JobHeld")
+    }
+
+    /// Whether it is starting: allocated, its prolog not finished.
+    pub fn starting(&self) -> bool {
+        self.state == "CF" || (self.state == "R" && self.reason == "Prolog")
     }
 
     /// The number of shards it asks for, when it asks for shards.
@@ -126,8 +142,9 @@ pub struct Target {
 
 /// What kace needs from Slurm.
 pub trait Slurm {
-    /// Every pending job the gate marked as a kace job, oldest first (one `squeue`).
-    fn pending_kace_jobs(&self) -> Result<Vec<QueuedJob>>;
+    /// Every pending or starting job the gate marked as a kace job, oldest first (one
+    /// `squeue`).
+    fn kace_queue(&self) -> Result<Vec<QueuedJob>>;
     /// One job's details and allocation.
     fn job(&self, id: u32) -> Result<JobDetail>;
     /// Ids of the jobs Slurm has on `node` (any state but pending).
@@ -180,9 +197,9 @@ impl Commands {
 }
 
 impl Slurm for Commands {
-    fn pending_kace_jobs(&self) -> Result<Vec<QueuedJob>> {
-        let out = self.call(&self.squeue, &["-h", "-t", "PD", "-O", PENDING_FORMAT])?;
-        parse_pending(&out)
+    fn kace_queue(&self) -> Result<Vec<QueuedJob>> {
+        let out = self.call(&self.squeue, &["-h", "-t", QUEUE_STATES, "-O", QUEUE_FORMAT])?;
+        parse_queue(&out)
     }
 
     fn job(&self, id: u32) -> Result<JobDetail> {
@@ -239,12 +256,12 @@ fn fields(line: &str) -> Vec<&str> {
     line.split('|').map(str::trim).collect()
 }
 
-/// Parses `squeue -h -t PD -O` [`PENDING_FORMAT`] output, keeping kace jobs, oldest first.
-pub fn parse_pending(out: &str) -> Result<Vec<QueuedJob>> {
+/// Parses `squeue -h -O` [`QUEUE_FORMAT`] output, keeping kace jobs, oldest first.
+pub fn parse_queue(out: &str) -> Result<Vec<QueuedJob>> {
     let mut jobs = Vec::new();
     for line in out.lines().filter(|l| !l.trim().is_empty()) {
         let f = fields(line);
-        if f.len() < 7 {
+        if f.len() < 8 {
             return Err(Error::Parse { what: "squeue's pending jobs".into(), text: short(line) });
         }
         let Some(workload) = f[1].strip_prefix(MARK) else { continue };
@@ -259,6 +276,7 @@ pub fn parse_pending(out: &str) -> Result<Vec<QueuedJob>> {
             tres_per_node: if f[4] == "N/A" { String::new() } else { f[4].to_string() },
             submitted: parse_utc(f[5]),
             req_nodes: if f[6] == "(null)" { String::new() } else { f[6].to_string() },
+            state: f[7].to_string(),
         });
     }
     jobs.sort_by_key(|j| j.id);
@@ -415,17 +433,19 @@ mod tests {
 
     #[test]
     fn pending_kace_jobs_are_read_and_others_skipped() {
-        let out = "12|kace:bert|alice|JobHeldUser|gres:shard:1|2026-11-29T06:58:46|(null)|\n\
-                   11|(null)|bob|Resources|N/A|2026-11-29T06:58:40||\n\
-                   10|kace:lstm|alice|None|gres:shard:g1:2|2026-11-29T06:58:00|n1|\n\
-                   13_2|kace:x|alice|JobHeldUser|gres:shard:1|2026-11-29T06:58:00||\n";
-        let jobs = parse_pending(out).unwrap();
-        assert_eq!(jobs.len(), 2);
+        let out = "12|kace:bert|alice|JobHeldUser|gres:shard:1|2026-11-29T06:58:46|(null)|PD|\n\
+                   11|(null)|bob|Resources|N/A|2026-11-29T06:58:40||PD|\n\
+                   10|kace:lstm|alice|None|gres:shard:g1:2|2026-11-29T06:58:00|n1|PD|\n\
+                   14|kace:wav|alice|Prolog|gres:shard:1|2026-11-29T06:58:00|n2|R|\n\
+                   13_2|kace:x|alice|JobHeldUser|gres:shard:1|2026-11-29T06:58:00||PD|\n";
+        let jobs = parse_queue(out).unwrap();
+        assert_eq!(jobs.len(), 3);
+        assert!(jobs[2].starting() && !jobs[2].pending());
         assert_eq!((jobs[0].id, jobs[0].workload.as_str(), jobs[0].held()), (10, "lstm", false));
         assert_eq!((jobs[0].req_nodes.as_str(), jobs[0].shards()), ("n1", Some(2)));
         assert_eq!((jobs[1].id, jobs[1].held(), jobs[1].shards()), (12, true, Some(1)));
         assert_eq!(jobs[1].submitted, Some(1_795_935_526.0));
-        assert!(parse_pending("garbage line\n").is_err());
+        assert!(parse_queue("garbage line\n").is_err());
     }
 
     #[test]

@@ -62,7 +62,7 @@ fn failed(what: &str) -> Error {
 }
 
 impl Slurm for FakeSlurm {
-    fn pending_kace_jobs(&self) -> Result<Vec<QueuedJob>> {
+    fn kace_queue(&self) -> Result<Vec<QueuedJob>> {
         self.calls.borrow_mut().push("squeue".into());
         Ok(self.pending.borrow().clone())
     }
@@ -229,6 +229,7 @@ fn held(id: u32, w: &str, user: &str, gres: &str) -> QueuedJob {
         tres_per_node: gres.into(),
         submitted: Some(1000.0 + f64::from(id)),
         req_nodes: String::new(),
+        state: "PD".into(),
     }
 }
 

@@ -9,67 +9,20 @@
 //! one daemon per busy period, the epilogs spool observations that `kace ingest` and
 //! `kace train` take in, and `kace explain` says why each job was or was not chosen.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kace_e2e::{kace, Cluster, JobInfo, NodeSpec};
+use common::{artifact, field, json, kace, worker};
+use kace_e2e::{kace as setup, Cluster, JobInfo, NodeSpec};
 use kace_selector::SelectionRules;
 use kace_sql::decide::{decide, CandidateSpec};
 use kace_sql::{Db, MEMCAP};
 
 const MAX_HOLD_S: u64 = 25;
 const GPU_GIB: f64 = 32.0;
-
-fn artifact() -> Option<PathBuf> {
-    let dir = std::env::var_os("KACE_ARTIFACT_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/kace-artifact")
-    });
-    if dir.join("pairs").is_dir() {
-        Some(dir)
-    } else {
-        eprintln!("SKIPPED: the KACE artifact is not at {} (set KACE_ARTIFACT_DIR)", dir.display());
-        None
-    }
-}
-
-/// Runs `kace args` with the cluster's configuration; returns stdout, failing on error.
-fn kace(c: &Cluster, args: &[&str]) -> String {
-    let bin = kace::bin_dir().unwrap().join("kace");
-    let out = Command::new(&bin)
-        .args(args)
-        .env("KACE_CONFIG", c.dir().join("etc/kace.conf"))
-        .env("SLURM_CONF", c.conf())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "kace {args:?} failed: {}{text}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
-fn json(c: &Cluster, args: &[&str]) -> serde_json::Value {
-    let mut full = vec!["--format", "json"];
-    full.extend_from_slice(args);
-    serde_json::from_str(&kace(c, &full)).unwrap()
-}
-
-fn field<'a>(j: &'a JobInfo, k: &str) -> &'a str {
-    j.get(k).map(String::as_str).unwrap_or("")
-}
-
-/// A batch script that reports progress for `seconds` at `rate` steps per tick.
-fn worker(seconds: u32, rate: u32) -> String {
-    let ticks = seconds * 5;
-    format!(
-        "for i in $(seq 0 {ticks}); do echo \"$(date +%s.%N) $((i*{rate}))\" >> \"$KACE_PROGRESS_FILE\"; \
-         sleep 0.2; done; echo GPUS=$SLURM_JOB_GPUS PIPE=$CUDA_MPS_PIPE_DIRECTORY"
-    )
-}
 
 /// The workloads of the scenario: a lead and candidates in queue order, with the one kace
 /// must choose, chosen so that the first in queue, the smallest memcap and kace all differ.
@@ -166,27 +119,13 @@ fn kace_pairs_the_best_candidate_and_learns_from_the_pair() {
     }
     let c = Cluster::builder()
         .nodes(vec![NodeSpec::new("n1", 1)])
-        .prolog(kace::hook("kace-prolog", "").unwrap())
-        .epilog(kace::hook("kace-epilog", "").unwrap())
-        .epilog_slurmctld(kace::hook("kace", "dispatch").unwrap())
+        .prolog(setup::hook("kace-prolog", "").unwrap())
+        .epilog(setup::hook("kace-epilog", "").unwrap())
+        .epilog_slurmctld(setup::hook("kace", "dispatch").unwrap())
         .start()
         .unwrap();
     let dir = c.dir().to_path_buf();
-    std::fs::write(dir.join("etc/kace.conf"), kace::conf(&dir, MAX_HOLD_S)).unwrap();
-    let fake = dir.join("fake-mps");
-    std::fs::write(&fake, kace::fake_mps_script(&dir)).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
-
-    // The database: the artifact's profiles and pairs, and a model trained on them.
-    kace(&c, &["db", "init"]);
-    let profiles = art.join("workload_profiles/derived_workload_profiles.csv");
-    kace(&c, &["profile", "import", profiles.to_str().unwrap()]);
-    let pairs = art.join("pairs/MPS100_kernel_labels_targetMPS100.csv");
-    kace(&c, &["observations", "import", pairs.to_str().unwrap()]);
-    let first = json(&c, &["train"]);
-    let first_size = first["metrics"]["fit_pairs"].as_u64().unwrap()
-        + first["metrics"]["holdout_pairs"].as_u64().unwrap();
+    let first_size = common::prepare(&c, &art, MAX_HOLD_S);
 
     let s = {
         let db = Db::open_read_only(&dir.join("kace.db")).unwrap();

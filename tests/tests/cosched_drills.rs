@@ -1,0 +1,261 @@
+//! Co-scheduling on nodes with two typed fake GPUs each, and failure drills: each drill breaks
+//! one thing kace depends on (database, scontrol, MPS control, NVML, a candidate vanishing, two
+//! leads at once) and checks that the lead still runs, the node is not drained, and the prolog
+//! said why it did less. One cluster for all cases; the cases take turns (a lock), since they
+//! change the shared kace.conf.
+
+mod common;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use common::{artifact, field, kace, lead_with_candidates, worker};
+use kace_e2e::{kace as setup, Cluster, NodeSpec};
+
+const WAIT: Duration = Duration::from_secs(40);
+
+static TURN: Mutex<()> = Mutex::new(());
+
+struct Env {
+    c: Arc<Cluster>,
+    lead: String,
+    cands: Vec<String>,
+    _turn: MutexGuard<'static, ()>,
+}
+
+fn env(test: &str) -> Option<Env> {
+    let art = artifact()?;
+    let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let c = kace_e2e::shared(test, || {
+        Cluster::builder()
+            .nodes(vec![
+                NodeSpec::new("n1", 2).shards_per_gpu(2),
+                NodeSpec::new("n2", 2).shards_per_gpu(2),
+            ])
+            .typed_gpus(true)
+            .prolog(setup::hook("kace-prolog", "").unwrap())
+            .epilog(setup::hook("kace-epilog", "").unwrap())
+    })?;
+    if !c.dir().join("kace.db").exists() {
+        common::prepare(&c, &art, 600);
+    }
+    // Each case starts from the standard configuration and a working fake MPS control.
+    std::fs::write(c.dir().join("etc/kace.conf"), setup::conf(c.dir(), 600)).unwrap();
+    let _ = std::fs::remove_file(c.dir().join("mps-fail"));
+    let (lead, cands) = lead_with_candidates(&c.dir().join("kace.db"), 3);
+    Some(Env { c, lead, cands, _turn: turn })
+}
+
+impl Env {
+    fn conf_line(&self, section: &str, line: &str) {
+        let p = self.c.dir().join("etc/kace.conf");
+        let text = std::fs::read_to_string(&p).unwrap();
+        let header = format!("[{section}]\n");
+        let key = line.split('=').next().unwrap().trim();
+        let kept: Vec<&str> =
+            text.lines().filter(|l| l.split('=').next().unwrap().trim() != key).collect();
+        let text = kept.join("\n").replace(&header, &format!("{header}{line}\n"));
+        std::fs::write(&p, text).unwrap();
+    }
+
+    fn submit(&self, workload: &str, gres: &str, node: Option<&str>, secs: u32) -> u32 {
+        let opt = format!("--kace-colocate={workload}");
+        let g = format!("--gres={gres}");
+        let mut args = vec![opt.as_str(), g.as_str()];
+        if let Some(n) = node {
+            args.extend(["-w", n]);
+        }
+        let script = worker(secs, 2);
+        args.extend(["--wrap", script.as_str()]);
+        self.c.sbatch(&args).unwrap()
+    }
+
+    fn prolog_log(&self) -> String {
+        std::fs::read_to_string(self.c.dir().join("log/kace-kace-prolog.log")).unwrap_or_default()
+    }
+
+    /// Waits for `job` to complete and for its prolog to have logged its lead line (or
+    /// `expect`), then checks the node is not drained. Returns the job's prolog lines.
+    fn lead_ran(&self, job: u32, expect: &str) -> String {
+        let j = self.c.wait_done(job, WAIT).unwrap();
+        assert_eq!(field(&j, "JobState"), "COMPLETED", "{j:?}");
+        let prefix = format!("kace: prolog: job {job}: ");
+        let lines: String = self
+            .prolog_log()
+            .lines()
+            .filter(|l| l.starts_with(&prefix))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(lines.contains(expect), "job {job}: no {expect:?} in:\n{lines}");
+        let sinfo = self.c.run_ok("sinfo", &["-h", "-N", "-o", "%N %t"]).unwrap();
+        assert!(!sinfo.contains("drain"), "{sinfo}");
+        lines
+    }
+
+    fn cancel(&self, ids: &[u32]) {
+        let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+        let mut args = vec!["--quiet"];
+        args.extend(ids.iter().map(String::as_str));
+        let _ = self.c.run("scancel", &args);
+        for id in ids {
+            let _ = self.c.wait_done(id.parse().unwrap(), WAIT);
+        }
+    }
+
+    /// A lead on n2's first GPU with held candidates; runs it and returns (lead, candidates).
+    fn lead_with_held(&self) -> (u32, Vec<u32>) {
+        let held: Vec<u32> =
+            self.cands.iter().map(|w| self.submit(w, "shard:1", None, 3)).collect();
+        let lead = self.submit(&self.lead, "shard:g0:1", Some("n2"), 3);
+        self.c.run_ok("scontrol", &["release", &lead.to_string()]).unwrap();
+        (lead, held)
+    }
+}
+
+#[test]
+fn the_partner_lands_on_the_leads_gpu_not_the_free_one() {
+    let Some(e) = env("the_partner_lands_on_the_leads_gpu_not_the_free_one") else { return };
+    // The lead takes n1's second GPU; the first stays free, where Slurm would put an untyped
+    // shard job by itself.
+    let p = e.submit(&e.cands[0], "shard:1", None, 3);
+    let lead = e.submit(&e.lead, "shard:g1:1", Some("n1"), 6);
+    e.c.run_ok("scontrol", &["release", &lead.to_string()]).unwrap();
+    let pj = e.c.wait_job(p, "started", WAIT, |j| field(j, "JobState") != "PENDING").unwrap();
+    assert_eq!(field(&pj, "NodeList"), "n1", "{pj:?}");
+    let detail = |id: u32| {
+        let out = e.c.run_ok("scontrol", &["-o", "-d", "show", "job", &id.to_string()]).unwrap();
+        field(&kace_e2e::parse_fields(&out), "GRES").to_string()
+    };
+    assert!(detail(p).contains("shard:g1:1(IDX:1)"), "partner: {}", detail(p));
+    assert!(detail(lead).contains("(IDX:1)"), "lead: {}", detail(lead));
+    let out = e.c.wait_done(p, WAIT).unwrap();
+    assert_eq!(field(&out, "JobState"), "COMPLETED");
+    assert!(e.c.job_output(p).contains("GPUS=1 "), "{}", e.c.job_output(p));
+    e.lead_ran(lead, &format!("released job {p}"));
+}
+
+#[test]
+fn drill_database_missing() {
+    let Some(e) = env("drill_database_missing") else { return };
+    e.conf_line("database", &format!("path = \"{}/nope.db\"", e.c.dir().display()));
+    let (lead, held) = e.lead_with_held();
+    e.lead_ran(lead, "couldn't choose a partner");
+    e.cancel(&held);
+}
+
+#[test]
+fn drill_database_corrupt() {
+    let Some(e) = env("drill_database_corrupt") else { return };
+    let bad = e.c.dir().join("corrupt.db");
+    std::fs::write(&bad, vec![0x5a; 8192]).unwrap();
+    e.conf_line("database", &format!("path = \"{}\"", bad.display()));
+    let (lead, held) = e.lead_with_held();
+    e.lead_ran(lead, "couldn't choose a partner");
+    e.cancel(&held);
+}
+
+#[test]
+fn drill_scontrol_missing() {
+    let Some(e) = env("drill_scontrol_missing") else { return };
+    e.conf_line("node", "scontrol = \"/nonexistent/scontrol\"");
+    let (lead, held) = e.lead_with_held();
+    let lines = e.lead_ran(lead, "couldn't read the job from Slurm");
+    assert!(
+        lines.contains("couldn't check chosen job") || lines.contains("couldn't release"),
+        "{lines}"
+    );
+    e.cancel(&held);
+}
+
+#[test]
+fn drill_scontrol_hanging() {
+    let Some(e) = env("drill_scontrol_hanging") else { return };
+    let hang = e.c.dir().join("hanging-scontrol");
+    std::fs::write(&hang, "#!/bin/bash\nexec /bin/sleep 60\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&hang, std::fs::Permissions::from_mode(0o755)).unwrap();
+    e.conf_line("node", &format!("scontrol = \"{}\"", hang.display()));
+    e.conf_line("node", "command_timeout_ms = 300");
+    e.conf_line("node", "prolog_budget_ms = 2000");
+    let started = Instant::now();
+    let (lead, held) = e.lead_with_held();
+    let lines = e.lead_ran(lead, "did not finish within 300ms and was killed");
+    assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+    assert!(!lines.contains("released job"), "{lines}");
+    e.cancel(&held);
+}
+
+#[test]
+fn drill_mps_control_failing() {
+    let Some(e) = env("drill_mps_control_failing") else { return };
+    std::fs::write(e.c.dir().join("mps-fail"), "").unwrap();
+    let (lead, held) = e.lead_with_held();
+    let lines = e.lead_ran(lead, "couldn't start the MPS control daemon for GPU 0");
+    // Choosing a partner does not need MPS.
+    assert!(lines.contains("released job"), "{lines}");
+    e.cancel(&held);
+}
+
+#[test]
+fn drill_nvml_absent_and_no_memory_configured() {
+    let Some(e) = env("drill_nvml_absent_and_no_memory_configured") else { return };
+    let p = e.c.dir().join("etc/kace.conf");
+    let text = std::fs::read_to_string(&p).unwrap();
+    let text: String = text
+        .lines()
+        .filter(|l| !l.starts_with("gpu_memory_gib"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&p, text).unwrap();
+    let (lead, held) = e.lead_with_held();
+    let lines = e.lead_ran(lead, "none is configured; memory is not checked");
+    assert!(lines.contains("released job"), "{lines}");
+    e.cancel(&held);
+}
+
+#[test]
+fn drill_candidate_cancelled_between_choice_and_release() {
+    let Some(e) = env("drill_candidate_cancelled_between_choice_and_release") else { return };
+    // scontrol that cancels the job it is asked to move first: the user's scancel landing
+    // between the prolog's choice and its release.
+    let wrapper = e.c.dir().join("cancelling-scontrol");
+    std::fs::write(
+        &wrapper,
+        "#!/bin/bash\nif [ \"$1\" = update ] && [ ! -e {dir}/cancelled-once ]; then\n  \
+         touch {dir}/cancelled-once; /usr/bin/scancel \"${2#jobid=}\"; sleep 0.3\nfi\n\
+         exec /usr/bin/scontrol \"$@\"\n"
+            .replace("{dir}", &e.c.dir().display().to_string()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    e.conf_line("node", &format!("scontrol = \"{}\"", wrapper.display()));
+    let (lead, held) = e.lead_with_held();
+    let lines = e.lead_ran(lead, "couldn't release chosen job");
+    // The next best was released instead.
+    assert!(lines.contains("released job"), "{lines}");
+    let released: Vec<u32> =
+        held.iter().copied().filter(|id| lines.contains(&format!("released job {id} "))).collect();
+    assert_eq!(released.len(), 1, "{lines}");
+    let j = e.c.wait_done(released[0], WAIT).unwrap();
+    assert_eq!(field(&j, "JobState"), "COMPLETED", "{j:?}");
+    e.cancel(&held);
+}
+
+#[test]
+fn drill_two_leads_start_on_two_nodes_at_once() {
+    let Some(e) = env("drill_two_leads_start_on_two_nodes_at_once") else { return };
+    let held: Vec<u32> = e.cands.iter().map(|w| e.submit(w, "shard:1", None, 3)).collect();
+    let a = e.submit(&e.lead, "shard:g0:1", Some("n1"), 4);
+    let b = e.submit(&e.lead, "shard:g0:1", Some("n2"), 4);
+    e.c.run_ok("scontrol", &["release", &a.to_string(), &b.to_string()]).unwrap();
+    let la = e.lead_ran(a, "lead ");
+    let lb = e.lead_ran(b, "lead ");
+    // No candidate was released by both.
+    for id in &held {
+        let tag = format!("released job {id} ");
+        assert!(!(la.contains(&tag) && lb.contains(&tag)), "job {id} released twice:\n{la}{lb}");
+    }
+    e.cancel(&held);
+    kace(&e.c, &["ingest"]);
+}
