@@ -236,7 +236,7 @@ fn lead(
     let rank = starting.iter().position(|j| *j == env.job).unwrap_or(0);
     if k > 1 {
         log(&format!(
-            "{k} kace jobs are starting at once ({starting:?}); taking every {k}th held job from position {rank}"
+            "{k} kace jobs are starting at once ({starting:?}); considering held jobs {rank}, {rank}+{k}, ... of the queue"
         ));
     }
     let held: Vec<&QueuedJob> = queue

@@ -113,7 +113,7 @@ pub fn conf(dir: &Path, max_hold_s: u64) -> String {
     let d = dir.display();
     format!(
         "[database]\npath = \"{d}/kace.db\"\n\
-         [spool]\ndir = \"{d}/spool\"\nquarantine = \"{d}/quarantine\"\n\
+         [spool]\ndir = \"{d}/kace-spool\"\nquarantine = \"{d}/kace-quarantine\"\n\
          [profiling]\nwarmup_steps = 0\n\
          [node]\nmps_control = \"{d}/fake-mps\"\ncommand_timeout_ms = 2000\n\
          prolog_budget_ms = 5000\nmps_root = \"{d}/mps\"\nprogress_root = \"{d}/progress\"\n\

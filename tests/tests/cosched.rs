@@ -220,7 +220,7 @@ fn kace_pairs_the_best_candidate_and_learns_from_the_pair() {
     assert!(!dir.join("mps/0/pipe/fake-mps.pid").exists(), "{calls:#?}");
 
     // Observations and decisions are in the spool; ingest and train take them in.
-    let spooled = std::fs::read_dir(dir.join("spool"))
+    let spooled = std::fs::read_dir(dir.join("kace-spool"))
         .unwrap()
         .flatten()
         .filter(|e| e.path().is_file())
