@@ -43,20 +43,27 @@ fn locate() -> Result<PathBuf, HarnessError> {
         .unwrap_or_else(|| std::env::temp_dir().join("kace-e2e-plugin"));
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-    let out = Command::new(cargo)
-        .args(["build", "--offline", "-p", "kace-node", "-p", "kace-cli", "--manifest-path"])
-        .arg(&manifest)
-        .arg("--target-dir")
-        .arg(&target)
-        .output()
-        .map_err(|e| HarnessError::Plugin(format!("couldn't run cargo build for kace: {e}")))?;
+    // A benchmark (built optimised) measures optimised binaries; tests use debug ones.
+    let release = profile.as_deref().and_then(Path::file_name).is_some_and(|n| n == "release");
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--offline", "-p", "kace-node", "-p", "kace-cli"]);
+    if release {
+        cmd.arg("--release");
+    }
+    let out =
+        cmd.arg("--manifest-path")
+            .arg(&manifest)
+            .arg("--target-dir")
+            .arg(&target)
+            .output()
+            .map_err(|e| HarnessError::Plugin(format!("couldn't run cargo build for kace: {e}")))?;
     if !out.status.success() {
         return Err(HarnessError::Plugin(format!(
             "cargo build -p kace-node -p kace-cli failed: {}",
             String::from_utf8_lossy(&out.stderr)
         )));
     }
-    Ok(target.join("debug"))
+    Ok(target.join(if release { "release" } else { "debug" }))
 }
 
 fn mtime(p: &Path) -> Option<SystemTime> {
