@@ -548,3 +548,21 @@ fn dispatch_releases_leads_onto_free_gpus_and_expired_holds() {
     let r = dispatch::run(&s, 1101.0, 600).unwrap();
     assert!(r.leads.is_empty() && r.expired.is_empty(), "{r:?}");
 }
+
+#[test]
+fn leads_starting_together_split_the_held_queue() {
+    let s = lead_slurm(None);
+    // Job 9, another lead, is starting on another GPU right now (rank 0); job 10 has rank 1.
+    let mut other = held(9, "zeta", "alice", "gres:shard:1");
+    other.state = "CF".into();
+    other.reason = "None".into();
+    s.pending.borrow_mut().insert(0, other);
+    let w = World::new("split", s);
+    let out = w.with(|n| prolog::run(n, &job_env(10, 1)));
+    let prolog::Outcome::Led { decision, .. } = out else { panic!("{out:?}") };
+    let considered: Vec<String> =
+        decision.unwrap().decision.candidates.iter().map(|c| c.job.clone().unwrap()).collect();
+    // Held queue 11..=17: rank 1 of 2 takes positions 1, 3, 5.
+    assert_eq!(considered, ["12", "14", "16"]);
+    assert!(w.logs.borrow().iter().any(|l| l.contains("2 kace jobs are starting at once")));
+}
