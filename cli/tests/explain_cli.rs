@@ -1,0 +1,121 @@
+//! `kace explain` and `kace dispatch` through the built binary, without a cluster: explain reads
+//! a decision from the spool, then from the database after `kace ingest`; dispatch with Slurm's
+//! commands missing fails with a message, and a second dispatch defers to the running one.
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use kace_sql::spool::{write_decision, SpooledDecision};
+use kace_sql::{DecisionCandidate, NewDecision};
+
+struct Env {
+    dir: PathBuf,
+}
+
+impl Env {
+    fn new(tag: &str) -> Env {
+        let dir = std::env::temp_dir().join(format!("kace-explain-{}-{tag}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let d = dir.display();
+        fs::write(
+            dir.join("kace.conf"),
+            format!(
+                "[database]\npath = \"{d}/kace.db\"\n[spool]\ndir = \"{d}/spool\"\n\
+                 quarantine = \"{d}/q\"\n[node]\nscontrol = \"{d}/none\"\nsqueue = \"{d}/none\"\n\
+                 sinfo = \"{d}/none\"\n[dispatch]\nlock = \"{d}/dispatch.lock\"\n"
+            ),
+        )
+        .unwrap();
+        Env { dir }
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_kace"))
+            .env("KACE_CONFIG", self.dir.join("kace.conf"))
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn cand(job: &str, w: &str, p: Option<f64>, r: Option<&str>) -> DecisionCandidate {
+    DecisionCandidate {
+        job: Some(job.into()),
+        workload: w.into(),
+        prediction: p,
+        rejected: r.map(str::to_string),
+    }
+}
+
+#[test]
+fn explain_reads_the_spool_then_the_database() {
+    let e = Env::new("spool");
+    e.ok(&["db", "init"]);
+    let d = SpooledDecision {
+        key: "c/10/decision".into(),
+        created_at: 1000.0,
+        decision: NewDecision {
+            lead_job: Some("10".into()),
+            lead_workload: "bert".into(),
+            chosen_workload: Some("vit".into()),
+            chosen_job: Some("12".into()),
+            model_version: Some(1),
+            candidates: vec![
+                cand("11", "lstm", Some(3.0), None),
+                cand("12", "vit", Some(4.5), None),
+                cand("13", "huge", None, Some("memory does not fit (40.0 GiB > 30.4 GiB)")),
+            ],
+        },
+    };
+    write_decision(&e.dir.join("spool"), &d).unwrap();
+    let check = |source: &str| {
+        let out = e.ok(&["explain", "10"]);
+        assert!(out.contains("job 10 (bert) led its GPU and chose job 12 (vit)"), "{out}");
+        assert!(out.contains(&format!("[{source}]")), "{out}");
+        let out = e.ok(&["explain", "11"]);
+        assert!(out.contains("not chosen: predicted 3.000, the chosen one 4.500"), "{out}");
+        let out = e.ok(&["explain", "12"]);
+        assert!(out.contains("chosen (predicted 4.500)"), "{out}");
+        let out = e.ok(&["explain", "13"]);
+        assert!(out.contains("rejected: memory does not fit"), "{out}");
+    };
+    check("spool");
+    let ingested = e.ok(&["ingest"]);
+    assert!(ingested.contains("ingested 1 new decision(s)"), "{ingested}");
+    check("database");
+    let out = e.ok(&["explain", "99"]);
+    assert!(out.contains("appears in no kace decision"), "{out}");
+    let v: serde_json::Value =
+        serde_json::from_str(&e.ok(&["--format", "json", "explain", "12"])).unwrap();
+    assert_eq!(v["candidate_in"][0]["verdict"], "chosen (predicted 4.500)");
+}
+
+#[test]
+fn dispatch_without_slurm_fails_clearly_and_one_runs_at_a_time() {
+    let e = Env::new("dispatch");
+    let out = e.run(&["dispatch"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("kace: dispatch: couldn't start") && err.contains("/none"), "{err}");
+    // Someone else holds the lock: this run does nothing, successfully.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let lock = kace_node::state::lock_file(&e.dir.join("dispatch.lock"), deadline).unwrap();
+    let out = e.run(&["dispatch"]);
+    drop(lock);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("another dispatch holds"));
+}
