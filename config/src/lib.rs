@@ -183,8 +183,9 @@ pub struct Node {
     pub mps_control: PathBuf,
     /// Each external command is killed after this many milliseconds. Default 2000.
     pub command_timeout_ms: u64,
-    /// The prolog gives up whatever it still has to do after this many milliseconds (its
-    /// total, all commands included), so that it never holds a job up for long. Default 5000.
+    /// The prolog (and the epilog) gives up whatever it still has to do after this many
+    /// milliseconds (its total, all commands included), so that it never holds a job or a
+    /// node up for long. Default 5000.
     pub prolog_budget_ms: u64,
     /// Root of the per-GPU MPS directories; must equal the SPANK plugin's `mps_root`.
     pub mps_root: PathBuf,

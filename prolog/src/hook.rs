@@ -83,7 +83,8 @@ fn body(phase: Phase, started: Instant) {
         timeout,
         deadline: Some(deadline),
     };
-    let mps = NvidiaMps { program: config.node.mps_control.clone(), timeout };
+    let mps =
+        NvidiaMps { program: config.node.mps_control.clone(), timeout, deadline: Some(deadline) };
     let log = |m: &str| eprintln!("{m}");
     let node = Node {
         config: &config,

@@ -4,7 +4,7 @@
 //! environment names its pipe and log directories and the GPU.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kace_layout::{GpuIndex, MpsDirs};
 
@@ -28,9 +28,18 @@ pub struct NvidiaMps {
     pub program: PathBuf,
     /// Per-call timeout.
     pub timeout: Duration,
+    /// No call runs past this (the prolog's budget).
+    pub deadline: Option<Instant>,
 }
 
 impl NvidiaMps {
+    fn timeout(&self) -> Duration {
+        match self.deadline {
+            Some(d) => self.timeout.min(d.saturating_duration_since(Instant::now())),
+            None => self.timeout,
+        }
+    }
+
     fn invocation(&self, dirs: &MpsDirs, args: &[&str]) -> Invocation {
         Invocation::new(&self.program, args.iter().copied())
             .env("CUDA_MPS_PIPE_DIRECTORY", &dirs.pipe)
@@ -45,7 +54,7 @@ impl MpsControl for NvidiaMps {
         }
         // The control client exits non-zero when no daemon listens on the pipe directory.
         let inv = self.invocation(dirs, &[]).stdin("get_server_list\n");
-        exec::run(&inv, self.timeout).is_ok_and(|o| o.success())
+        exec::run(&inv, self.timeout()).is_ok_and(|o| o.success())
     }
 
     fn start(&self, dirs: &MpsDirs, gpu: GpuIndex, uid: u32) -> Result<()> {
@@ -55,17 +64,17 @@ impl MpsControl for NvidiaMps {
         // -d daemonises: the call returns once the daemon is up, and it leaves our process
         // group, so the prolog's own cleanup does not touch it.
         let daemon = self.invocation(dirs, &["-d"]).env("CUDA_VISIBLE_DEVICES", gpu.0.to_string());
-        exec::run_ok(&daemon, self.timeout)?;
+        exec::run_ok(&daemon, self.timeout())?;
         // Starting the job user's server now, not at the first CUDA call, keeps that start-up
         // out of the job's first steps.
         let server = self.invocation(dirs, &[]).stdin(&format!("start_server -uid {uid}\n"));
-        exec::run_ok(&server, self.timeout)?;
+        exec::run_ok(&server, self.timeout())?;
         Ok(())
     }
 
     fn quit(&self, dirs: &MpsDirs) -> Result<()> {
         let inv = self.invocation(dirs, &[]).stdin("quit\n");
-        exec::run_ok(&inv, self.timeout)?;
+        exec::run_ok(&inv, self.timeout())?;
         Ok(())
     }
 }

@@ -207,7 +207,8 @@ fn kace_pairs_the_best_candidate_and_learns_from_the_pair() {
         let j = c.job(*id).unwrap();
         assert_eq!(field(&j, "JobState"), "COMPLETED", "{j:?}");
         let waited = t(&j, "StartTime") - t(&j, "SubmitTime");
-        assert!(waited <= (MAX_HOLD_S + 5) as f64, "job {id} waited {waited} s: {j:?}");
+        // max_hold, plus one timer period (1 s here) and Slurm's start latency (≤ 1 s), with room.
+        assert!(waited <= (MAX_HOLD_S + 8) as f64, "job {id} waited {waited} s: {j:?}");
     }
     let sinfo = c.run_ok("sinfo", &["-h", "-N", "-o", "%N %t"]).unwrap();
     assert!(!sinfo.contains("drain"), "{sinfo}");
