@@ -137,6 +137,7 @@ fn kace_pairs_the_best_candidate_and_learns_from_the_pair() {
     );
     assert_ne!(s.queue[0], s.best);
     assert_ne!(s.queue[0], s.smallest);
+    assert_ne!(s.best, s.smallest);
 
     let submit = |w: &str, secs: u32| {
         let opt = format!("--kace-colocate={w}");
