@@ -7,11 +7,13 @@ mod context;
 mod db_cmd;
 mod eval;
 mod ingest;
+mod man;
 mod model;
 mod observations;
 mod output;
 mod profile;
 mod profile_file;
+mod prune;
 mod retrain;
 mod select;
 mod simulate;
@@ -60,7 +62,7 @@ enum Command {
     Observations(observations::ObservationsArgs),
     /// Fit a new model version from the observed pairs.
     Train(train::TrainArgs),
-    /// Nightly: ingest the spool, then train (activating only a model that is not worse).
+    /// Nightly: ingest the spool, train, activate only a model that is not worse, prune old files.
     Retrain(retrain::RetrainArgs),
     /// List, show and activate model versions.
     Model(model::ModelArgs),
@@ -68,6 +70,9 @@ enum Command {
     Select(select::SelectArgs),
     /// Simulate a cluster under each pairing policy, on measured colocations.
     Simulate(simulate::SimulateArgs),
+    /// Write the man pages into DIR (used by packaging).
+    #[command(hide = true)]
+    GenerateMan(man::GenerateManArgs),
 }
 
 fn main() -> ExitCode {
@@ -119,5 +124,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Model(args) => model::run(args, &ctx().context("config")?).context("model"),
         Command::Select(args) => select::run(args, &ctx().context("config")?).context("select"),
         Command::Simulate(args) => simulate::run(args, cli.format),
+        Command::GenerateMan(args) => man::run(args),
     }
 }

@@ -618,3 +618,45 @@ fn profile_run_with_the_real_backend_fails_clearly_without_a_driver() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn retrain_on_a_young_installation_succeeds_with_one_summary_line() {
+    let env = Env::new("retrain");
+    let spool = env.dir.join("spool");
+    let q = env.dir.join("q");
+    let args = ["retrain", "--spool", spool.to_str().unwrap(), "--quarantine", q.to_str().unwrap()];
+    // No database: a real failure, with the database exit code.
+    fs::create_dir_all(&spool).unwrap();
+    assert_eq!(env.run(&args).status.code(), Some(3));
+
+    env.ok(&["db", "init"]);
+    for i in 0..3 {
+        write_record(&spool, &obs(i)).unwrap();
+    }
+    // An abandoned write from long ago is pruned; a quarantined file from today is kept.
+    let tmp = spool.join(".tmp.1.old.json");
+    fs::write(&tmp, "{").unwrap();
+    let long_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(40 * 86_400);
+    fs::File::options().write(true).open(&tmp).unwrap().set_modified(long_ago).unwrap();
+    fs::create_dir_all(&q).unwrap();
+    fs::write(q.join("recent.json"), "x").unwrap();
+
+    // Too few pairs to train is a normal night: exit 0, the reason in the one line.
+    let out = env.ok(&args);
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(out.starts_with("retrain: ingested 3 new observation(s)"), "{out}");
+    assert!(out.contains("model unchanged: 0 usable observed pair(s)"), "{out}");
+    assert!(out.contains("pruned 1 file(s) older than 30 days"), "{out}");
+    assert!(!tmp.exists());
+    assert!(q.join("recent.json").exists());
+    assert_eq!(count_observations(&env), 3);
+
+    let mut json_args = vec!["--format", "json"];
+    json_args.extend(args);
+    let out = env.ok(&json_args);
+    assert_eq!(out.trim_end().lines().count(), 1, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["ingest"]["duplicates"], 0);
+    assert_eq!(v["model"]["activated"], false);
+    assert_eq!(v["model"]["needed_pairs"], 13);
+}
