@@ -136,7 +136,7 @@ fn summary_json(
             "stale_temp_files": i.stale_temp_files.len(),
         },
         "model": model,
-        "pruned": p.removed,
+        "pruned": p.removed.len(),
         "prune_failures": p.failed.len(),
     })
 }

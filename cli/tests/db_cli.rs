@@ -659,4 +659,5 @@ fn retrain_on_a_young_installation_succeeds_with_one_summary_line() {
     assert_eq!(v["ingest"]["duplicates"], 0);
     assert_eq!(v["model"]["activated"], false);
     assert_eq!(v["model"]["needed_pairs"], 13);
+    assert_eq!(v["pruned"], 0);
 }
