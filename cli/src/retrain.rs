@@ -56,6 +56,9 @@ pub fn run(args: RetrainArgs, ctx: &Ctx) -> Result<()> {
         let keep = Duration::from_secs(args.keep_days.saturating_mul(86_400));
         prune::prune(&spool_dir, &qdir, keep, SystemTime::now())
     };
+    for p in &pruned.removed {
+        ctx.info(&format!("retrain: pruned {}", p.display()));
+    }
     for (p, why) in &pruned.failed {
         eprintln!("kace: retrain: couldn't prune {}: {why}", p.display());
     }
