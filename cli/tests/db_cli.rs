@@ -251,6 +251,56 @@ fn init_import_train_select_agrees_with_the_selector_in_memory() {
     assert_eq!(env.json(&["model", "show"])["version"], 3);
 }
 
+/// The default model kind (kace's slowdown model) through the whole database path: the
+/// stored model predicts exactly what the in-memory one does, and `select --dry-run` chooses
+/// what the selector chooses with it.
+#[test]
+fn default_slowdown_model_trains_stores_and_selects() {
+    let Some(art) = artifact() else { return };
+    let env = Env::new("slowdown");
+    env.ok(&["db", "init"]);
+    let p = art.join("workload_profiles/derived_workload_profiles.csv");
+    env.ok(&["profile", "import", p.to_str().unwrap()]);
+    env.ok(&["observations", "import", art.join(PAIRS).to_str().unwrap()]);
+    let trained = env.json(&["train"]);
+    assert_eq!(trained["metrics"]["kind"], "slowdown");
+    assert!(trained["metrics"]["holdout_r2"].as_f64().unwrap() > 0.5, "{trained}");
+    let shown = env.json(&["model", "show"]);
+    let stored: Model = serde_json::from_value(shown["body"].clone()).unwrap();
+    assert!(matches!(stored, Model::Slowdown(_)));
+    assert!(shown["kind"].as_str().unwrap().starts_with("slowdown/"), "{shown}");
+
+    let profiles = artifact_profiles(&art);
+    let rules = SelectionRules { gpu_memory_gib: Some(32.0), ..SelectionRules::default() };
+    let lead = "bert-base-cased_batch8-inf";
+    let cands = [
+        "vit-base-patch16-224_batch8-inf",
+        "whisper-large-v2_batch2-inf",
+        "albert-base-v2_batch8-train",
+        "wav2vec2-base-960h_batch2-inf",
+    ];
+    let out = env.json(&[
+        "select",
+        "--dry-run",
+        "--lead",
+        lead,
+        "--candidates",
+        &cands.join(","),
+        "--gpu-memory",
+        "32",
+    ]);
+    let in_mem: Vec<Candidate<'_>> = cands
+        .iter()
+        .map(|c| Candidate { profile: profiles.get(*c), workload: Some(c), same_user: true })
+        .collect();
+    let running = [Member { profile: &profiles[lead], workload: Some(lead) }];
+    let expect = select(&running, &in_mem, &stored, &rules);
+    assert_eq!(out["chosen"].as_str(), expect.chosen.map(|i| cands[i]));
+    for (item, v) in out["candidates"].as_array().unwrap().iter().zip(&expect.verdicts) {
+        assert_eq!(item["prediction"].as_f64(), v.prediction);
+    }
+}
+
 #[test]
 fn baseline_labels_and_kernel_totals_merge_into_the_derived_profiles() {
     let Some(art) = artifact() else { return };
