@@ -329,17 +329,14 @@ fn render(eval: &Evaluation, format: Format, per_workload: bool) -> String {
 
 fn write_plot(path: &Path, eval: &Evaluation, per_workload: bool) -> Result<()> {
     let native = eval.native();
+    let title = format!("{} ({} protocol)", eval.title, native.protocol.key());
     let svg = if per_workload {
-        per_target_bars(
-            &eval.title,
-            &[KACE, KACE_LR, BEST_RULE, "memcap", RANDOM],
-            &native.per_target(),
-        )
+        per_target_bars(&title, &[KACE, KACE_LR, BEST_RULE, "memcap", RANDOM], &native.per_target())
     } else {
         let means = native.means();
         let shown: Vec<(String, f64)> =
             FIRST.iter().filter_map(|k| means.get(*k).map(|v| (k.to_string(), *v))).collect();
-        policy_bars(&format!("{} ({} protocol)", eval.title, native.protocol.key()), &shown)
+        policy_bars(&title, &shown)
     };
     std::fs::write(path, svg).with_context(|| format!("couldn't write plot {}", path.display()))
 }

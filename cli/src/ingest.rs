@@ -21,10 +21,29 @@ pub struct IngestArgs {
     quarantine: Option<PathBuf>,
 }
 
+impl IngestArgs {
+    /// The spool and quarantine directories: the options, else the config's.
+    pub fn dirs(&self, ctx: &Ctx) -> (PathBuf, PathBuf) {
+        (
+            self.spool.clone().unwrap_or_else(|| ctx.config.spool.dir.clone()),
+            self.quarantine.clone().unwrap_or_else(|| ctx.config.spool.quarantine.clone()),
+        )
+    }
+}
+
+/// Tells the admin, on stderr, about files ingest could not take.
+pub fn warn(r: &spool::IngestReport) {
+    for (p, why) in &r.quarantined {
+        eprintln!("kace: ingest: quarantined {}: {why}", p.display());
+    }
+    for p in &r.stale_temp_files {
+        eprintln!("kace: ingest: {} is an abandoned write (older than an hour)", p.display());
+    }
+}
+
 /// Runs `kace ingest`.
 pub fn run(args: IngestArgs, ctx: &Ctx) -> Result<()> {
-    let dir = args.spool.unwrap_or_else(|| ctx.config.spool.dir.clone());
-    let qdir = args.quarantine.unwrap_or_else(|| ctx.config.spool.quarantine.clone());
+    let (dir, qdir) = args.dirs(ctx);
     let mut db = ctx.open()?;
     let r = spool::ingest(&mut db, &dir, &qdir)?;
     // The prolog's decisions travel in the same spool (it opens the database read-only).
@@ -57,12 +76,8 @@ pub fn run(args: IngestArgs, ctx: &Ctx) -> Result<()> {
             d.duplicates,
             d.quarantined.len()
         );
-        for (p, why) in r.quarantined.iter().chain(&d.quarantined) {
-            eprintln!("kace: ingest: quarantined {}: {why}", p.display());
-        }
-        for p in &r.stale_temp_files {
-            eprintln!("kace: ingest: {} is an abandoned write (older than an hour)", p.display());
-        }
+        warn(&r);
+        warn(&d);
     }
     Ok(())
 }

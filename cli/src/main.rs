@@ -9,11 +9,13 @@ mod dispatch;
 mod eval;
 mod explain;
 mod ingest;
+mod man;
 mod model;
 mod observations;
 mod output;
 mod profile;
 mod profile_file;
+mod prune;
 mod retrain;
 mod select;
 mod simulate;
@@ -62,7 +64,7 @@ enum Command {
     Observations(observations::ObservationsArgs),
     /// Fit a new model version from the observed pairs.
     Train(train::TrainArgs),
-    /// Nightly: ingest the spool, then train (activating only a model that is not worse).
+    /// Nightly: ingest the spool, train, activate only a model that is not worse, prune old files.
     Retrain(retrain::RetrainArgs),
     /// List, show and activate model versions.
     Model(model::ModelArgs),
@@ -74,6 +76,9 @@ enum Command {
     Dispatch(dispatch::DispatchArgs),
     /// Why a job was or was not paired, from the prolog's decisions.
     Explain(explain::ExplainArgs),
+    /// Write the man pages into DIR (used by packaging).
+    #[command(hide = true)]
+    GenerateMan(man::GenerateManArgs),
 }
 
 fn main() -> ExitCode {
@@ -129,5 +134,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             dispatch::run(args, &ctx().context("config")?).context("dispatch")
         }
         Command::Explain(args) => explain::run(args, &ctx().context("config")?).context("explain"),
+        Command::GenerateMan(args) => man::run(args),
     }
 }

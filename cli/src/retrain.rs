@@ -1,11 +1,22 @@
-//! `kace retrain`: the nightly job — ingest the spool, then train and publish a new model version
-//! only when it is not worse than the active one on held-out pairs.
+//! `kace retrain`: the nightly job, one command for a systemd timer or cron — ingest the spool,
+//! train and validate a new model version on held-out pairs, activate it only when it is not
+//! worse than the active one, prune old spool leftovers, and log one summary line.
+//!
+//! It fails (non-zero exit) only on a real failure: no usable database, an unreadable spool, a
+//! failed fit or store. Too few observed pairs to train (a young installation), a new model that
+//! is worse, quarantined records and files it could not prune are normal nightly outcomes: they
+//! are in the summary (and on stderr), and the exit is 0, so the timer does not cry wolf.
+
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use clap::Args;
+use kace_sql::spool;
+use serde_json::json;
 
-use crate::context::Ctx;
-use crate::{ingest, train};
+use crate::context::{num, Ctx};
+use crate::train::{NotEnoughPairs, Trained};
+use crate::{ingest, prune, train};
 
 /// `kace retrain`
 #[derive(Debug, Args)]
@@ -14,10 +25,125 @@ pub struct RetrainArgs {
     ingest: ingest::IngestArgs,
     #[command(flatten)]
     train: train::TrainArgs,
+    /// Remove quarantined files and abandoned spool writes older than this many days
+    /// (0: prune nothing).
+    #[arg(long, value_name = "DAYS", default_value_t = 30)]
+    keep_days: u64,
+}
+
+/// What became of the model this run.
+enum ModelOutcome {
+    Trained(Trained),
+    NotEnough(NotEnoughPairs),
 }
 
 /// Runs `kace retrain`.
 pub fn run(args: RetrainArgs, ctx: &Ctx) -> Result<()> {
-    ingest::run(args.ingest, ctx).context("ingest")?;
-    train::run(args.train, ctx).context("train")
+    let (spool_dir, qdir) = args.ingest.dirs(ctx);
+    let mut db = ctx.open()?;
+    let ingested = spool::ingest(&mut db, &spool_dir, &qdir).context("ingest")?;
+    ingest::warn(&ingested);
+    // The prolog's decisions share the spool; they are stored too, for `kace explain`.
+    let decisions =
+        spool::ingest_decisions(&mut db, &spool_dir, &qdir).context("ingest decisions")?;
+    ingest::warn(&decisions);
+    let model = match train::train(&args.train, ctx, &mut db) {
+        Ok(t) => ModelOutcome::Trained(t),
+        Err(e) => match e.downcast_ref::<NotEnoughPairs>() {
+            Some(n) => ModelOutcome::NotEnough(*n),
+            None => return Err(e.context("train")),
+        },
+    };
+    let pruned = if args.keep_days == 0 {
+        prune::PruneReport::default()
+    } else {
+        let keep = Duration::from_secs(args.keep_days.saturating_mul(86_400));
+        prune::prune(&spool_dir, &qdir, keep, SystemTime::now())
+    };
+    for p in &pruned.removed {
+        ctx.info(&format!("retrain: pruned {}", p.display()));
+    }
+    for (p, why) in &pruned.failed {
+        eprintln!("kace: retrain: couldn't prune {}: {why}", p.display());
+    }
+    if ctx.json() {
+        // One line, like the text summary, so that a log line is one record.
+        println!("{}", serde_json::to_string(&summary_json(&ingested, &model, &pruned))?);
+    } else {
+        println!("{}", summary_line(&ingested, &model, &pruned, args.keep_days));
+    }
+    Ok(())
+}
+
+fn summary_line(
+    i: &spool::IngestReport,
+    model: &ModelOutcome,
+    p: &prune::PruneReport,
+    keep_days: u64,
+) -> String {
+    let ingest = format!(
+        "ingested {} new observation(s) ({} already stored, {} quarantined)",
+        i.inserted,
+        i.duplicates,
+        i.quarantined.len()
+    );
+    let model = match model {
+        ModelOutcome::Trained(t) => {
+            let previous = match t.previous {
+                Some((v, q)) => format!(" vs {} for active version {v}", num(q.mse)),
+                None => " (no active model to compare)".to_string(),
+            };
+            let verdict = if t.activated { "activated" } else { "not activated: worse" };
+            format!(
+                "model version {} ({}) fitted on {} pairs, held-out MSE {}{previous}: {verdict}",
+                t.version,
+                t.kind.key(),
+                t.fit_pairs,
+                num(t.quality.mse),
+            )
+        }
+        ModelOutcome::NotEnough(n) => {
+            format!("model unchanged: {} usable observed pair(s), {} needed", n.usable, n.needed)
+        }
+    };
+    let prune = match (keep_days, p.failed.len()) {
+        (0, _) => "pruning off".to_string(),
+        (_, 0) => format!("pruned {} file(s) older than {keep_days} days", p.removed.len()),
+        (_, f) => format!(
+            "pruned {} file(s) older than {keep_days} days, {f} could not be removed",
+            p.removed.len()
+        ),
+    };
+    format!("retrain: {ingest}; {model}; {prune}")
+}
+
+fn summary_json(
+    i: &spool::IngestReport,
+    model: &ModelOutcome,
+    p: &prune::PruneReport,
+) -> serde_json::Value {
+    let model = match model {
+        ModelOutcome::Trained(t) => json!({
+            "version": t.version,
+            "activated": t.activated,
+            "metrics": t.metrics,
+        }),
+        ModelOutcome::NotEnough(n) => json!({
+            "version": null,
+            "activated": false,
+            "usable_pairs": n.usable,
+            "needed_pairs": n.needed,
+        }),
+    };
+    json!({
+        "ingest": {
+            "inserted": i.inserted,
+            "duplicates": i.duplicates,
+            "quarantined": i.quarantined.len(),
+            "stale_temp_files": i.stale_temp_files.len(),
+        },
+        "model": model,
+        "pruned": p.removed.len(),
+        "prune_failures": p.failed.len(),
+    })
 }

@@ -7,6 +7,7 @@ use kace_selector::dataset::Group;
 use kace_selector::eval::FitQuality;
 use kace_selector::{Member, Model, ModelKind, Predictor, SlowdownParams};
 use kace_sql::decide::{active_model, holdout_split, model_to_new_model, training_set};
+use kace_sql::Db;
 use kace_sql::Error as SqlError;
 use serde_json::json;
 
@@ -63,15 +64,63 @@ fn not_worse(new_mse: f64, active_mse: Option<f64>) -> bool {
     !new_mse.is_nan() && active_mse.is_none_or(|a| a.is_nan() || new_mse <= a)
 }
 
-/// Runs `kace train`.
-pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
+/// Too few usable observed pairs to fit a model and hold some out. `kace train` reports it as
+/// an error; the nightly `kace retrain` reports it as "model unchanged" and succeeds, because a
+/// young installation simply has not observed enough colocations yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotEnoughPairs {
+    /// Observed pairs whose two workloads both have profiles.
+    pub usable: usize,
+    /// Observed pairs skipped for a missing profile.
+    pub skipped: usize,
+    /// Usable pairs needed: [`MIN_FIT_PAIRS`] to fit plus one to hold out.
+    pub needed: usize,
+}
+
+impl std::fmt::Display for NotEnoughPairs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "couldn't fit a model: {} usable observed pair(s) ({} skipped for missing profiles); \
+             need at least {} to fit and one to hold out",
+            self.usable, self.skipped, self.needed
+        )
+    }
+}
+
+impl std::error::Error for NotEnoughPairs {}
+
+/// What one training run did.
+#[derive(Debug, Clone)]
+pub struct Trained {
+    /// The stored model version.
+    pub version: i64,
+    /// Whether it is now the active version.
+    pub activated: bool,
+    /// Its kind.
+    pub kind: ModelKind,
+    /// Pairs it was fitted on.
+    pub fit_pairs: usize,
+    /// Pairs held out to validate it.
+    pub holdout_pairs: usize,
+    /// Its error on the held-out pairs.
+    pub quality: FitQuality,
+    /// The version that was active before, with its error on the same held-out pairs (`None`:
+    /// there was none, or it could not compete).
+    pub previous: Option<(i64, FitQuality)>,
+    /// The metrics stored with the model.
+    pub metrics: serde_json::Value,
+}
+
+/// Fits, validates on held-out pairs, stores and (when not worse, or with `--activate`)
+/// activates a new model version. Too little data is a [`NotEnoughPairs`] error.
+pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
     let fraction = args.holdout_fraction.unwrap_or(ctx.config.training.holdout_fraction);
     if !(fraction > 0.0 && fraction < 1.0) {
         bail!("--holdout-fraction {fraction}: must be in (0, 1)");
     }
     let seed = args.seed.unwrap_or(ctx.config.training.seed);
-    let mut db = ctx.open()?;
-    let set = training_set(&db)?;
+    let set = training_set(db)?;
     let kind = match args.kind {
         Some(KindArg::Slowdown) => ModelKind::Slowdown,
         Some(KindArg::Linear) => ModelKind::Linear,
@@ -80,13 +129,12 @@ pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
     let objective = ctx.config.selection.objective;
     let (fit_idx, held_idx) = holdout_split(set.groups.len(), fraction, seed);
     if fit_idx.len() < MIN_FIT_PAIRS || held_idx.is_empty() {
-        bail!(
-            "couldn't fit a model: {} usable observed pair(s) ({} skipped for missing profiles); \
-             need at least {} to fit and one to hold out",
-            set.groups.len(),
-            set.skipped,
-            MIN_FIT_PAIRS + 1
-        );
+        return Err(NotEnoughPairs {
+            usable: set.groups.len(),
+            skipped: set.skipped,
+            needed: MIN_FIT_PAIRS + 1,
+        }
+        .into());
     }
     let fit: Vec<&Group> = fit_idx.iter().map(|&i| &set.groups[i]).collect();
     let held: Vec<&Group> = held_idx.iter().map(|&i| &set.groups[i]).collect();
@@ -94,7 +142,7 @@ pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
     let model = Model::train(kind, &fit, objective, SlowdownParams::default())?;
     let quality = |m: &Model| FitQuality::of(&held_y, &predictions(m, &held, objective));
     let new_q = quality(&model);
-    let active = match active_model(&db) {
+    let active = match active_model(db) {
         // An active model that cannot predict this objective is no competitor.
         Ok((v, m)) if m.serves(objective) => Some((v, quality(&m))),
         Ok((v, _)) => {
@@ -133,21 +181,38 @@ pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
     if activated {
         db.activate_model(version)?;
     }
+    Ok(Trained {
+        version,
+        activated,
+        kind,
+        fit_pairs: fit_idx.len(),
+        holdout_pairs: held_idx.len(),
+        quality: new_q,
+        previous: active,
+        metrics,
+    })
+}
+
+/// Runs `kace train`.
+pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
+    let mut db = ctx.open()?;
+    let t = train(&args, ctx, &mut db)?;
     if ctx.json() {
-        print_json(&json!({ "version": version, "activated": activated, "metrics": metrics }))
+        print_json(&json!({ "version": t.version, "activated": t.activated, "metrics": t.metrics }))
     } else {
         println!(
-            "model version {version} ({}): fitted on {} pairs, held-out MSE {} (R² {}) on {} pairs",
-            kind.key(),
-            fit_idx.len(),
-            num(new_q.mse),
-            num(new_q.r2),
-            held_idx.len()
+            "model version {} ({}): fitted on {} pairs, held-out MSE {} (R² {}) on {} pairs",
+            t.version,
+            t.kind.key(),
+            t.fit_pairs,
+            num(t.quality.mse),
+            num(t.quality.r2),
+            t.holdout_pairs
         );
-        if let Some((v, q)) = active {
+        if let Some((v, q)) = t.previous {
             println!("active version {v} on the same held-out pairs: MSE {}", num(q.mse));
         }
-        match (activated, args.activate) {
+        match (t.activated, args.activate) {
             (true, true) => println!("activated (--activate)"),
             (true, false) => println!("activated (not worse than the active model)"),
             (false, _) => {

@@ -251,6 +251,56 @@ fn init_import_train_select_agrees_with_the_selector_in_memory() {
     assert_eq!(env.json(&["model", "show"])["version"], 3);
 }
 
+/// The default model kind (kace's slowdown model) through the whole database path: the
+/// stored model predicts exactly what the in-memory one does, and `select --dry-run` chooses
+/// what the selector chooses with it.
+#[test]
+fn default_slowdown_model_trains_stores_and_selects() {
+    let Some(art) = artifact() else { return };
+    let env = Env::new("slowdown");
+    env.ok(&["db", "init"]);
+    let p = art.join("workload_profiles/derived_workload_profiles.csv");
+    env.ok(&["profile", "import", p.to_str().unwrap()]);
+    env.ok(&["observations", "import", art.join(PAIRS).to_str().unwrap()]);
+    let trained = env.json(&["train"]);
+    assert_eq!(trained["metrics"]["kind"], "slowdown");
+    assert!(trained["metrics"]["holdout_r2"].as_f64().unwrap() > 0.5, "{trained}");
+    let shown = env.json(&["model", "show"]);
+    let stored: Model = serde_json::from_value(shown["body"].clone()).unwrap();
+    assert!(matches!(stored, Model::Slowdown(_)));
+    assert!(shown["kind"].as_str().unwrap().starts_with("slowdown/"), "{shown}");
+
+    let profiles = artifact_profiles(&art);
+    let rules = SelectionRules { gpu_memory_gib: Some(32.0), ..SelectionRules::default() };
+    let lead = "bert-base-cased_batch8-inf";
+    let cands = [
+        "vit-base-patch16-224_batch8-inf",
+        "whisper-large-v2_batch2-inf",
+        "albert-base-v2_batch8-train",
+        "wav2vec2-base-960h_batch2-inf",
+    ];
+    let out = env.json(&[
+        "select",
+        "--dry-run",
+        "--lead",
+        lead,
+        "--candidates",
+        &cands.join(","),
+        "--gpu-memory",
+        "32",
+    ]);
+    let in_mem: Vec<Candidate<'_>> = cands
+        .iter()
+        .map(|c| Candidate { profile: profiles.get(*c), workload: Some(c), same_user: true })
+        .collect();
+    let running = [Member { profile: &profiles[lead], workload: Some(lead) }];
+    let expect = select(&running, &in_mem, &stored, &rules);
+    assert_eq!(out["chosen"].as_str(), expect.chosen.map(|i| cands[i]));
+    for (item, v) in out["candidates"].as_array().unwrap().iter().zip(&expect.verdicts) {
+        assert_eq!(item["prediction"].as_f64(), v.prediction);
+    }
+}
+
 #[test]
 fn baseline_labels_and_kernel_totals_merge_into_the_derived_profiles() {
     let Some(art) = artifact() else { return };
@@ -617,4 +667,47 @@ fn profile_run_with_the_real_backend_fails_clearly_without_a_driver() {
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn retrain_on_a_young_installation_succeeds_with_one_summary_line() {
+    let env = Env::new("retrain");
+    let spool = env.dir.join("spool");
+    let q = env.dir.join("q");
+    let args = ["retrain", "--spool", spool.to_str().unwrap(), "--quarantine", q.to_str().unwrap()];
+    // No database: a real failure, with the database exit code.
+    fs::create_dir_all(&spool).unwrap();
+    assert_eq!(env.run(&args).status.code(), Some(3));
+
+    env.ok(&["db", "init"]);
+    for i in 0..3 {
+        write_record(&spool, &obs(i)).unwrap();
+    }
+    // An abandoned write from long ago is pruned; a quarantined file from today is kept.
+    let tmp = spool.join(".tmp.1.old.json");
+    fs::write(&tmp, "{").unwrap();
+    let long_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(40 * 86_400);
+    fs::File::options().write(true).open(&tmp).unwrap().set_modified(long_ago).unwrap();
+    fs::create_dir_all(&q).unwrap();
+    fs::write(q.join("recent.json"), "x").unwrap();
+
+    // Too few pairs to train is a normal night: exit 0, the reason in the one line.
+    let out = env.ok(&args);
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(out.starts_with("retrain: ingested 3 new observation(s)"), "{out}");
+    assert!(out.contains("model unchanged: 0 usable observed pair(s)"), "{out}");
+    assert!(out.contains("pruned 1 file(s) older than 30 days"), "{out}");
+    assert!(!tmp.exists());
+    assert!(q.join("recent.json").exists());
+    assert_eq!(count_observations(&env), 3);
+
+    let mut json_args = vec!["--format", "json"];
+    json_args.extend(args);
+    let out = env.ok(&json_args);
+    assert_eq!(out.trim_end().lines().count(), 1, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["ingest"]["duplicates"], 0);
+    assert_eq!(v["model"]["activated"], false);
+    assert_eq!(v["model"]["needed_pairs"], 13);
+    assert_eq!(v["pruned"], 0);
 }

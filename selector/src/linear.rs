@@ -14,45 +14,65 @@ pub fn ols_with_intercept<R: AsRef<[f64]>>(
     rows: &[R],
     y: &[f64],
 ) -> Result<(f64, Vec<f64>), SelectorError> {
-    let n = rows.len();
-    if n == 0 {
-        return Err(SelectorError::EmptyTrainingSet);
-    }
-    if y.len() != n {
-        return Err(SelectorError::DimensionMismatch { expected: n, found: y.len() });
-    }
-    let p = rows[0].as_ref().len();
-    for (i, r) in rows.iter().enumerate() {
-        let r = r.as_ref();
-        if r.len() != p {
-            return Err(SelectorError::DimensionMismatch { expected: p, found: r.len() });
-        }
-        if let Some(j) = r.iter().position(|v| !v.is_finite()) {
-            return Err(SelectorError::NonFinite { row: i, column: j });
-        }
-    }
-    if let Some(i) = y.iter().position(|v| !v.is_finite()) {
-        return Err(SelectorError::NonFinite { row: i, column: p });
-    }
-    // Centring removes the intercept from the system; it is recovered from the means afterwards.
-    let x_mean: Vec<f64> =
-        (0..p).map(|j| rows.iter().map(|r| r.as_ref()[j]).sum::<f64>() / n as f64).collect();
-    let y_mean = y.iter().sum::<f64>() / n as f64;
-    let x = DMatrix::from_fn(n, p, |i, j| rows[i].as_ref()[j] - x_mean[j]);
-    let yc = DVector::from_iterator(n, y.iter().map(|v| v - y_mean));
+    let c = Centred::new(rows, y)?;
+    let (n, p) = (rows.len(), c.x_mean.len());
+    let (x, yc) = (&c.x, &c.y);
     let coef: Vec<f64> = if p == 0 {
         Vec::new()
     } else {
-        let svd = x.svd(true, true);
+        let svd = x.clone().svd(true, true);
         let smax = svd.singular_values.iter().cloned().fold(0.0, f64::max);
         let eps = (n.max(p) as f64) * f64::EPSILON * smax;
         let sol = svd
-            .solve(&yc, eps)
+            .solve(yc, eps)
             .map_err(|e| SelectorError::Numerical(format!("least squares failed: {e}")))?;
         sol.iter().copied().collect()
     };
-    let intercept = y_mean - coef.iter().zip(&x_mean).map(|(c, m)| c * m).sum::<f64>();
-    Ok((intercept, coef))
+    Ok((c.intercept(&coef), coef))
+}
+
+/// Validated rows and targets with every column centred, so that the intercept drops out of
+/// the system and is recovered from the means afterwards.
+struct Centred {
+    x_mean: Vec<f64>,
+    y_mean: f64,
+    x: DMatrix<f64>,
+    y: DVector<f64>,
+}
+
+impl Centred {
+    fn new<R: AsRef<[f64]>>(rows: &[R], y: &[f64]) -> Result<Centred, SelectorError> {
+        let n = rows.len();
+        if n == 0 {
+            return Err(SelectorError::EmptyTrainingSet);
+        }
+        if y.len() != n {
+            return Err(SelectorError::DimensionMismatch { expected: n, found: y.len() });
+        }
+        let p = rows[0].as_ref().len();
+        for (i, r) in rows.iter().enumerate() {
+            let r = r.as_ref();
+            if r.len() != p {
+                return Err(SelectorError::DimensionMismatch { expected: p, found: r.len() });
+            }
+            if let Some(j) = r.iter().position(|v| !v.is_finite()) {
+                return Err(SelectorError::NonFinite { row: i, column: j });
+            }
+        }
+        if let Some(i) = y.iter().position(|v| !v.is_finite()) {
+            return Err(SelectorError::NonFinite { row: i, column: p });
+        }
+        let x_mean: Vec<f64> =
+            (0..p).map(|j| rows.iter().map(|r| r.as_ref()[j]).sum::<f64>() / n as f64).collect();
+        let y_mean = y.iter().sum::<f64>() / n as f64;
+        let x = DMatrix::from_fn(n, p, |i, j| rows[i].as_ref()[j] - x_mean[j]);
+        let y = DVector::from_iterator(n, y.iter().map(|v| v - y_mean));
+        Ok(Centred { x_mean, y_mean, x, y })
+    }
+
+    fn intercept(&self, coef: &[f64]) -> f64 {
+        self.y_mean - coef.iter().zip(&self.x_mean).map(|(c, m)| c * m).sum::<f64>()
+    }
 }
 
 /// The paper's model: OLS fitted on z-scored features and z-scored target.
@@ -181,51 +201,28 @@ pub fn ridge_with_intercept<R: AsRef<[f64]>>(
     y: &[f64],
     alpha: f64,
 ) -> Result<(f64, Vec<f64>), SelectorError> {
-    let n = rows.len();
-    if n == 0 {
-        return Err(SelectorError::EmptyTrainingSet);
-    }
-    if y.len() != n {
-        return Err(SelectorError::DimensionMismatch { expected: n, found: y.len() });
-    }
     if !(alpha > 0.0 && alpha.is_finite()) {
         return Err(SelectorError::Invalid(format!("ridge strength must be > 0, got {alpha}")));
     }
-    let p = rows[0].as_ref().len();
-    for (i, r) in rows.iter().enumerate() {
-        let r = r.as_ref();
-        if r.len() != p {
-            return Err(SelectorError::DimensionMismatch { expected: p, found: r.len() });
-        }
-        if let Some(j) = r.iter().position(|v| !v.is_finite()) {
-            return Err(SelectorError::NonFinite { row: i, column: j });
-        }
-    }
-    if let Some(i) = y.iter().position(|v| !v.is_finite()) {
-        return Err(SelectorError::NonFinite { row: i, column: p });
-    }
-    let x_mean: Vec<f64> =
-        (0..p).map(|j| rows.iter().map(|r| r.as_ref()[j]).sum::<f64>() / n as f64).collect();
-    let y_mean = y.iter().sum::<f64>() / n as f64;
-    let x = DMatrix::from_fn(n, p, |i, j| rows[i].as_ref()[j] - x_mean[j]);
-    let yc = DVector::from_iterator(n, y.iter().map(|v| v - y_mean));
+    let c = Centred::new(rows, y)?;
+    let (n, p) = (rows.len(), c.x_mean.len());
+    let (x, yc) = (&c.x, &c.y);
     let singular = || SelectorError::Numerical("ridge system is not positive definite".into());
     let w: DVector<f64> = if p <= n {
-        let mut a = x.tr_mul(&x);
+        let mut a = x.tr_mul(x);
         for j in 0..p {
             a[(j, j)] += alpha;
         }
-        a.cholesky().ok_or_else(singular)?.solve(&x.tr_mul(&yc))
+        a.cholesky().ok_or_else(singular)?.solve(&x.tr_mul(yc))
     } else {
-        let mut k = &x * x.transpose();
+        let mut k = x * x.transpose();
         for i in 0..n {
             k[(i, i)] += alpha;
         }
-        x.tr_mul(&k.cholesky().ok_or_else(singular)?.solve(&yc))
+        x.tr_mul(&k.cholesky().ok_or_else(singular)?.solve(yc))
     };
     let coef: Vec<f64> = w.iter().copied().collect();
-    let intercept = y_mean - coef.iter().zip(&x_mean).map(|(c, m)| c * m).sum::<f64>();
-    Ok((intercept, coef))
+    Ok((c.intercept(&coef), coef))
 }
 
 #[cfg(test)]
