@@ -3,18 +3,12 @@
 //! kace job held longer than `dispatch.max_hold_s`. One instance runs at a time (a lock file);
 //! a second one returns at once.
 
-use std::time::{Duration, Instant};
-
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
-use kace_node::slurm::Commands;
 use kace_node::{Clock, SystemClock};
 use serde_json::json;
 
 use crate::context::{print_json, Ctx};
-
-/// How long dispatch may take in all, so that a hanging Slurm command cannot pile up timer runs.
-const BUDGET: Duration = Duration::from_secs(60);
 
 /// `kace dispatch`
 #[derive(Debug, Args)]
@@ -22,25 +16,14 @@ pub struct DispatchArgs {}
 
 /// Runs `kace dispatch`.
 pub fn run(_args: DispatchArgs, ctx: &Ctx) -> Result<()> {
-    let lock_path = &ctx.config.dispatch.lock;
-    if let Some(dir) = lock_path.parent() {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("couldn't create {}", dir.display()))?;
-    }
-    let Some(_lock) = kace_node::state::try_lock_file(lock_path)? else {
-        eprintln!("kace: dispatch: another dispatch holds {}; nothing done", lock_path.display());
+    let max_hold = ctx.config.dispatch.max_hold_s;
+    let Some(r) = kace_node::dispatch::run_configured(&ctx.config, SystemClock.now())? else {
+        eprintln!(
+            "kace: dispatch: another dispatch holds {}; nothing done",
+            ctx.config.dispatch.lock.display()
+        );
         return Ok(());
     };
-    let node = &ctx.config.node;
-    let slurm = Commands {
-        scontrol: node.scontrol.clone(),
-        squeue: node.squeue.clone(),
-        sinfo: node.sinfo.clone(),
-        timeout: Duration::from_millis(node.command_timeout_ms),
-        deadline: Some(Instant::now() + BUDGET),
-    };
-    let max_hold = ctx.config.dispatch.max_hold_s;
-    let r = kace_node::dispatch::run(&slurm, SystemClock.now(), max_hold)?;
     for p in &r.problems {
         eprintln!("kace: dispatch: {p}");
     }

@@ -7,9 +7,35 @@
 //! when typed). Leads are released oldest first, one per free GPU.
 
 use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
-use crate::error::Result;
-use crate::slurm::{QueuedJob, Slurm, Target};
+use kace_config::Config;
+
+use crate::error::{io, Result};
+use crate::slurm::{Commands, QueuedJob, Slurm, Target};
+
+/// How long one configured dispatch may take in all, so that a hanging Slurm command cannot
+/// pile up timer runs.
+pub const BUDGET: Duration = Duration::from_secs(60);
+
+/// One dispatch pass as configured (real Slurm commands, `dispatch.max_hold_s`), under the
+/// dispatch lock. `Ok(None)` when another dispatch holds the lock: it does the work.
+pub fn run_configured(config: &Config, now: f64) -> Result<Option<Report>> {
+    let lock_path = &config.dispatch.lock;
+    if let Some(dir) = lock_path.parent() {
+        std::fs::create_dir_all(dir).map_err(io("create the directory of", lock_path))?;
+    }
+    let Some(_lock) = crate::state::try_lock_file(lock_path)? else { return Ok(None) };
+    let node = &config.node;
+    let slurm = Commands {
+        scontrol: node.scontrol.clone(),
+        squeue: node.squeue.clone(),
+        sinfo: node.sinfo.clone(),
+        timeout: Duration::from_millis(node.command_timeout_ms),
+        deadline: Some(Instant::now() + BUDGET),
+    };
+    run(&slurm, now, config.dispatch.max_hold_s).map(Some)
+}
 
 /// What one dispatch run did.
 #[derive(Debug, Clone, Default, PartialEq)]

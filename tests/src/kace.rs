@@ -10,7 +10,7 @@ use std::time::SystemTime;
 
 use crate::{HarnessError, Hook};
 
-const BINS: [&str; 3] = ["kace", "kace-prolog", "kace-epilog"];
+const BINS: [&str; 4] = ["kace", "kace-prolog", "kace-epilog", "kace-dispatch"];
 /// The crates the binaries are built from (for the staleness check).
 const CRATES: [&str; 8] =
     ["prolog", "cli", "sql", "selector", "config", "layout", "profiling", "simulator"];

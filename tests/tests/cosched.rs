@@ -121,7 +121,7 @@ fn kace_pairs_the_best_candidate_and_learns_from_the_pair() {
         .nodes(vec![NodeSpec::new("n1", 1)])
         .prolog(setup::hook("kace-prolog", "").unwrap())
         .epilog(setup::hook("kace-epilog", "").unwrap())
-        .epilog_slurmctld(setup::hook("kace", "dispatch").unwrap())
+        .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
         .start()
         .unwrap();
     let dir = c.dir().to_path_buf();
@@ -211,6 +211,10 @@ fn kace_pairs_the_best_candidate_and_learns_from_the_pair() {
         // max_hold, plus one timer period (1 s here) and Slurm's start latency (≤ 1 s), with room.
         assert!(waited <= (MAX_HOLD_S + 8) as f64, "job {id} waited {waited} s: {j:?}");
     }
+    // EpilogSlurmctld ran kace-dispatch (the shell made its log) without complaint.
+    let hook_log = std::fs::read_to_string(dir.join("log/kace-kace-dispatch.log"))
+        .expect("EpilogSlurmctld ran kace-dispatch");
+    assert!(!hook_log.contains("couldn't"), "{hook_log}");
     let sinfo = c.run_ok("sinfo", &["-h", "-N", "-o", "%N %t"]).unwrap();
     assert!(!sinfo.contains("drain"), "{sinfo}");
 

@@ -1,0 +1,42 @@
+//! `kace-dispatch`: `kace dispatch` as a program Slurm can run from `EpilogSlurmctld=` (which
+//! takes a path, no arguments). It reads kace.conf, runs one dispatch pass under the dispatch
+//! lock, logs what it released on stderr (slurmctld's log) and exits 0: a failing
+//! EpilogSlurmctld is only logged by Slurm, and the timer's `kace dispatch` retries anyway.
+
+use std::process::ExitCode;
+
+use kace_node::{Clock, SystemClock};
+
+fn main() -> ExitCode {
+    let run = || {
+        let config = match kace_config::Config::load(None) {
+            Ok((c, _)) => c,
+            Err(e) => {
+                eprintln!("kace: dispatch: couldn't load the configuration: {e}; nothing done");
+                return;
+            }
+        };
+        match kace_node::dispatch::run_configured(&config, SystemClock.now()) {
+            Ok(None) => {}
+            Ok(Some(r)) => {
+                for (job, node, gpu) in &r.leads {
+                    eprintln!("kace: dispatch: released job {job} as a lead onto {node} GPU {gpu}");
+                }
+                for job in &r.expired {
+                    eprintln!(
+                        "kace: dispatch: released job {job}: held longer than {} s",
+                        config.dispatch.max_hold_s
+                    );
+                }
+                for p in &r.problems {
+                    eprintln!("kace: dispatch: {p}");
+                }
+            }
+            Err(e) => eprintln!("kace: dispatch: couldn't dispatch: {e}"),
+        }
+    };
+    if std::panic::catch_unwind(run).is_err() {
+        eprintln!("kace: dispatch: couldn't finish: internal error (see the panic above)");
+    }
+    ExitCode::SUCCESS
+}
