@@ -11,8 +11,13 @@ A bad workload refuses the submission with a message saying what is allowed.
 Every other job passes untouched.
 
 Priority 0 set here is a *user* hold (JobHeldUser), which users may normally release;
-slurm_job_modify below refuses that release from anyone but root for a kace job.
+slurm_job_modify below refuses that release for a kace job from anyone but the uids in
+RELEASERS: root, which runs the prolog and the dispatch timer. EpilogSlurmctld runs
+kace-dispatch as SlurmUser: a site whose SlurmUser is not root adds that uid here.
 ]]
+
+-- Uids allowed to release a held kace job (root; add SlurmUser's uid if it is not root).
+local RELEASERS = { [0] = true }
 
 local MAX_LEN = 128
 local RULE = "a workload name is 1 to 128 of A-Z a-z 0-9 . _ + -"
@@ -79,7 +84,7 @@ end
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
   local ac = job_rec.admin_comment
   -- `scontrol release` arrives as priority = INFINITE; other updates carry NO_VAL.
-  if modify_uid ~= 0 and ac ~= nil and string.sub(ac, 1, #PREFIX) == PREFIX
+  if not RELEASERS[modify_uid] and ac ~= nil and string.sub(ac, 1, #PREFIX) == PREFIX
       and job_desc.priority == slurm.INFINITE then
     slurm.log_info("kace: gate: refused uid %u releasing kace job %u", modify_uid, job_rec.job_id)
     return slurm.ESLURM_ACCESS_DENIED
