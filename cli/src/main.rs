@@ -14,7 +14,6 @@ mod model;
 mod observations;
 mod output;
 mod profile;
-mod profile_file;
 mod prune;
 mod retrain;
 mod select;

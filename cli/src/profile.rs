@@ -15,7 +15,6 @@ use serde_json::json;
 
 use crate::context::{num, print_json, Ctx};
 use crate::output::table;
-use crate::profile_file;
 
 /// GPU model recorded when none is given (the artifact's profiles come from a V100 32 GB, but
 /// kace cannot know what a file describes).
@@ -146,7 +145,7 @@ fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
 fn import(ctx: &Ctx, gpu_model: &str, paths: &[PathBuf]) -> Result<()> {
     let mut all: Vec<NewProfile> = Vec::new();
     for f in expand(paths)? {
-        let got = profile_file::read_file(&f, gpu_model)?;
+        let got = read_profile_file(&f, gpu_model)?;
         ctx.info(&format!("profile import: {} profile(s) from {}", got.len(), f.display()));
         all.extend(got);
     }
@@ -353,4 +352,14 @@ fn show(ctx: &Ctx, workload: &str) -> Result<()> {
         .collect();
     print!("{}", table(&["feature", "value"], &rows));
     Ok(())
+}
+
+/// Reads one profile file, choosing the format by extension (`.json`, else CSV).
+fn read_profile_file(path: &Path, gpu_model: &str) -> Result<Vec<kace_sql::NewProfile>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("couldn't read {}", path.display()))?;
+    let source = format!("file:{}", path.file_name().unwrap_or_default().to_string_lossy());
+    let is_json = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    kace_sql::profile_table::parse(&text, is_json, gpu_model, &source)
+        .with_context(|| format!("couldn't import profiles from {}", path.display()))
 }

@@ -14,6 +14,7 @@
 pub mod db;
 pub mod decide;
 pub mod error;
+pub mod profile_table;
 pub mod schema;
 pub mod spool;
 pub mod types;

@@ -1,4 +1,5 @@
-//! Reading profile tables: the KACE artifact's files and kace's own CSV/JSON format.
+//! Profile tables in: the KACE artifact's files and kace's own CSV/JSON format, parsed into
+//! [`NewProfile`]s (the caller reads the file; this module only parses text).
 //!
 //! kace's own format is a CSV (or a JSON array of objects) with a `workload` column, an
 //! optional `gpu_model` column, and any of the ten feature columns named as in the database:
@@ -10,10 +11,17 @@
 //! column is an error (a misspelt feature must not vanish silently), except the artifact's
 //! known extras.
 
-use std::path::Path;
+use crate::error::{Error, Result};
+use crate::types::{NewProfile, FEATURE_COLUMNS, FEATURE_COUNT};
 
-use anyhow::{anyhow, bail, Context, Result};
-use kace_sql::{NewProfile, FEATURE_COLUMNS, FEATURE_COUNT};
+fn invalid(reason: String) -> Error {
+    Error::Invalid { reason }
+}
+
+/// Prefixes an error's message with where it happened.
+fn at(place: String) -> impl FnOnce(Error) -> Error {
+    move |e| invalid(format!("{place}: {e}"))
+}
 
 /// Column names that mean the workload name.
 const NAME_COLUMNS: [&str; 2] = ["workload", "Type"];
@@ -68,9 +76,9 @@ fn parse_value(text: &str) -> Result<Option<f64>> {
     if t.is_empty() {
         return Ok(None);
     }
-    let v: f64 = t.parse().map_err(|_| anyhow!("{t:?} is not a number"))?;
+    let v: f64 = t.parse().map_err(|_| invalid(format!("{t:?} is not a number")))?;
     if !v.is_finite() {
-        bail!("{t:?} is not a finite number");
+        return Err(invalid(format!("{t:?} is not a finite number")));
     }
     Ok(Some(v))
 }
@@ -78,26 +86,27 @@ fn parse_value(text: &str) -> Result<Option<f64>> {
 /// Reads a profile CSV.
 pub fn read_csv(text: &str, gpu_model: &str, source: &str) -> Result<Vec<NewProfile>> {
     let mut rdr = csv::ReaderBuilder::new().flexible(false).from_reader(text.as_bytes());
-    let header = rdr.headers().context("couldn't read the CSV header")?.clone();
+    let header =
+        rdr.headers().map_err(|e| invalid(format!("couldn't read the CSV header: {e}")))?.clone();
     let mut cols = Vec::with_capacity(header.len());
     for h in header.iter() {
         cols.push(classify(h).ok_or_else(|| {
-            anyhow!(
+            invalid(format!(
                 "unknown column {h:?} (expected workload, gpu_model or one of: {})",
                 FEATURE_COLUMNS.join(", ")
-            )
+            ))
         })?);
     }
     if !cols.contains(&Column::Name) {
-        bail!("no workload column (named \"workload\" or \"Type\")");
+        return Err(invalid("no workload column (named \"workload\" or \"Type\")".into()));
     }
     if !cols.iter().any(|c| matches!(c, Column::Feature(_))) {
-        bail!("no feature columns");
+        return Err(invalid("no feature columns".into()));
     }
     let mut out = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
         let line = i + 2;
-        let rec = rec.with_context(|| format!("line {line}: malformed CSV"))?;
+        let rec = rec.map_err(|e| invalid(format!("line {line}: malformed CSV: {e}")))?;
         let mut p = NewProfile {
             workload: String::new(),
             gpu_model: gpu_model.to_string(),
@@ -110,27 +119,29 @@ pub fn read_csv(text: &str, gpu_model: &str, source: &str) -> Result<Vec<NewProf
                 Column::Gpu if !cell.trim().is_empty() => p.gpu_model = cell.trim().to_string(),
                 Column::Feature(f) => {
                     p.values[*f] = parse_value(cell)
-                        .with_context(|| format!("line {line}: column {}", FEATURE_COLUMNS[*f]))?;
+                        .map_err(at(format!("line {line}: column {}", FEATURE_COLUMNS[*f])))?;
                 }
                 _ => {}
             }
         }
-        p.validate().with_context(|| format!("line {line}"))?;
+        p.validate().map_err(at(format!("line {line}")))?;
         out.push(p);
     }
     if out.is_empty() {
-        bail!("no data rows");
+        return Err(invalid("no data rows".into()));
     }
     Ok(out)
 }
 
 /// Reads kace's JSON profile format: an array of objects with the CSV's column names as keys.
 pub fn read_json(text: &str, gpu_model: &str, source: &str) -> Result<Vec<NewProfile>> {
-    let doc: serde_json::Value = serde_json::from_str(text).context("couldn't parse JSON")?;
-    let items = doc.as_array().ok_or_else(|| anyhow!("expected a JSON array of profiles"))?;
+    let doc: serde_json::Value = serde_json::from_str(text)
+        .map_err(|source| Error::Json { what: "profile list".into(), source })?;
+    let items =
+        doc.as_array().ok_or_else(|| invalid("expected a JSON array of profiles".into()))?;
     let mut out = Vec::new();
     for (i, item) in items.iter().enumerate() {
-        let obj = item.as_object().ok_or_else(|| anyhow!("item {i}: not an object"))?;
+        let obj = item.as_object().ok_or_else(|| invalid(format!("item {i}: not an object")))?;
         let mut p = NewProfile {
             workload: String::new(),
             gpu_model: gpu_model.to_string(),
@@ -141,43 +152,40 @@ pub fn read_json(text: &str, gpu_model: &str, source: &str) -> Result<Vec<NewPro
             let text_of = |v: &serde_json::Value| v.as_str().map(str::to_string);
             match classify(k) {
                 Some(Column::Name) => {
-                    p.workload =
-                        text_of(v).ok_or_else(|| anyhow!("item {i}: {k} must be a string"))?
+                    p.workload = text_of(v)
+                        .ok_or_else(|| invalid(format!("item {i}: {k} must be a string")))?
                 }
                 Some(Column::Gpu) => {
-                    p.gpu_model =
-                        text_of(v).ok_or_else(|| anyhow!("item {i}: {k} must be a string"))?
+                    p.gpu_model = text_of(v)
+                        .ok_or_else(|| invalid(format!("item {i}: {k} must be a string")))?
                 }
                 Some(Column::Feature(f)) if v.is_null() => p.values[f] = None,
                 Some(Column::Feature(f)) => {
-                    p.values[f] =
-                        Some(v.as_f64().ok_or_else(|| anyhow!("item {i}: {k} must be a number"))?)
+                    p.values[f] = Some(
+                        v.as_f64()
+                            .ok_or_else(|| invalid(format!("item {i}: {k} must be a number")))?,
+                    )
                 }
                 Some(Column::Ignored) => {}
-                None => bail!("item {i}: unknown key {k:?}"),
+                None => return Err(invalid(format!("item {i}: unknown key {k:?}"))),
             }
         }
-        p.validate().with_context(|| format!("item {i}"))?;
+        p.validate().map_err(at(format!("item {i}")))?;
         out.push(p);
     }
     if out.is_empty() {
-        bail!("no profiles");
+        return Err(invalid("no profiles".into()));
     }
     Ok(out)
 }
 
-/// Reads one file, choosing the format by extension (`.json`, else CSV).
-pub fn read_file(path: &Path, gpu_model: &str) -> Result<Vec<NewProfile>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("couldn't read {}", path.display()))?;
-    let source = format!("file:{}", path.file_name().unwrap_or_default().to_string_lossy());
-    let is_json = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"));
-    let parsed = if is_json {
-        read_json(&text, gpu_model, &source)
+/// Parses a profile table: JSON when `json`, else CSV.
+pub fn parse(text: &str, json: bool, gpu_model: &str, source: &str) -> Result<Vec<NewProfile>> {
+    if json {
+        read_json(text, gpu_model, source)
     } else {
-        read_csv(&text, gpu_model, &source)
-    };
-    parsed.with_context(|| format!("couldn't import profiles from {}", path.display()))
+        read_csv(text, gpu_model, source)
+    }
 }
 
 #[cfg(test)]
