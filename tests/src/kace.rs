@@ -29,7 +29,8 @@ fn locate() -> Result<PathBuf, HarnessError> {
     let newest = newest_source();
     let exe = std::env::current_exe()
         .map_err(|e| HarnessError::Plugin(format!("couldn't find the test binary: {e}")))?;
-    let profile = exe.parent().and_then(Path::parent).map(Path::to_path_buf);
+    // Test binaries live in target/<profile>/deps/, a program (kace-demo) in target/<profile>/.
+    let profile = profile_dir(&exe);
     if let Some(dir) = &profile {
         if fresh(dir, newest) {
             return Ok(dir.clone());
@@ -64,6 +65,17 @@ fn locate() -> Result<PathBuf, HarnessError> {
         )));
     }
     Ok(target.join(if release { "release" } else { "debug" }))
+}
+
+/// cargo's `target/<profile>` directory for the running executable: its own directory for a
+/// program cargo put there (`kace-demo`), the parent for a test binary in `deps/`.
+pub(crate) fn profile_dir(exe: &Path) -> Option<PathBuf> {
+    let dir = exe.parent()?;
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().map(Path::to_path_buf)
+    } else {
+        Some(dir.to_path_buf())
+    }
 }
 
 fn mtime(p: &Path) -> Option<SystemTime> {

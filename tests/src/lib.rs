@@ -11,6 +11,7 @@
 
 mod cluster;
 pub mod conf;
+pub mod demo;
 pub mod kace;
 mod plugin;
 mod sys;

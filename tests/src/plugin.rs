@@ -29,9 +29,9 @@ fn locate() -> Result<PathBuf, HarnessError> {
     let sources = newest_source();
     let exe = std::env::current_exe()
         .map_err(|e| HarnessError::Plugin(format!("couldn't find the test binary: {e}")))?;
-    // Test binaries live in target/<profile>/deps/.
+    // Test binaries live in target/<profile>/deps/, a program (kace-demo) in target/<profile>/.
     let deps = exe.parent().map(Path::to_path_buf);
-    let profile = deps.as_deref().and_then(Path::parent).map(Path::to_path_buf);
+    let profile = crate::kace::profile_dir(&exe);
     for dir in [profile.clone(), deps].into_iter().flatten() {
         let so = dir.join(SO);
         if is_fresh(&so, sources) {
