@@ -192,6 +192,18 @@ impl SlowdownModel {
 
     /// Each member's predicted slowdown (colocated / exclusive throughput) in a group.
     pub fn slowdowns(&self, members: &[Member<'_>]) -> Vec<f64> {
+        // Pairs are the prolog's case: a partner's combined profile is its own, so each log
+        // profile is computed once.
+        if let [a, b] = members {
+            let (la, lb) = (LogProfile::of(a.profile), LogProfile::of(b.profile));
+            let (sa, sb) = self.pair_slowdowns((&la, a.workload), (&lb, b.workload));
+            return vec![sa, sb];
+        }
+        self.slowdowns_any_k(members)
+    }
+
+    /// [`SlowdownModel::slowdowns`] for any group size, without the pair shortcut.
+    fn slowdowns_any_k(&self, members: &[Member<'_>]) -> Vec<f64> {
         let profiles: Vec<Profile> = members.iter().map(|m| *m.profile).collect();
         (0..members.len())
             .map(|i| {
@@ -288,8 +300,9 @@ mod tests {
                 (&LogProfile::of(&g.profiles[0]), Some(&g.workloads[0])),
                 (&LogProfile::of(&g.profiles[1]), Some(&g.workloads[1])),
             );
-            let s = m.slowdowns(&members);
+            let s = m.slowdowns_any_k(&members);
             assert!((a - s[0]).abs() < 1e-12 && (b - s[1]).abs() < 1e-12);
+            assert_eq!(m.slowdowns(&members), vec![a, b]);
             assert!((m.normalised_progress(&members) - (a + b)).abs() < 1e-12);
         }
         // An unseen workload still gets a profile-based prediction.
