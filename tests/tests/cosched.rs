@@ -15,14 +15,11 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{artifact, field, json, kace, worker};
+use common::{artifact, decision, field, json, kace, passing, profiled_workloads, worker};
 use kace_e2e::{kace as setup, Cluster, JobInfo, NodeSpec};
-use kace_selector::SelectionRules;
-use kace_sql::decide::{decide, CandidateSpec};
 use kace_sql::{Db, MEMCAP};
 
 const MAX_HOLD_S: u64 = 25;
-const GPU_GIB: f64 = 32.0;
 
 /// The workloads of the scenario: a lead and candidates in queue order, with the one kace
 /// must choose, chosen so that the first in queue, the smallest memcap and kace all differ.
@@ -36,40 +33,27 @@ struct Scenario {
 
 fn scenario(db: &Db) -> Scenario {
     let all = db.all_profiles(None).unwrap();
-    let mut names: Vec<&String> = all.keys().filter(|w| all[*w].complete().is_some()).collect();
-    names.sort();
     let memcap = |w: &str| all[w].values[MEMCAP].unwrap();
-    let rules = SelectionRules { gpu_memory_gib: Some(GPU_GIB), ..SelectionRules::default() };
+    let names = profiled_workloads(db);
     for lead in &names {
-        let others: Vec<&String> = names.iter().copied().filter(|w| w != lead).collect();
-        let specs: Vec<CandidateSpec> = others
-            .iter()
-            .map(|w| CandidateSpec { workload: w.to_string(), same_user: true })
-            .collect();
-        let d = decide(db, lead, &specs, &rules, None).unwrap();
-        let mut passing: Vec<(f64, &str)> = d
-            .selection
-            .verdicts
-            .iter()
-            .zip(&others)
-            .filter(|(v, _)| v.rejection.is_none())
-            .map(|(v, w)| (v.prediction.unwrap(), w.as_str()))
-            .collect();
-        passing.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let others: Vec<&String> = names.iter().filter(|w| *w != lead).collect();
+        let d = decision(db, lead, &others);
+        let passing = passing(&d, &others);
         if passing.len() < 4 {
             continue;
         }
-        let best = passing[0].1;
-        let Some(&(_, smallest)) = passing[1..]
+        let best = passing[0].1.as_str();
+        let Some((_, smallest)) = passing[1..]
             .iter()
             .filter(|(_, w)| memcap(w) < memcap(best))
-            .min_by(|a, b| memcap(a.1).total_cmp(&memcap(b.1)))
+            .min_by(|a, b| memcap(&a.1).total_cmp(&memcap(&b.1)))
         else {
             continue;
         };
+        let smallest = smallest.as_str();
         let rest: Vec<&str> = passing[1..]
             .iter()
-            .map(|p| p.1)
+            .map(|p| p.1.as_str())
             .filter(|w| *w != smallest && memcap(w) > memcap(smallest))
             .take(2)
             .collect();

@@ -8,7 +8,7 @@ use std::process::Command;
 
 use kace_e2e::{kace as setup, Cluster, JobInfo};
 use kace_selector::SelectionRules;
-use kace_sql::decide::{decide, CandidateSpec};
+use kace_sql::decide::{decide, CandidateSpec, Decision};
 use kace_sql::Db;
 
 /// GPU memory the tests configure (no NVML here), as the artifact's V100.
@@ -82,29 +82,45 @@ pub fn prepare(c: &Cluster, art: &Path, max_hold_s: u64) -> u64 {
         + first["metrics"]["holdout_pairs"].as_u64().unwrap()
 }
 
+/// The complete profiles' workloads in `db`, sorted.
+pub fn profiled_workloads(db: &Db) -> Vec<String> {
+    let all = db.all_profiles(None).unwrap();
+    let mut names: Vec<String> =
+        all.keys().filter(|w| all[*w].complete().is_some()).cloned().collect();
+    names.sort();
+    names
+}
+
+/// The prolog's decision for `lead` among `others` (same user, the test GPU's memory).
+pub fn decision(db: &Db, lead: &str, others: &[&String]) -> Decision {
+    let rules = SelectionRules { gpu_memory_gib: Some(GPU_GIB), ..SelectionRules::default() };
+    let specs: Vec<CandidateSpec> =
+        others.iter().map(|w| CandidateSpec { workload: w.to_string(), same_user: true }).collect();
+    decide(db, lead, &specs, &rules, None).unwrap()
+}
+
+/// The candidates of decision `d` (made among `others`) that passed every filter, with their
+/// predictions, best first.
+pub fn passing(d: &Decision, others: &[&String]) -> Vec<(f64, String)> {
+    let mut passing: Vec<(f64, String)> = d
+        .selection
+        .verdicts
+        .iter()
+        .zip(others)
+        .filter(|(v, _)| v.rejection.is_none())
+        .map(|(v, w)| (v.prediction.unwrap(), w.to_string()))
+        .collect();
+    passing.sort_by(|a, b| b.0.total_cmp(&a.0));
+    passing
+}
+
 /// A lead workload and `k` candidates that pass every filter with it, best first.
 pub fn lead_with_candidates(db_path: &Path, k: usize) -> (String, Vec<String>) {
     let db = Db::open_read_only(db_path).unwrap();
-    let all = db.all_profiles(None).unwrap();
-    let mut names: Vec<&String> = all.keys().filter(|w| all[*w].complete().is_some()).collect();
-    names.sort();
-    let rules = SelectionRules { gpu_memory_gib: Some(GPU_GIB), ..SelectionRules::default() };
+    let names = profiled_workloads(&db);
     for lead in &names {
-        let others: Vec<&String> = names.iter().copied().filter(|w| w != lead).collect();
-        let specs: Vec<CandidateSpec> = others
-            .iter()
-            .map(|w| CandidateSpec { workload: w.to_string(), same_user: true })
-            .collect();
-        let d = decide(&db, lead, &specs, &rules, None).unwrap();
-        let mut passing: Vec<(f64, String)> = d
-            .selection
-            .verdicts
-            .iter()
-            .zip(&others)
-            .filter(|(v, _)| v.rejection.is_none())
-            .map(|(v, w)| (v.prediction.unwrap(), w.to_string()))
-            .collect();
-        passing.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let others: Vec<&String> = names.iter().filter(|w| *w != lead).collect();
+        let passing = passing(&decision(&db, lead, &others), &others);
         if passing.len() >= k {
             return (lead.to_string(), passing.into_iter().take(k).map(|p| p.1).collect());
         }
