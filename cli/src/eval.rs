@@ -53,12 +53,56 @@ enum ObjectiveArg {
     NormalisedProgress,
 }
 
+/// An inclusive range of seeds from `--seeds` (a single seed is `SeedRange(s, s)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SeedRange(u32, u32);
+
+impl std::fmt::Display for SeedRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0 == self.1 {
+            write!(f, "{}", self.0)
+        } else {
+            write!(f, "{}-{}", self.0, self.1)
+        }
+    }
+}
+
+fn parse_seed_range(s: &str) -> Result<SeedRange, String> {
+    let num = |v: &str| {
+        v.trim().parse::<u32>().map_err(|_| format!("'{v}' is not a seed (a whole number ≥ 0)"))
+    };
+    match s.split_once('-') {
+        None => num(s).map(|v| SeedRange(v, v)),
+        Some((a, b)) => {
+            let (a, b) = (num(a)?, num(b)?);
+            if a > b {
+                return Err(format!("seed range '{s}' is empty (start > end)"));
+            }
+            if b - a >= 100_000 {
+                return Err(format!("seed range '{s}' has more than 100000 seeds"));
+            }
+            Ok(SeedRange(a, b))
+        }
+    }
+}
+
+impl Common {
+    /// Every seed named, ascending, each once.
+    fn seeds(&self) -> Vec<u32> {
+        let mut out: Vec<u32> = self.seeds.iter().flat_map(|r| r.0..=r.1).collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+}
+
 /// Options every evaluation shares.
 #[derive(Debug, Args)]
 struct Common {
-    /// Seeds of the runs, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = PAPER_SEEDS.to_vec())]
-    seeds: Vec<u32>,
+    /// Seeds of the runs, comma-separated; `A-B` is every seed from A to B (the paper's are
+    /// 10,20,30,40,50; `kace eval colocations` can re-derive splits for any seed).
+    #[arg(long, value_delimiter = ',', value_parser = parse_seed_range, default_values_t = PAPER_SEEDS.map(|s| SeedRange(s, s)).to_vec())]
+    seeds: Vec<SeedRange>,
     /// Evaluate only this model (default: every model).
     #[arg(long, value_enum)]
     model: Option<ModelArg>,
@@ -172,7 +216,7 @@ fn eval_paper(a: &PaperArgs) -> Result<Evaluation> {
         for p in PROTOCOLS {
             let opts = options(&a.common, p)?;
             reports.push(
-                paper::evaluate_paper(&pairs, &splits, n_occur, &a.common.seeds, &opts)
+                paper::evaluate_paper(&pairs, &splits, n_occur, &a.common.seeds(), &opts)
                     .context("couldn't evaluate")?,
             );
         }
@@ -202,7 +246,7 @@ fn eval_colocations(a: &ColocationArgs) -> Result<Evaluation> {
         let opts = options(&a.common, p)?;
         let r = match &test {
             Some(test) => colocations::evaluate_train_test(&data, test, &opts),
-            None => colocations::evaluate_split(&data, a.n_occur, &a.common.seeds, &opts),
+            None => colocations::evaluate_split(&data, a.n_occur, &a.common.seeds(), &opts),
         };
         reports.push(r.context("couldn't evaluate")?);
     }
@@ -242,10 +286,51 @@ fn protocol_json(r: &EvalReport, per_workload: bool) -> Value {
         "rows": r.targets.len(),
         "train_rows": r.train_rows,
     });
+    if let Some(d) = r.paired(KACE, KACE_LR) {
+        v["paired"] = json!({
+            "kace-minus-kace-lr": {
+                "seeds": d.seeds,
+                "mean_difference": d.mean,
+                "standard_error": if d.standard_error.is_finite() { json!(d.standard_error) } else { Value::Null },
+                "better": d.better,
+                "worse": d.worse,
+                "equal": d.equal,
+            }
+        });
+    }
     if per_workload {
         v["per_workload"] = json!(r.per_target());
     }
     v
+}
+
+/// The training rows of each run: listed for a few runs, summarised for many.
+fn rows_per_run(rows: &[usize]) -> String {
+    match (rows.iter().min(), rows.iter().max()) {
+        (Some(lo), Some(hi)) if rows.len() > 10 => {
+            let mean = rows.iter().sum::<usize>() as f64 / rows.len() as f64;
+            format!("{lo}–{hi} (mean {mean:.1})")
+        }
+        _ => format!("{rows:?}"),
+    }
+}
+
+/// One line saying how kace did against the paper's model, seed by seed.
+fn paired_line(r: &EvalReport) -> Option<String> {
+    let d = r.paired(KACE, KACE_LR)?;
+    let spread = if d.standard_error.is_finite() {
+        format!(" ± {:.4} (standard error over {} seeds", d.standard_error, d.seeds)
+    } else {
+        format!(" ({} seed", d.seeds)
+    };
+    Some(format!(
+        "{} protocol: {KACE} − {KACE_LR} = {:+.4}{spread}; {KACE} better in {}, worse in {}, equal in {})\n",
+        r.protocol.key(),
+        d.mean,
+        d.better,
+        d.worse,
+        d.equal
+    ))
 }
 
 fn render(eval: &Evaluation, format: Format, per_workload: bool) -> String {
@@ -294,12 +379,15 @@ fn render(eval: &Evaluation, format: Format, per_workload: bool) -> String {
                     .map(|m| format!("{m}: MSE {:.4}, R² {:.4}", r.mse(m), r.r2(m)))
                     .collect();
                 s.push_str(&format!(
-                    "{} protocol: {} (seed, target) rows; fitted on {:?} rows per run; {}\n",
+                    "{} protocol: {} (seed, target) rows; fitted on {} rows per run; {}\n",
                     r.protocol.key(),
                     r.targets.len(),
-                    r.train_rows,
+                    rows_per_run(&r.train_rows),
                     fits.join("; ")
                 ));
+            }
+            for line in eval.reports.iter().filter_map(paired_line) {
+                s.push_str(&line);
             }
             let prod =
                 eval.reports.iter().find(|r| r.protocol == Protocol::Production).unwrap_or(native);

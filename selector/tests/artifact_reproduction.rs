@@ -4,48 +4,22 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use kace_selector::dataset::{
-    read_colocations, read_n_occur_splits, read_unseen_splits, ColocationData, SplitRow,
-};
+use kace_selector::dataset::{read_colocations, read_unseen_splits, SplitRow};
 use kace_selector::eval::colocations::{evaluate_split, n_occur_split};
 use kace_selector::eval::paper::{evaluate_paper, evaluate_unseen, fit_rows, paper_split};
 use kace_selector::eval::{EvalOptions, ModelChoice, BEST_RULE, KACE_LR, RANDOM};
 use kace_selector::numpy_rng::train_test_split_train;
 use kace_selector::Feature;
 
+mod common;
+
+use common::load;
+
 /// The paper's protocol with only the paper's model.
 fn paper_lr() -> EvalOptions {
     EvalOptions { models: vec![ModelChoice::KaceLr], ..EvalOptions::default() }
-}
-
-fn artifact_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("KACE_ARTIFACT_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/kace-artifact")
-    });
-    if dir.join("pairs/MPS100_kernel_labels_targetMPS100.csv").is_file() {
-        Some(dir)
-    } else {
-        eprintln!("skipping: artifact data not found at {} (set KACE_ARTIFACT_DIR)", dir.display());
-        None
-    }
-}
-
-struct Artifact {
-    dir: PathBuf,
-    pairs: ColocationData,
-    splits: Vec<SplitRow>,
-}
-
-fn load() -> Option<Artifact> {
-    let dir = artifact_dir()?;
-    let open = |p: &str| File::open(dir.join(p)).expect("artifact file readable");
-    let pairs = read_colocations("pairs", open("pairs/MPS100_kernel_labels_targetMPS100.csv"))
-        .expect("pair table parses");
-    let splits =
-        read_n_occur_splits("splits", open("splits/n_occur_splits.csv")).expect("splits parse");
-    Some(Artifact { dir, pairs, splits })
 }
 
 /// Rows of a results CSV as column → text maps.

@@ -58,6 +58,25 @@ impl FitQuality {
     }
 }
 
+/// One policy against another, seed by seed. Each seed is one independent replicate (its own
+/// split and fit); the targets within a seed share one model, so they are not independent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PairedDifference {
+    /// Seeds in which both policies were scored.
+    pub seeds: usize,
+    /// Mean over seeds of (first policy's mean − second's).
+    pub mean: f64,
+    /// Standard error of that mean (sample standard deviation over seeds / √seeds); NaN with
+    /// fewer than two seeds.
+    pub standard_error: f64,
+    /// Seeds in which the first policy did better.
+    pub better: usize,
+    /// Seeds in which it did worse.
+    pub worse: usize,
+    /// Seeds in which both did the same.
+    pub equal: usize,
+}
+
 /// A whole evaluation: every target of every seed, and the means.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EvalReport {
@@ -92,6 +111,38 @@ impl EvalReport {
             .into_iter()
             .map(|n| (n.to_string(), mean_by_key(self.targets.iter().filter(|t| t.target == n))))
             .collect()
+    }
+
+    /// Seed → (policy key → mean over that seed's targets).
+    pub fn per_seed(&self) -> BTreeMap<u32, BTreeMap<String, f64>> {
+        let mut seeds: Vec<u32> = self.targets.iter().map(|t| t.seed).collect();
+        seeds.sort_unstable();
+        seeds.dedup();
+        seeds
+            .into_iter()
+            .map(|s| (s, mean_by_key(self.targets.iter().filter(|t| t.seed == s))))
+            .collect()
+    }
+
+    /// Policy `a` against policy `b`, seed by seed; `None` when no seed scored both.
+    pub fn paired(&self, a: &str, b: &str) -> Option<PairedDifference> {
+        let diffs: Vec<f64> =
+            self.per_seed().values().filter_map(|m| Some(m.get(a)? - m.get(b)?)).collect();
+        if diffs.is_empty() {
+            return None;
+        }
+        let n = diffs.len() as f64;
+        let mean = diffs.iter().sum::<f64>() / n;
+        let var = diffs.iter().map(|d| (d - mean) * (d - mean)).sum::<f64>() / (n - 1.0);
+        let same = |d: &&f64| d.abs() <= 1e-12;
+        Some(PairedDifference {
+            seeds: diffs.len(),
+            mean,
+            standard_error: if diffs.len() > 1 { (var / n).sqrt() } else { f64::NAN },
+            better: diffs.iter().filter(|d| !same(d) && **d > 0.0).count(),
+            worse: diffs.iter().filter(|d| !same(d) && **d < 0.0).count(),
+            equal: diffs.iter().filter(same).count(),
+        })
     }
 
     /// A model's fit quality per run (empty if it was not evaluated).
@@ -206,6 +257,38 @@ mod tests {
         assert_eq!(r.normalised["threads"], 1.0);
         assert_eq!(r.normalised[BEST_RULE], 1.0);
         assert!(score_target("t", 10, &[], &[], Objective::ThroughputSum).is_none());
+    }
+
+    #[test]
+    fn paired_difference_is_taken_seed_by_seed() {
+        let row = |seed: u32, target: &str, a: f64, b: f64| TargetResult {
+            target: target.into(),
+            seed,
+            candidates: 2,
+            oracle: 1.0,
+            normalised: [(KACE_LR.to_string(), a), (RANDOM.to_string(), b)].into(),
+        };
+        let report = EvalReport {
+            n_occur: Some(3),
+            seeds: vec![1, 2, 3],
+            protocol: Protocol::Production,
+            objective: Objective::ThroughputSum,
+            // Seed 1: +0.1 and +0.3 → +0.2; seed 2: 0; seed 3: −0.1.
+            targets: vec![
+                row(1, "x", 0.9, 0.8),
+                row(1, "y", 1.0, 0.7),
+                row(2, "x", 0.5, 0.5),
+                row(3, "x", 0.6, 0.7),
+            ],
+            model_fit: BTreeMap::new(),
+            train_rows: vec![],
+        };
+        let d = report.paired(KACE_LR, RANDOM).unwrap();
+        assert_eq!((d.seeds, d.better, d.worse, d.equal), (3, 1, 1, 1));
+        assert!((d.mean - 0.1 / 3.0).abs() < 1e-12);
+        let var = [0.2f64, 0.0, -0.1].iter().map(|v| (v - d.mean).powi(2)).sum::<f64>() / 2.0;
+        assert!((d.standard_error - (var / 3.0).sqrt()).abs() < 1e-12);
+        assert!(report.paired(KACE_LR, "nobody").is_none());
     }
 
     #[test]
