@@ -63,9 +63,10 @@ FEATURES = {
 class Slowdown:
     """Per-job slowdown: target ratio or log ratio; optional per-workload terms."""
 
-    def __init__(self, feat, alpha=1.0, workload_scale=0.0, log_target=True, weight=False):
+    def __init__(self, feat, alpha=1.0, workload_scale=0.0, log_target=True, weight=False,
+                 ceiling=False):
         self.feat, self.alpha, self.lam = FEATURES[feat], alpha, workload_scale
-        self.log_target, self.weight = log_target, weight
+        self.log_target, self.weight, self.ceiling = log_target, weight, ceiling
 
     def design(self, own, oth, on, pn):
         X = (self.feat(own, oth) - self.m) / self.s
@@ -88,13 +89,19 @@ class Slowdown:
         self.s[self.s < 1e-12] = 1
         e, t = own[:, 6], np.concatenate([T1[idx], T2[idx]])
         y = np.log(t / e) if self.log_target else t / e
+        # A workload's ceiling: its largest measured ratio, at least 1 (bench/models/
+        # explore_groups.py compares it with flat caps).
+        self.top = {w: max(1.0, (t / e)[on == w].max()) for w in self.W}
         self.r = Ridge(alpha=self.alpha).fit(self.design(own, oth, on, pn), y,
                                              sample_weight=e if self.weight else None)
         return self
 
     def job(self, own, oth, on, pn):
         y = self.r.predict(self.design(own, oth, on, pn))
-        return np.exp(y) if self.log_target else y
+        y = np.exp(y) if self.log_target else y
+        if self.ceiling:
+            y = np.minimum(y, [self.top.get(w, 1.0) for w in on])
+        return y
 
     def pred(self, idx):
         return (self.job(J1[idx], J2[idx], N1[idx], N2[idx]) * J1[idx, 6]
@@ -159,7 +166,8 @@ VARIANTS = [
     ("  ... weighted by exclusive thr.", lambda: Slowdown("log+product", 1.0, weight=True)),
     ("log slowdown, log + product + sum", lambda: Slowdown("log+product+sum", 3.0)),
     ("+ workload terms, log (a=1, s=1)", lambda: Slowdown("log", 1.0, 1.0)),
-    ("+ workload terms, log+product (default)", lambda: Slowdown("log+product", 1.0, 1.0)),
+    ("+ workload terms, log+product", lambda: Slowdown("log+product", 1.0, 1.0)),
+    ("  ... workload ceilings (default)", lambda: Slowdown("log+product", 1.0, 1.0, ceiling=True)),
     ("  ... a=0.3, s=1", lambda: Slowdown("log+product", 0.3, 1.0)),
     ("  ... a=1, s=3", lambda: Slowdown("log+product", 1.0, 3.0)),
     ("  ... a=3, s=1", lambda: Slowdown("log+product", 3.0, 1.0)),
