@@ -69,7 +69,9 @@ impl std::fmt::Display for SeedRange {
 
 fn parse_seed_range(s: &str) -> Result<SeedRange, String> {
     let num = |v: &str| {
-        v.trim().parse::<u32>().map_err(|_| format!("'{v}' is not a seed (a whole number ≥ 0)"))
+        v.trim().parse::<u32>().map_err(|_| {
+            format!("'{s}' is not a seed or a range of seeds (a whole number ≥ 0, or A-B)")
+        })
     };
     match s.split_once('-') {
         None => num(s).map(|v| SeedRange(v, v)),

@@ -4,6 +4,8 @@ use anyhow::Result;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
+use kace_selector::{Feature, Model};
+
 use crate::context::{num, print_json, Ctx};
 use crate::output::table;
 
@@ -102,18 +104,8 @@ pub fn run(args: ModelArgs, ctx: &Ctx) -> Result<()> {
                 m.model.training_size, m.model.training_digest
             );
             println!("metrics: {}", m.model.metrics);
-            let weights = m.model.coefficients.get("weights").and_then(|w| w.as_array());
-            let rows: Vec<Vec<String>> = m
-                .model
-                .features
-                .iter()
-                .enumerate()
-                .map(|(i, f)| {
-                    let w = weights.and_then(|w| w.get(i)).and_then(|v| v.as_f64());
-                    vec![f.clone(), w.map(num).unwrap_or_else(|| "-".into())]
-                })
-                .collect();
-            print!("{}", table(&["feature", "z-scored weight"], &rows));
+            let model = kace_sql::decide::model_from_record(&m)?;
+            print!("{}", coefficient_tables(&model));
             Ok(())
         }
         ModelCommand::Activate { version } => {
@@ -124,6 +116,48 @@ pub fn run(args: ModelArgs, ctx: &Ctx) -> Result<()> {
                 println!("model version {version} is now active");
                 Ok(())
             }
+        }
+    }
+}
+
+/// The model's coefficients as tables: per feature, and for the slowdown model per workload
+/// (its sensitivity, pressure and ceiling: what an admin checks first when a choice surprises).
+fn coefficient_tables(model: &Model) -> String {
+    match model {
+        Model::Linear { model: m, .. } => {
+            let rows: Vec<Vec<String>> = Feature::ALL
+                .iter()
+                .zip(&m.coefficients)
+                .map(|(f, w)| vec![f.key().to_string(), num(*w)])
+                .collect();
+            table(&["feature", "z-scored weight"], &rows)
+        }
+        Model::Slowdown(m) => {
+            let n = Feature::ALL.len();
+            let weight = |i: usize| m.weights.get(i).map(|w| num(*w)).unwrap_or_else(|| "-".into());
+            let rows: Vec<Vec<String>> = Feature::ALL
+                .iter()
+                .enumerate()
+                .map(|(i, f)| {
+                    vec![f.key().to_string(), weight(i), weight(n + i), weight(2 * n + i)]
+                })
+                .collect();
+            let mut out = format!("intercept (log slowdown): {}\n", num(m.intercept));
+            out.push_str(&table(
+                &["feature (ln 1+x, z-scored)", "own", "partners", "own × partners"],
+                &rows,
+            ));
+            let rows: Vec<Vec<String>> = m
+                .sensitivity
+                .iter()
+                .map(|(w, s)| {
+                    let pressure = m.pressure.get(w).map(|p| num(*p)).unwrap_or_else(|| "-".into());
+                    vec![w.clone(), num(*s), pressure, num(m.ceiling_of(Some(w)))]
+                })
+                .collect();
+            out.push('\n');
+            out.push_str(&table(&["workload", "sensitivity", "pressure", "ceiling"], &rows));
+            out
         }
     }
 }

@@ -267,8 +267,19 @@ fn default_slowdown_model_trains_stores_and_selects() {
     assert!(trained["metrics"]["holdout_r2"].as_f64().unwrap() > 0.5, "{trained}");
     let shown = env.json(&["model", "show"]);
     let stored: Model = serde_json::from_value(shown["body"].clone()).unwrap();
-    assert!(matches!(stored, Model::Slowdown(_)));
+    let Model::Slowdown(ref sm) = stored else { panic!("a slowdown model: {shown}") };
     assert!(shown["kind"].as_str().unwrap().starts_with("slowdown/"), "{shown}");
+    // The artifact's wav2vec2 batch-2 inference ran faster beside partners than its measured
+    // exclusive throughput (ratios up to 2.6): its ceiling says so; most workloads' is 1.
+    let w2v = "wav2vec2-base-960h_batch2-inf";
+    assert!(sm.ceiling_of(Some(w2v)) > 2.0, "{:?}", sm.ceiling);
+    assert_eq!(sm.ceiling_of(Some("albert-base-v2_batch2-train")), 1.0);
+    // The table shows every workload's terms and ceiling, and each profile weight by role.
+    let text = env.ok(&["model", "show"]);
+    let row = text.lines().find(|l| l.starts_with(w2v)).unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(row.split_whitespace().count(), 4, "{row}");
+    assert!(text.contains("own × partners") && text.contains("ceiling"), "{text}");
+    assert_eq!(text.lines().filter(|l| l.starts_with("exclusive_throughput")).count(), 1);
 
     let profiles = artifact_profiles(&art);
     let rules = SelectionRules { gpu_memory_gib: Some(32.0), ..SelectionRules::default() };

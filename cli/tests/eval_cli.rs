@@ -111,15 +111,29 @@ fn colocations_runs_on_three_way_data() {
         "--n-occur",
         "3",
         "--seeds",
-        "10,20",
+        "20,10,1-3,2",
         "--format",
         "json",
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["seeds"], serde_json::json!([10, 20]));
+    // Ranges expand; seeds come back ascending, each once.
+    assert_eq!(v["seeds"], serde_json::json!([1, 2, 3, 10, 20]));
     let nt = &v["normalized_throughput"];
     assert!(nt["kace-lr"].as_f64().unwrap() > nt["best-rule"].as_f64().unwrap());
+    // The seed-by-seed comparison of kace with the paper's model, in both protocols.
+    for p in ["paper", "production"] {
+        let d = &v["by_protocol"][p]["paired"]["kace-minus-kace-lr"];
+        assert_eq!(d["seeds"], 5, "{p}: {d}");
+        let counts = ["better", "worse", "equal"].map(|k| d[k].as_u64().unwrap());
+        assert_eq!(counts.iter().sum::<u64>(), 5);
+        assert!(d["standard_error"].as_f64().unwrap() >= 0.0);
+    }
+    for bad in ["--seeds=5-1", "--seeds=1-x", "--seeds=-3"] {
+        let out = kace(&["eval", "colocations", "--data", f.to_str().unwrap(), bad]);
+        assert_eq!(out.status.code(), Some(2), "--seeds {bad}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--seeds"));
+    }
 }
 
 #[test]

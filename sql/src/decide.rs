@@ -46,6 +46,7 @@ pub fn model_to_new_model(
                 "weights": m.weights,
                 "sensitivity": m.sensitivity,
                 "pressure": m.pressure,
+                "ceiling": m.ceiling,
             }),
         ),
     };
