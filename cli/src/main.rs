@@ -61,7 +61,7 @@ enum Command {
     Profile(profile::ProfileArgs),
     /// Import and list observed colocations.
     Observations(observations::ObservationsArgs),
-    /// Fit a new model version from the observed pairs.
+    /// Fit a new model version from the observed groups (pairs, triples, …).
     Train(train::TrainArgs),
     /// Nightly: ingest the spool, train, activate only a model that is not worse, prune old files.
     Retrain(retrain::RetrainArgs),

@@ -78,7 +78,7 @@ pub fn run(args: ModelArgs, ctx: &Ctx) -> Result<()> {
             print!(
                 "{}",
                 table(
-                    &["version", "active", "kind", "fit_pairs", "holdout_mse", "holdout_r2"],
+                    &["version", "active", "kind", "fit_groups", "holdout_mse", "holdout_r2"],
                     &rows
                 )
             );
@@ -100,7 +100,7 @@ pub fn run(args: ModelArgs, ctx: &Ctx) -> Result<()> {
                 m.model.kind
             );
             println!(
-                "training set: {} pairs, digest {}",
+                "training set: {} groups, digest {}",
                 m.model.training_size, m.model.training_digest
             );
             println!("metrics: {}", m.model.metrics);

@@ -1,9 +1,9 @@
 //! `kace retrain`: the nightly job, one command for a systemd timer or cron — ingest the spool,
-//! train and validate a new model version on held-out pairs, activate it only when it is not
+//! train and validate a new model version on held-out groups, activate it only when it is not
 //! worse than the active one, prune old spool leftovers, and log one summary line.
 //!
 //! It fails (non-zero exit) only on a real failure: no usable database, an unreadable spool, a
-//! failed fit or store. Too few observed pairs to train (a young installation), a new model that
+//! failed fit or store. Too few observed groups to train (a young installation), a new model that
 //! is worse, quarantined records and files it could not prune are normal nightly outcomes: they
 //! are in the summary (and on stderr), and the exit is 0, so the timer does not cry wolf.
 
@@ -15,7 +15,7 @@ use kace_sql::spool;
 use serde_json::json;
 
 use crate::context::{num, Ctx};
-use crate::train::{NotEnoughPairs, Trained};
+use crate::train::{NotEnoughGroups, Trained};
 use crate::{ingest, prune, train};
 
 /// `kace retrain`
@@ -34,7 +34,7 @@ pub struct RetrainArgs {
 /// What became of the model this run.
 enum ModelOutcome {
     Trained(Trained),
-    NotEnough(NotEnoughPairs),
+    NotEnough(NotEnoughGroups),
 }
 
 /// Runs `kace retrain`.
@@ -49,7 +49,7 @@ pub fn run(args: RetrainArgs, ctx: &Ctx) -> Result<()> {
     ingest::warn(&decisions);
     let model = match train::train(&args.train, ctx, &mut db) {
         Ok(t) => ModelOutcome::Trained(t),
-        Err(e) => match e.downcast_ref::<NotEnoughPairs>() {
+        Err(e) => match e.downcast_ref::<NotEnoughGroups>() {
             Some(n) => ModelOutcome::NotEnough(*n),
             None => return Err(e.context("train")),
         },
@@ -95,15 +95,15 @@ fn summary_line(
             };
             let verdict = if t.activated { "activated" } else { "not activated: worse" };
             format!(
-                "model version {} ({}) fitted on {} pairs, held-out MSE {}{previous}: {verdict}",
+                "model version {} ({}) fitted on {} groups, held-out MSE {}{previous}: {verdict}",
                 t.version,
                 t.kind.key(),
-                t.fit_pairs,
+                t.fit_groups,
                 num(t.quality.mse),
             )
         }
         ModelOutcome::NotEnough(n) => {
-            format!("model unchanged: {} usable observed pair(s), {} needed", n.usable, n.needed)
+            format!("model unchanged: {} usable observed group(s), {} needed", n.usable, n.needed)
         }
     };
     let prune = match (keep_days, p.failed.len()) {

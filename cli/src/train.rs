@@ -1,5 +1,6 @@
-//! `kace train`: fit the model on observed pairs, compare it with the active model on held-out
-//! pairs, store it as a new version and activate it when it is not worse (or when asked).
+//! `kace train`: fit the model on observed groups (pairs, and for the slowdown model groups of
+//! any size), compare it with the active model on held-out groups, store it as a new version
+//! and activate it when it is not worse (or when asked).
 
 use anyhow::{bail, Result};
 use clap::Args;
@@ -13,8 +14,8 @@ use serde_json::json;
 
 use crate::context::{num, print_json, Ctx};
 
-/// Fewest fit pairs accepted: the linear model has ten coefficients plus an intercept.
-const MIN_FIT_PAIRS: usize = 12;
+/// Fewest fit groups accepted: the linear model has ten coefficients plus an intercept.
+const MIN_FIT_GROUPS: usize = 12;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum KindArg {
@@ -30,7 +31,7 @@ pub struct TrainArgs {
     /// Activate the new version whatever its held-out error.
     #[arg(long)]
     activate: bool,
-    /// Fraction of pairs held out (default: the config's `training.holdout_fraction`).
+    /// Fraction of groups held out (default: the config's `training.holdout_fraction`).
     #[arg(long)]
     holdout_fraction: Option<f64>,
     /// Seed of the held-out split (default: the config's `training.seed`).
@@ -64,31 +65,31 @@ fn not_worse(new_mse: f64, active_mse: Option<f64>) -> bool {
     !new_mse.is_nan() && active_mse.is_none_or(|a| a.is_nan() || new_mse <= a)
 }
 
-/// Too few usable observed pairs to fit a model and hold some out. `kace train` reports it as
+/// Too few usable observed groups to fit a model and hold some out. `kace train` reports it as
 /// an error; the nightly `kace retrain` reports it as "model unchanged" and succeeds, because a
 /// young installation simply has not observed enough colocations yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NotEnoughPairs {
-    /// Observed pairs whose two workloads both have profiles.
+pub struct NotEnoughGroups {
+    /// Observed groups the model kind can learn from whose workloads all have profiles.
     pub usable: usize,
-    /// Observed pairs skipped for a missing profile.
+    /// Observed groups skipped for a missing profile.
     pub skipped: usize,
-    /// Usable pairs needed: [`MIN_FIT_PAIRS`] to fit plus one to hold out.
+    /// Usable groups needed: [`MIN_FIT_GROUPS`] to fit plus one to hold out.
     pub needed: usize,
 }
 
-impl std::fmt::Display for NotEnoughPairs {
+impl std::fmt::Display for NotEnoughGroups {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "couldn't fit a model: {} usable observed pair(s) ({} skipped for missing profiles); \
-             need at least {} to fit and one to hold out",
+            "couldn't fit a model: {} usable observed group(s) ({} skipped for missing \
+             profiles); need at least {} to fit and one to hold out",
             self.usable, self.skipped, self.needed
         )
     }
 }
 
-impl std::error::Error for NotEnoughPairs {}
+impl std::error::Error for NotEnoughGroups {}
 
 /// What one training run did.
 #[derive(Debug, Clone)]
@@ -99,21 +100,23 @@ pub struct Trained {
     pub activated: bool,
     /// Its kind.
     pub kind: ModelKind,
-    /// Pairs it was fitted on.
-    pub fit_pairs: usize,
-    /// Pairs held out to validate it.
-    pub holdout_pairs: usize,
-    /// Its error on the held-out pairs.
+    /// Groups it was fitted on.
+    pub fit_groups: usize,
+    /// Groups held out to validate it.
+    pub holdout_groups: usize,
+    /// Its error on the held-out groups.
     pub quality: FitQuality,
-    /// The version that was active before, with its error on the same held-out pairs (`None`:
+    /// The version that was active before, with its error on the same held-out groups (`None`:
     /// there was none, or it could not compete).
     pub previous: Option<(i64, FitQuality)>,
     /// The metrics stored with the model.
     pub metrics: serde_json::Value,
 }
 
-/// Fits, validates on held-out pairs, stores and (when not worse, or with `--activate`)
-/// activates a new model version. Too little data is a [`NotEnoughPairs`] error.
+/// Fits, validates on held-out groups, stores and (when not worse, or with `--activate`)
+/// activates a new model version. Too little data is a [`NotEnoughGroups`] error. The
+/// slowdown model learns from groups of every size; the linear model, whose summed features
+/// describe a pair, from pairs only.
 pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
     let fraction = args.holdout_fraction.unwrap_or(ctx.config.training.holdout_fraction);
     if !(fraction > 0.0 && fraction < 1.0) {
@@ -127,17 +130,23 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
         None => ctx.config.training.model,
     };
     let objective = ctx.config.selection.objective;
-    let (fit_idx, held_idx) = holdout_split(set.groups.len(), fraction, seed);
-    if fit_idx.len() < MIN_FIT_PAIRS || held_idx.is_empty() {
-        return Err(NotEnoughPairs {
-            usable: set.groups.len(),
+    let usable: Vec<&Group> =
+        set.groups.iter().filter(|g| kind == ModelKind::Slowdown || g.k() == 2).collect();
+    let (fit_idx, held_idx) = holdout_split(usable.len(), fraction, seed);
+    if fit_idx.len() < MIN_FIT_GROUPS || held_idx.is_empty() {
+        return Err(NotEnoughGroups {
+            usable: usable.len(),
             skipped: set.skipped,
-            needed: MIN_FIT_PAIRS + 1,
+            needed: MIN_FIT_GROUPS + 1,
         }
         .into());
     }
-    let fit: Vec<&Group> = fit_idx.iter().map(|&i| &set.groups[i]).collect();
-    let held: Vec<&Group> = held_idx.iter().map(|&i| &set.groups[i]).collect();
+    let fit: Vec<&Group> = fit_idx.iter().map(|&i| usable[i]).collect();
+    let held: Vec<&Group> = held_idx.iter().map(|&i| usable[i]).collect();
+    let mut sizes = std::collections::BTreeMap::new();
+    for g in &usable {
+        *sizes.entry(g.k().to_string()).or_insert(0usize) += 1;
+    }
     let held_y: Vec<f64> = held.iter().map(|g| objective.value(g)).collect();
     let model = Model::train(kind, &fit, objective, SlowdownParams::default())?;
     let quality = |m: &Model| FitQuality::of(&held_y, &predictions(m, &held, objective));
@@ -159,9 +168,11 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
     };
     let not_worse = not_worse(new_q.mse, active.map(|a| a.1.mse));
     let metrics = json!({
-        "fit_pairs": fit_idx.len(),
-        "holdout_pairs": held_idx.len(),
-        "skipped_pairs": set.skipped,
+        "fit_groups": fit_idx.len(),
+        "holdout_groups": held_idx.len(),
+        "skipped_groups": set.skipped,
+        "unused_groups": set.groups.len() - usable.len(),
+        "group_sizes": sizes,
         "holdout_fraction": fraction,
         "seed": seed,
         "holdout_mse": new_q.mse,
@@ -185,8 +196,8 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
         version,
         activated,
         kind,
-        fit_pairs: fit_idx.len(),
-        holdout_pairs: held_idx.len(),
+        fit_groups: fit_idx.len(),
+        holdout_groups: held_idx.len(),
         quality: new_q,
         previous: active,
         metrics,
@@ -201,16 +212,16 @@ pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
         print_json(&json!({ "version": t.version, "activated": t.activated, "metrics": t.metrics }))
     } else {
         println!(
-            "model version {} ({}): fitted on {} pairs, held-out MSE {} (R² {}) on {} pairs",
+            "model version {} ({}): fitted on {} groups, held-out MSE {} (R² {}) on {} groups",
             t.version,
             t.kind.key(),
-            t.fit_pairs,
+            t.fit_groups,
             num(t.quality.mse),
             num(t.quality.r2),
-            t.holdout_pairs
+            t.holdout_groups
         );
         if let Some((v, q)) = t.previous {
-            println!("active version {v} on the same held-out pairs: MSE {}", num(q.mse));
+            println!("active version {v} on the same held-out groups: MSE {}", num(q.mse));
         }
         match (t.activated, args.activate) {
             (true, true) => println!("activated (--activate)"),

@@ -158,7 +158,7 @@ fn init_import_train_select_agrees_with_the_selector_in_memory() {
     assert_eq!(trained["version"], 1);
     assert_eq!(trained["activated"], true);
     let m = &trained["metrics"];
-    assert_eq!(m["fit_pairs"].as_u64().unwrap() + m["holdout_pairs"].as_u64().unwrap(), 181);
+    assert_eq!(m["fit_groups"].as_u64().unwrap() + m["holdout_groups"].as_u64().unwrap(), 181);
     assert!(m["holdout_r2"].as_f64().unwrap() > 0.5, "{m}");
 
     // The stored model equals an in-memory fit on the same pairs. Observed pairs come back in
@@ -310,6 +310,50 @@ fn default_slowdown_model_trains_stores_and_selects() {
     for (item, v) in out["candidates"].as_array().unwrap().iter().zip(&expect.verdicts) {
         assert_eq!(item["prediction"].as_f64(), v.prediction);
     }
+}
+
+/// Imported 3-way colocations train the slowdown model beside the pairs; the linear model,
+/// whose summed features describe a pair, leaves them out and says so.
+#[test]
+fn triples_train_the_slowdown_model_and_not_the_linear_one() {
+    let Some(art) = artifact() else { return };
+    let env = Env::new("triples");
+    env.ok(&["db", "init"]);
+    let p = art.join("workload_profiles/derived_workload_profiles.csv");
+    env.ok(&["profile", "import", p.to_str().unwrap()]);
+    env.ok(&["observations", "import", art.join(PAIRS).to_str().unwrap()]);
+    let triples = art.join("multiinstance/total_labels_batch2-8_targetMPS100.csv");
+    env.ok(&["observations", "import", triples.to_str().unwrap()]);
+    let rows = fs::read_to_string(&triples).unwrap().lines().count() - 1;
+
+    let m = &env.json(&["train"])["metrics"];
+    assert_eq!(m["group_sizes"], serde_json::json!({"2": 181, "3": rows}), "{m}");
+    let used = m["fit_groups"].as_u64().unwrap() + m["holdout_groups"].as_u64().unwrap();
+    assert_eq!((used, m["unused_groups"].as_u64()), (181 + rows as u64, Some(0)));
+    assert!(m["holdout_r2"].as_f64().unwrap() > 0.5, "{m}");
+    let Model::Slowdown(sm) =
+        serde_json::from_value(env.json(&["model", "show"])["body"].clone()).unwrap()
+    else {
+        panic!("a slowdown model")
+    };
+    // A predicted triple stays within its members' ceilings.
+    let profiles = artifact_profiles(&art);
+    let names = [
+        "bert-base-cased_batch2-inf",
+        "vit-base-patch16-224_batch8-inf",
+        "albert-base-v2_batch8-train",
+    ];
+    let members: Vec<Member<'_>> =
+        names.iter().map(|n| Member { profile: &profiles[*n], workload: Some(n) }).collect();
+    for (s, n) in sm.slowdowns(&members).iter().zip(names) {
+        assert!(*s > 0.0 && *s <= sm.ceiling_of(Some(n)), "{n}: {s}");
+    }
+
+    let m = &env.json(&["train", "--kind", "linear"])["metrics"];
+    assert_eq!(m["group_sizes"], serde_json::json!({"2": 181}), "{m}");
+    assert_eq!(m["unused_groups"].as_u64(), Some(rows as u64), "{m}");
+    let used = m["fit_groups"].as_u64().unwrap() + m["holdout_groups"].as_u64().unwrap();
+    assert_eq!(used, 181);
 }
 
 #[test]
@@ -706,7 +750,7 @@ fn retrain_on_a_young_installation_succeeds_with_one_summary_line() {
     let out = env.ok(&args);
     assert_eq!(out.lines().count(), 1, "{out}");
     assert!(out.starts_with("retrain: ingested 3 new observation(s)"), "{out}");
-    assert!(out.contains("model unchanged: 0 usable observed pair(s)"), "{out}");
+    assert!(out.contains("model unchanged: 0 usable observed group(s)"), "{out}");
     assert!(out.contains("pruned 1 file(s) older than 30 days"), "{out}");
     assert!(!tmp.exists());
     assert!(q.join("recent.json").exists());

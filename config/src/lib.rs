@@ -152,7 +152,7 @@ impl Default for Profiling {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Training {
-    /// Fraction of observed pairs held out to compare a new model with the active one.
+    /// Fraction of observed groups held out to compare a new model with the active one.
     /// Default 0.2.
     pub holdout_fraction: f64,
     /// Seed of the held-out split, so that a retrain on the same data gives the same model.

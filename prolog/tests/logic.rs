@@ -514,7 +514,7 @@ fn epilogs_observe_each_interval_and_the_last_one_stops_mps() {
     let mut db = Db::open(&w.config.database.path).unwrap();
     let r = kace_sql::spool::ingest(&mut db, &w.config.spool.dir, &w.dir.join("q")).unwrap();
     assert_eq!((r.inserted, r.quarantined.len()), (4, 0));
-    assert_eq!(db.observed_pairs().unwrap().len(), 1);
+    assert_eq!(db.observed_groups().unwrap().len(), 1);
 }
 
 #[test]

@@ -11,7 +11,7 @@ use crate::error::{sql, Error, Result};
 use crate::schema::{CURRENT_VERSION, MIGRATIONS};
 use crate::types::{
     feature_value_problem, DecisionRecord, ModelRecord, NewDecision, NewModel, NewProfile,
-    Observation, ObservedPair, Partner, Profile, FEATURE_COLUMNS, FEATURE_COUNT,
+    Observation, ObservedGroup, ObservedMember, Partner, Profile, FEATURE_COLUMNS, FEATURE_COUNT,
 };
 
 /// How long a connection waits for another process's lock before giving up. The nightly
@@ -571,47 +571,77 @@ impl Db {
         Ok(out)
     }
 
-    /// The training examples: pairs of observations of two jobs that ran together, each naming
-    /// the other as its only partner, over overlapping intervals. Each pair appears once.
-    pub fn observed_pairs(&self) -> Result<Vec<ObservedPair>> {
+    /// The training examples: groups of observations of k ≥ 2 jobs that ran together, each
+    /// naming exactly the others as its partners (by job and workload), over a common interval.
+    /// Each observation is used at most once; observations whose partners' own observations
+    /// are missing or disagree are left out.
+    pub fn observed_groups(&self) -> Result<Vec<ObservedGroup>> {
         let all = self.observations()?;
-        let shared: Vec<&Observation> = all.iter().filter(|o| o.partners.len() == 1).collect();
-        // Index by (job, partner job) so matching is linear in the number of observations.
-        let mut by_jobs: HashMap<(&str, &str), Vec<&Observation>> = HashMap::new();
+        let shared: Vec<&Observation> = all.iter().filter(|o| !o.partners.is_empty()).collect();
+        // Index by job so matching is linear in the number of observations.
+        let mut by_job: HashMap<&str, Vec<&Observation>> = HashMap::new();
         for o in &shared {
-            by_jobs.entry((o.job.as_str(), o.partners[0].job.as_str())).or_default().push(o);
+            by_job.entry(o.job.as_str()).or_default().push(o);
         }
         let mut used: HashSet<&str> = HashSet::new();
-        let mut pairs = Vec::new();
+        let mut groups = Vec::new();
         for a in &shared {
             if used.contains(a.key.as_str()) {
                 continue;
             }
-            let partner = &a.partners[0];
-            let Some(others) = by_jobs.get(&(partner.job.as_str(), a.job.as_str())) else {
-                continue;
-            };
-            let b = others.iter().find(|b| {
-                b.key != a.key
-                    && !used.contains(b.key.as_str())
-                    && b.workload == partner.workload
-                    && b.partners[0].workload == a.workload
-                    && a.start <= b.end
-                    && b.start <= a.end
-            });
-            if let Some(b) = b {
-                used.insert(&a.key);
-                used.insert(&b.key);
-                pairs.push(ObservedPair {
-                    workload1: a.workload.clone(),
-                    workload2: b.workload.clone(),
-                    throughput1: a.throughput,
-                    throughput2: b.throughput,
-                    keys: (a.key.clone(), b.key.clone()),
-                });
+            // The group as `a` sees it: job → workload.
+            let mut roster: HashMap<&str, &str> = HashMap::new();
+            roster.insert(&a.job, &a.workload);
+            for p in &a.partners {
+                roster.insert(&p.job, &p.workload);
             }
+            if roster.len() != a.partners.len() + 1 {
+                continue; // a job named twice: not a group kace can learn from
+            }
+            // Another member's observation agrees when it names the same jobs with the same
+            // workloads, its own included.
+            let agrees = |b: &Observation| {
+                roster.get(b.job.as_str()) == Some(&b.workload.as_str())
+                    && b.partners.len() + 1 == roster.len()
+                    && b.partners.iter().all(|q| {
+                        q.job != b.job && roster.get(q.job.as_str()) == Some(&q.workload.as_str())
+                    })
+            };
+            let mut members: Vec<&Observation> = vec![a];
+            let (mut from, mut to) = (a.start, a.end);
+            for p in &a.partners {
+                let found = by_job.get(p.job.as_str()).and_then(|obs| {
+                    obs.iter().find(|b| {
+                        !used.contains(b.key.as_str())
+                            && members.iter().all(|m| m.key != b.key)
+                            && agrees(b)
+                            && b.start <= to
+                            && from <= b.end
+                    })
+                });
+                let Some(b) = found else { break };
+                from = from.max(b.start);
+                to = to.min(b.end);
+                members.push(b);
+            }
+            if members.len() != roster.len() {
+                continue;
+            }
+            for m in &members {
+                used.insert(&m.key);
+            }
+            groups.push(ObservedGroup {
+                members: members
+                    .iter()
+                    .map(|m| ObservedMember {
+                        workload: m.workload.clone(),
+                        throughput: m.throughput,
+                        key: m.key.clone(),
+                    })
+                    .collect(),
+            });
         }
-        Ok(pairs)
+        Ok(groups)
     }
 
     // ---- models ----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::db::Db;
 use crate::error::{Error, Result};
-use crate::types::{ModelRecord, NewModel, ObservedPair};
+use crate::types::{ModelRecord, NewModel, ObservedGroup};
 
 /// Version of the stored model body format; part of the `kind` column (`slowdown/1`,
 /// `linear/1`) so a future change of a model's serialisation is recognised.
@@ -86,14 +86,15 @@ pub fn model_from_record(r: &ModelRecord) -> Result<Model> {
     Ok(model)
 }
 
-/// Training examples: observed pairs whose two workloads both have complete profiles.
+/// Training examples: observed groups (pairs, triples, …) whose workloads all have complete
+/// profiles.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TrainingSet {
-    /// Each pair as a measured group (names, profiles, per-job colocated throughput).
+    /// Each group as the selector sees it (names, profiles, per-job colocated throughput).
     pub groups: Vec<Group>,
-    /// The pairs, parallel to `groups`.
-    pub pairs: Vec<ObservedPair>,
-    /// Observed pairs left out because a profile was missing or incomplete.
+    /// The observed groups, parallel to `groups`.
+    pub observed: Vec<ObservedGroup>,
+    /// Observed groups left out because a profile was missing or incomplete.
     pub skipped: usize,
 }
 
@@ -107,15 +108,25 @@ impl TrainingSet {
                 h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
             }
         };
-        for (p, g) in self.pairs.iter().zip(&self.groups) {
-            eat(p.keys.0.as_bytes());
-            eat(p.keys.1.as_bytes());
+        for (o, g) in self.observed.iter().zip(&self.groups) {
+            for m in &o.members {
+                eat(m.key.as_bytes());
+            }
             let values = g.profiles.iter().flat_map(|p| p.features.iter()).chain(&g.throughputs);
             for v in values {
                 eat(&v.to_bits().to_le_bytes());
             }
         }
         format!("fnv1a64:{h:016x}")
+    }
+
+    /// How many groups of each size k the set holds.
+    pub fn sizes(&self) -> std::collections::BTreeMap<usize, usize> {
+        let mut out = std::collections::BTreeMap::new();
+        for g in &self.groups {
+            *out.entry(g.k()).or_insert(0) += 1;
+        }
+        out
     }
 }
 
@@ -124,23 +135,30 @@ pub fn selector_profile(p: &crate::types::Profile) -> Option<Profile> {
     p.complete().map(Profile::new)
 }
 
-/// Builds the training set from the database.
+/// Builds the training set from the database: every observed group of any size k ≥ 2.
 pub fn training_set(db: &Db) -> Result<TrainingSet> {
-    let pairs = db.observed_pairs()?;
+    let observed = db.observed_groups()?;
     let profiles = db.all_profiles(None)?;
     let mut set = TrainingSet::default();
-    for p in pairs {
-        let get = |w: &str| profiles.get(w).and_then(selector_profile);
-        match (get(&p.workload1), get(&p.workload2)) {
-            (Some(a), Some(b)) if p.throughput1 > 0.0 && p.throughput2 > 0.0 => {
+    for o in observed {
+        let found: Option<Vec<Profile>> = o
+            .members
+            .iter()
+            .map(|m| {
+                let p = profiles.get(&m.workload).and_then(selector_profile)?;
+                (m.throughput > 0.0).then_some(p)
+            })
+            .collect();
+        match found {
+            Some(profiles) => {
                 set.groups.push(Group {
-                    workloads: vec![p.workload1.clone(), p.workload2.clone()],
-                    profiles: vec![a, b],
-                    throughputs: vec![p.throughput1, p.throughput2],
+                    workloads: o.members.iter().map(|m| m.workload.clone()).collect(),
+                    profiles,
+                    throughputs: o.members.iter().map(|m| m.throughput).collect(),
                 });
-                set.pairs.push(p);
+                set.observed.push(o);
             }
-            _ => set.skipped += 1,
+            None => set.skipped += 1,
         }
     }
     Ok(set)

@@ -238,20 +238,30 @@ impl Observation {
     }
 }
 
-/// Two observations of jobs that ran together, each naming the other as its only partner, over
-/// overlapping intervals: one training example.
+/// Observations of k ≥ 2 jobs that ran together, each naming all the others (and only them) as
+/// its partners, over a common interval: one training example.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ObservedPair {
-    /// Workload of the first job.
-    pub workload1: String,
-    /// Workload of the second job.
-    pub workload2: String,
-    /// Throughput of the first job while paired.
-    pub throughput1: f64,
-    /// Throughput of the second job while paired.
-    pub throughput2: f64,
-    /// Keys of the two observations, for a stable training-set digest.
-    pub keys: (String, String),
+pub struct ObservedGroup {
+    /// The members, the first-stored observation first.
+    pub members: Vec<ObservedMember>,
+}
+
+/// One job of an [`ObservedGroup`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObservedMember {
+    /// Its workload.
+    pub workload: String,
+    /// Its throughput while in the group.
+    pub throughput: f64,
+    /// Key of its observation, for a stable training-set digest.
+    pub key: String,
+}
+
+impl ObservedGroup {
+    /// Number of jobs in the group.
+    pub fn k(&self) -> usize {
+        self.members.len()
+    }
 }
 
 /// A model to store. The store treats the model's content as opaque JSON: the selector owns its

@@ -189,18 +189,67 @@ fn observations_are_stored_once_and_pairs_match() {
     assert_eq!(db.observation_count().unwrap(), 4);
     let stored = db.observations().unwrap();
     assert_eq!(stored[0], a);
-    let pairs = db.observed_pairs().unwrap();
-    assert_eq!(pairs.len(), 1);
-    let p = &pairs[0];
-    assert_eq!((p.workload1.as_str(), p.workload2.as_str()), ("wa", "wb"));
-    assert_eq!((p.throughput1, p.throughput2), (3.0, 4.0));
+    let groups = db.observed_groups().unwrap();
+    assert_eq!(groups.len(), 1);
+    let g = &groups[0];
+    let got: Vec<(&str, f64)> =
+        g.members.iter().map(|m| (m.workload.as_str(), m.throughput)).collect();
+    assert_eq!(got, [("wa", 3.0), ("wb", 4.0)]);
     // Non-overlapping intervals are not a pair.
     let mut c = obs("c/6/0", "6", "wa", Some(("7", "wb")), 1.0);
     let mut d = obs("c/7/0", "7", "wb", Some(("6", "wa")), 1.0);
     c.end = 150.0;
     d.start = 160.0;
     db.insert_observations(&[c, d]).unwrap();
-    assert_eq!(db.observed_pairs().unwrap().len(), 1);
+    assert_eq!(db.observed_groups().unwrap().len(), 1);
+}
+
+/// An observation naming several partners.
+fn obs_in(key: &str, job: &str, wl: &str, partners: &[(&str, &str)], thr: f64) -> Observation {
+    let mut o = obs(key, job, wl, None, thr);
+    o.partners =
+        partners.iter().map(|(j, w)| Partner { job: (*j).into(), workload: (*w).into() }).collect();
+    o
+}
+
+#[test]
+fn groups_of_three_match_when_every_member_agrees() {
+    let dir = TempDir::new("groups");
+    let (mut db, _) = Db::create(&dir.path().join("k.db")).unwrap();
+    let mut trio = vec![
+        obs_in("t/1", "1", "wa", &[("2", "wb"), ("3", "wc")], 1.0),
+        obs_in("t/2", "2", "wb", &[("3", "wc"), ("1", "wa")], 2.0),
+        obs_in("t/3", "3", "wc", &[("1", "wa"), ("2", "wb")], 3.0),
+    ];
+    // Their common stretch is 150..160: still one group.
+    trio[1].start = 150.0;
+    trio[2].end = 160.0;
+    // A trio whose third member saw a different partner workload, and one whose third member
+    // ran after the first had ended: neither is a group; nor is a member with a missing peer.
+    let disagree = [
+        obs_in("d/1", "11", "wa", &[("12", "wb"), ("13", "wc")], 1.0),
+        obs_in("d/2", "12", "wb", &[("11", "wa"), ("13", "wc")], 1.0),
+        obs_in("d/3", "13", "wc", &[("11", "wa"), ("12", "wz")], 1.0),
+    ];
+    let mut apart = [
+        obs_in("a/1", "21", "wa", &[("22", "wb"), ("23", "wc")], 1.0),
+        obs_in("a/2", "22", "wb", &[("21", "wa"), ("23", "wc")], 1.0),
+        obs_in("a/3", "23", "wc", &[("21", "wa"), ("22", "wb")], 1.0),
+    ];
+    apart[0].end = 120.0;
+    apart[2].start = 130.0;
+    let lonely = obs_in("l/1", "31", "wa", &[("32", "wb"), ("33", "wc")], 1.0);
+    db.insert_observations(&trio).unwrap();
+    db.insert_observations(&disagree).unwrap();
+    db.insert_observations(&apart).unwrap();
+    db.insert_observations(&[lonely]).unwrap();
+    let groups = db.observed_groups().unwrap();
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    let g = &groups[0];
+    assert_eq!(g.k(), 3);
+    let got: Vec<(&str, f64, &str)> =
+        g.members.iter().map(|m| (m.workload.as_str(), m.throughput, m.key.as_str())).collect();
+    assert_eq!(got, [("wa", 1.0, "t/1"), ("wb", 2.0, "t/2"), ("wc", 3.0, "t/3")]);
 }
 
 #[test]

@@ -220,8 +220,8 @@ fn kace_pairs_the_best_candidate_and_learns_from_the_pair() {
     assert!(ingested["inserted"].as_u64().unwrap() >= 2, "{ingested}");
     assert!(ingested["decisions"]["inserted"].as_u64().unwrap() >= 1, "{ingested}");
     let again = json(&c, &["train"]);
-    let size = again["metrics"]["fit_pairs"].as_u64().unwrap()
-        + again["metrics"]["holdout_pairs"].as_u64().unwrap();
+    let size = again["metrics"]["fit_groups"].as_u64().unwrap()
+        + again["metrics"]["holdout_groups"].as_u64().unwrap();
     assert!(size > first_size, "the new pair was not trained on: {first_size} -> {size}");
 
     // explain, from the database now.

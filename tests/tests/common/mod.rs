@@ -78,8 +78,8 @@ pub fn prepare(c: &Cluster, art: &Path, max_hold_s: u64) -> u64 {
     let pairs = art.join("pairs/MPS100_kernel_labels_targetMPS100.csv");
     kace(c, &["observations", "import", pairs.to_str().unwrap()]);
     let first = json(c, &["train"]);
-    first["metrics"]["fit_pairs"].as_u64().unwrap()
-        + first["metrics"]["holdout_pairs"].as_u64().unwrap()
+    first["metrics"]["fit_groups"].as_u64().unwrap()
+        + first["metrics"]["holdout_groups"].as_u64().unwrap()
 }
 
 /// The complete profiles' workloads in `db`, sorted.
