@@ -8,7 +8,7 @@ Not part of the build or the tests: the shipped model is Rust (selector/src/slow
 `kace eval colocations --seeds 1-100` reproduces the default's rows. Needs numpy, pandas,
 scikit-learn:
     python3 -m venv /tmp/venv && /tmp/venv/bin/pip install numpy pandas scikit-learn
-    /tmp/venv/bin/python bench/models/explore_groups.py [ARTIFACT_DIR]   # ~15 min on 2 cores
+    /tmp/venv/bin/python bench/models/explore_groups.py [ARTIFACT_DIR]   # ~5 min on 2 cores
 """
 import sys
 
