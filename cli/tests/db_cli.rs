@@ -702,6 +702,21 @@ fn profile_run_with_the_fake_nvml_stores_system_metrics() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("KACE_PROGRESS_FILE"), "{}", stderr(&out));
+    // A launcher script that outlives --timeout-s: it and what it started are ended.
+    let pid_file = env.dir.join("grandchild.pid");
+    let launcher = format!("sleep 300 & echo $! > {}; wait", pid_file.display());
+    let out = env
+        .cmd(&["profile", "run", "--workload", "slow", "--timeout-s", "1", "--", "sh", "-c"])
+        .arg(&launcher)
+        .env("KACE_FAKE_NVML", "samples=1,1,1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("ran longer than"), "{}", stderr(&out));
+    let pid = fs::read_to_string(&pid_file).unwrap().trim().to_string();
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rsplit(')').next().and_then(|r| r.split_whitespace().next());
+    assert!(matches!(state, None | Some("Z") | Some("X")), "sleep {pid} still runs: {stat}");
     assert_eq!(env.json(&["profile", "list"]).as_array().unwrap().len(), 1);
 }
 

@@ -8,6 +8,7 @@ use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::nvml::{GpuSampler, Sample, SamplerError};
+use crate::process_tree::kill_tree;
 use crate::progress::{self, ProgressError};
 
 /// What to run and how to measure it.
@@ -24,7 +25,7 @@ pub struct RunSpec {
     pub interval: Duration,
     /// Where the job writes its progress (exported as `KACE_PROGRESS_FILE`).
     pub progress_file: PathBuf,
-    /// Kill the job after this long (None: wait for it).
+    /// Kill the job, with every process it started, after this long (None: wait for it).
     pub timeout: Option<Duration>,
     /// Run even when other compute processes use the GPU (their load then pollutes the
     /// workload's utilization).
@@ -137,21 +138,18 @@ pub fn run(spec: &RunSpec, sampler: &mut dyn GpuSampler) -> Result<SystemMetrics
             Ok(Some(status)) => break status,
             Ok(None) => {}
             Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
+                kill_tree(&mut child);
                 return Err(RunError::Wait(e));
             }
         }
         if spec.timeout.is_some_and(|t| started.elapsed() > t) {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_tree(&mut child);
             return Err(RunError::TimedOut(spec.timeout.unwrap_or_default()));
         }
         match sampler.sample(unix_now()) {
             Ok(s) => samples.push(s),
             Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
+                kill_tree(&mut child);
                 return Err(RunError::Sampler(e));
             }
         }
