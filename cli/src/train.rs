@@ -130,8 +130,7 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
         None => ctx.config.training.model,
     };
     let objective = ctx.config.selection.objective;
-    let usable: Vec<&Group> =
-        set.groups.iter().filter(|g| kind == ModelKind::Slowdown || g.k() == 2).collect();
+    let usable: Vec<&Group> = set.groups.iter().filter(|g| kind.learns_from(g.k())).collect();
     let (fit_idx, held_idx) = holdout_split(usable.len(), fraction, seed);
     if fit_idx.len() < MIN_FIT_GROUPS || held_idx.is_empty() {
         return Err(NotEnoughGroups {

@@ -35,6 +35,16 @@ impl ModelKind {
     pub fn from_key(s: &str) -> Option<ModelKind> {
         [ModelKind::Slowdown, ModelKind::Linear].into_iter().find(|k| k.key() == s)
     }
+
+    /// Whether this kind learns from measured groups of `k` jobs. The slowdown model describes
+    /// each job beside any set of partners; the linear model's summed features describe one
+    /// group size, and kace's is the pair (what the paper measured and the prolog forms).
+    pub fn learns_from(self, k: usize) -> bool {
+        match self {
+            ModelKind::Slowdown => k >= 2,
+            ModelKind::Linear => k == 2,
+        }
+    }
 }
 
 /// A trained model of either kind.

@@ -32,7 +32,7 @@ use crate::zscore::ZScore;
 /// picks (`docs/models.md`). A workload measured faster beside partners than "alone" (the
 /// artifact has ratios up to 2.6 for short inference jobs whose exclusive throughput was
 /// measured low) keeps its largest measured ratio as its ceiling: a flat cap at 1 hid exactly
-/// those jobs' real progress and lost 0.07 on the normalised-progress objective.
+/// those jobs' real progress and lost 0.08 on the normalised-progress objective.
 pub const MAX_SLOWDOWN: f64 = 1.0;
 
 /// Width of the profile part of a job's feature vector: own, partners', and their product.
