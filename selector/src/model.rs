@@ -130,6 +130,11 @@ impl Model {
                 if !all.into_iter().all(|v| v.is_finite()) {
                     return Err("non-finite parameters".into());
                 }
+                // A ceiling below 1 would cap every prediction of its workload below "alone".
+                if let Some((w, c)) = m.ceiling.iter().find(|(_, c)| !(c.is_finite() && **c >= 1.0))
+                {
+                    return Err(format!("ceiling {c} for {w} (must be a number ≥ 1)"));
+                }
             }
         }
         Ok(())

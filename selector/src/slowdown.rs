@@ -396,6 +396,15 @@ mod tests {
             assert_eq!(m.slowdowns_any_k(&members), want);
             assert!((m.normalised_progress(&members) - want.iter().sum::<f64>()).abs() < 1e-12);
         }
+        // A stored model's ceilings are checked when it is read back.
+        let mut stored = crate::model::Model::Slowdown(m.clone());
+        assert_eq!(stored.check(), Ok(()));
+        for bad in [0.5, f64::NAN] {
+            if let crate::model::Model::Slowdown(sm) = &mut stored {
+                sm.ceiling.insert("w1".into(), bad);
+            }
+            assert!(stored.check().unwrap_err().contains("ceiling"), "{bad}");
+        }
         // A model stored before ceilings existed reads back with the flat ceiling.
         let mut json = serde_json::to_value(&m).unwrap();
         json.as_object_mut().unwrap().remove("ceiling");
