@@ -8,9 +8,7 @@
 //! parsers and verdicts are pure functions of that text; [`run`] gathers it.
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
 use std::fmt;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -35,7 +33,8 @@ pub enum Status {
 
 impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+        // pad, not write_str: tables align on `{:<5}`.
+        f.pad(match self {
             Status::Ok => "ok",
             Status::Warn => "warn",
             Status::Fail => "fail",
@@ -312,33 +311,58 @@ pub fn check_writable(check: &'static str, key: &str, dir: &Path) -> Finding {
     }
 }
 
-/// The `plugin_version` a SPANK plugin exports, read by loading it as Slurm does (lazily, so
-/// the Slurm symbols it calls need not resolve here).
+/// The `plugin_version` a SPANK plugin exports, read from its ELF dynamic symbol table (not by
+/// loading it: Rust links with `-z now`, so the Slurm symbols it calls would have to resolve
+/// here, and loading runs code as root for a check).
 pub fn plugin_version(plugin: &Path) -> Result<u32, String> {
-    let c = CString::new(plugin.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
-    // SAFETY: dlopen/dlsym/dlclose with a valid C string; the plugin is kace's own cdylib, whose
-    // loading runs no constructors that touch Slurm; the symbol is read as the u32 it is
-    // declared as (`#[no_mangle] pub static plugin_version: u32`) before the handle is closed.
-    unsafe {
-        let handle = libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
-        if handle.is_null() {
-            let err = libc::dlerror();
-            let why = if err.is_null() {
-                "dlopen failed".to_string()
-            } else {
-                std::ffi::CStr::from_ptr(err).to_string_lossy().into_owned()
-            };
-            return Err(why);
-        }
-        let sym = libc::dlsym(handle, c"plugin_version".as_ptr());
-        let v = if sym.is_null() {
-            Err("it exports no plugin_version".to_string())
-        } else {
-            Ok(*(sym as *const u32))
-        };
-        libc::dlclose(handle);
-        v
+    let bytes = std::fs::read(plugin).map_err(|e| e.to_string())?;
+    elf_u32_symbol(&bytes, "plugin_version")
+        .ok_or_else(|| "it is not a 64-bit ELF object exporting plugin_version".to_string())
+}
+
+/// The 4-byte value of a defined dynamic symbol in a little-endian ELF64 object.
+fn elf_u32_symbol(b: &[u8], name: &str) -> Option<u32> {
+    let u16_at = |o: usize| Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?));
+    // ELF magic, ELFCLASS64, ELFDATA2LSB.
+    if b.get(0..6)? != b"\x7fELF\x02\x01" {
+        return None;
     }
+    let shoff = usize::try_from(u64_at(0x28)?).ok()?;
+    let shentsize = usize::from(u16_at(0x3a)?);
+    let shnum = usize::from(u16_at(0x3c)?);
+    // (type, link, addr, offset, size, entsize) of section i.
+    let section = |i: usize| {
+        let o = shoff.checked_add(i.checked_mul(shentsize)?)?;
+        Some((
+            u32_at(o + 4)?,
+            usize::try_from(u32_at(o + 0x28)?).ok()?,
+            u64_at(o + 0x10)?,
+            usize::try_from(u64_at(o + 0x18)?).ok()?,
+            usize::try_from(u64_at(o + 0x20)?).ok()?,
+            usize::try_from(u64_at(o + 0x38)?).ok()?,
+        ))
+    };
+    const SHT_DYNSYM: u32 = 11;
+    let (_, strtab, _, symoff, symsize, entsize) =
+        (0..shnum).filter_map(section).find(|s| s.0 == SHT_DYNSYM)?;
+    let (_, _, _, stroff, strsize, _) = section(strtab)?;
+    let names = b.get(stroff..stroff.checked_add(strsize)?)?;
+    for i in 0..symsize / entsize.max(1) {
+        let o = symoff + i * entsize;
+        let start = usize::try_from(u32_at(o)?).ok()?;
+        let end = start + names.get(start..)?.iter().position(|&c| c == 0)?;
+        let shndx = usize::from(u16_at(o + 6)?);
+        if &names[start..end] != name.as_bytes() || shndx == 0 || shndx >= shnum {
+            continue;
+        }
+        let value = u64_at(o + 8)?;
+        let (_, _, addr, offset, _, _) = section(shndx)?;
+        let at = offset.checked_add(usize::try_from(value.checked_sub(addr)?).ok()?)?;
+        return u32_at(at);
+    }
+    None
 }
 
 /// Runs every check for `setup.role` and returns the findings in a fixed order.
@@ -772,6 +796,16 @@ mod tests {
         std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o666)).unwrap();
         assert_eq!(check_dispatch_lock(&lock, "slurm(x)", other).status, Status::Ok);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn plugin_version_needs_an_elf_object() {
+        assert_eq!(elf_u32_symbol(b"#!/bin/sh\n", "plugin_version"), None);
+        assert_eq!(elf_u32_symbol(b"\x7fELF\x02\x01", "plugin_version"), None);
+        // This test binary is an ELF64 object whose dynamic symbols hold no plugin_version.
+        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        assert_eq!(elf_u32_symbol(&me, "plugin_version"), None);
+        assert!(plugin_version(Path::new("/nonexistent/libkace_spank.so")).is_err());
     }
 
     #[test]
