@@ -219,7 +219,22 @@ pub fn node_gres(show_node: &str) -> Option<String> {
     show_node
         .split_whitespace()
         .find_map(|w| w.strip_prefix("Gres="))
-        .map(|g| g.split("(S:").next().unwrap_or(g).to_string())
+        .map(without_parenthesised)
+}
+
+/// `gpu:g0:1(S:0),shard:g0:2(S:0)` without the socket notes: `gpu:g0:1,shard:g0:2`.
+fn without_parenthesised(s: &str) -> String {
+    let mut depth = 0u32;
+    s.chars()
+        .filter(|&c| {
+            match c {
+                '(' => depth += 1,
+                ')' => depth = depth.saturating_sub(1),
+                _ => return depth == 0,
+            }
+            false
+        })
+        .collect()
 }
 
 /// The verdict on one node's GRES: shards present, and typed when the node has several GPUs.
@@ -740,8 +755,9 @@ mod tests {
         assert_eq!(f.status, Status::Fail);
         assert!(f.fix.contains("restart"), "{}", f.fix);
         assert_eq!(
-            node_gres("NodeName=n1 Arch=x86_64 Gres=gpu:1(S:0),shard:4(S:0) State=IDLE").as_deref(),
-            Some("gpu:1")
+            node_gres("NodeName=n1 Arch=x86_64 Gres=gpu:g0:1(S:0),gpu:g1:1(S:1),shard:g0:2(S:0) X=1")
+                .as_deref(),
+            Some("gpu:g0:1,gpu:g1:1,shard:g0:2")
         );
         assert_eq!(
             node_gres("NodeName=n1 Gres=gpu:1,shard:4 GresDrain=N/A").as_deref(),
