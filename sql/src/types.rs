@@ -30,27 +30,29 @@ pub const FIRST_SYSTEM_FEATURE: usize = 6;
 pub const MEMCAP: usize = 9;
 
 /// Longest workload name accepted (names come from users through `--kace-colocate`).
-pub const MAX_NAME_LEN: usize = 128;
+pub const MAX_NAME_LEN: usize = kace_layout::workload_name::MAX_LEN;
 
-/// Checks a workload name: 1–128 characters from `[A-Za-z0-9._+-]`, not starting with `.` or `-`.
+/// Checks a workload name against kace's one rule ([`kace_layout::workload_name`]): 1–128
+/// characters from `[A-Za-z0-9._+-]`, not starting with `.` or `-`.
 ///
-/// The same rule is enforced at the SPANK option; repeating it here keeps junk out of the DB
-/// whatever path a name arrives by (spool files are written by root, but from user input).
+/// The same rule is enforced at the SPANK option and the gate; checking it here keeps junk out
+/// of the DB whatever path a name arrives by (spool files are written by root, but from user
+/// input).
 pub fn validate_workload_name(name: &str) -> Result<()> {
-    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '+' | '-');
-    if name.is_empty()
-        || name.len() > MAX_NAME_LEN
-        || name.starts_with(['.', '-'])
-        || !name.chars().all(ok_char)
-    {
-        return Err(Error::Invalid {
-            reason: format!(
-                "invalid workload name {name:?}: use 1–{MAX_NAME_LEN} characters from \
-                 [A-Za-z0-9._+-], not starting with '.' or '-'"
-            ),
-        });
+    kace_layout::workload_name::check(name.as_bytes()).map_err(|e| Error::Invalid {
+        reason: format!("invalid workload name {}: {e}", quote_untrusted(name)),
+    })
+}
+
+/// An untrusted value made printable and short for a message: control and non-ASCII characters
+/// escaped, cut after 40 characters with the length noted.
+pub fn quote_untrusted(s: &str) -> String {
+    let shown: String = s.chars().take(40).flat_map(char::escape_debug).collect();
+    if s.chars().count() > 40 {
+        format!("\"{shown}\"... ({} bytes)", s.len())
+    } else {
+        format!("\"{shown}\"")
     }
-    Ok(())
 }
 
 /// One measurement of a workload's profile. Any feature may be absent: ncu gives the six kernel
