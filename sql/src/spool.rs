@@ -13,6 +13,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::db::Db;
@@ -24,6 +25,13 @@ pub const RECORD_SUFFIX: &str = ".json";
 
 /// Largest spool file accepted; a real record is a few hundred bytes.
 pub const MAX_RECORD_BYTES: u64 = 64 * 1024;
+
+/// Mode of spool, decision and quarantine files: they name users' jobs and workloads, which
+/// other users need not see (root and the admin group read them).
+pub const FILE_MODE: u32 = 0o640;
+
+/// Mode of the directories the spool creates (`decisions/`, the quarantine).
+pub const DIR_MODE: u32 = 0o750;
 
 /// Records stored per transaction: large enough to amortise the commit's fsyncs, small enough
 /// that a prolog waiting for the lock is not held up for long.
@@ -88,7 +96,7 @@ pub fn write_decision(spool: &Path, d: &SpooledDecision) -> Result<PathBuf> {
         return Err(Error::Invalid { reason: format!("decision key {:?} or time is bad", d.key) });
     }
     let dir = spool.join(DECISIONS_DIR);
-    fs::create_dir_all(&dir).map_err(io_err("create decision spool", &dir))?;
+    create_dir(&dir).map_err(io_err("create decision spool", &dir))?;
     let body = serde_json::to_vec_pretty(d)
         .map_err(|source| Error::Json { what: format!("decision {}", d.key), source })?;
     write_atomic(&dir, &record_file_name(&d.key), &body)
@@ -183,7 +191,7 @@ fn write_atomic(dir: &Path, name: &str, body: &[u8]) -> Result<PathBuf> {
     let tmp = dir.join(format!(".tmp.{}.{name}", std::process::id()));
     let dest = dir.join(name);
     let write = || -> std::io::Result<()> {
-        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        let mut f = OpenOptions::new().write(true).create_new(true).mode(FILE_MODE).open(&tmp)?;
         f.write_all(body)?;
         f.write_all(b"\n")?;
         f.sync_all()
@@ -247,15 +255,26 @@ fn read_record(path: &Path) -> Result<Read1> {
     Ok(Read1::Record(Box::new(obs)))
 }
 
+/// Creates `dir` and its missing parents with [`DIR_MODE`].
+fn create_dir(dir: &Path) -> std::io::Result<()> {
+    fs::DirBuilder::new().recursive(true).mode(DIR_MODE).create(dir)
+}
+
 fn quarantine(path: &Path, qdir: &Path, reason: &str) -> Result<bool> {
-    fs::create_dir_all(qdir).map_err(io_err("create quarantine directory", qdir))?;
+    create_dir(qdir).map_err(io_err("create quarantine directory", qdir))?;
     let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     let dest = qdir.join(&name);
     let mut reason_name = name;
     reason_name.push(".reason");
     let reason_path = qdir.join(reason_name);
     // The reason goes first so that a file in quarantine always has one.
-    fs::write(&reason_path, format!("{reason}\n"))
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(FILE_MODE)
+        .open(&reason_path)
+        .and_then(|mut f| f.write_all(format!("{reason}\n").as_bytes()))
         .map_err(io_err("write quarantine reason", &reason_path))?;
     match fs::rename(path, &dest) {
         Ok(()) => Ok(true),
