@@ -81,6 +81,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    output::exit_quietly_when_stdout_closes();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
