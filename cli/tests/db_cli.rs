@@ -10,8 +10,8 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kace_selector::dataset::read_colocations;
+use kace_selector::training::holdout_split;
 use kace_selector::{select, Candidate, LinearModel, Member, Model, Profile, SelectionRules};
-use kace_sql::decide::holdout_split;
 use kace_sql::spool::{record_file_name, write_record};
 use kace_sql::{Observation, Partner};
 
