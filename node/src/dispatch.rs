@@ -48,6 +48,20 @@ pub struct Report {
     pub problems: Vec<String>,
 }
 
+/// The log lines of one dispatch run, one per event: what `kace-dispatch` and `kace dispatch`
+/// send to the log.
+pub fn report_lines(r: &Report, max_hold_s: u64) -> Vec<String> {
+    let leads = r.leads.iter().map(|(job, node, gpu)| {
+        format!("kace: dispatch: released job {job} as a lead onto {node} GPU {gpu}")
+    });
+    let expired = r
+        .expired
+        .iter()
+        .map(|job| format!("kace: dispatch: released job {job}: held longer than {max_hold_s} s"));
+    let problems = r.problems.iter().map(|p| format!("kace: dispatch: {p}"));
+    leads.chain(expired).chain(problems).collect()
+}
+
 /// One dispatch pass at time `now` (Unix seconds).
 pub fn run(slurm: &dyn Slurm, now: f64, max_hold_s: u64) -> Result<Report> {
     let mut report = Report::default();

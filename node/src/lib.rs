@@ -12,11 +12,13 @@
 //! - [`state`]: per-GPU locks and the record of kace jobs on each GPU.
 //! - [`env`]: the job facts in a prolog/epilog environment.
 //! - [`prolog`], [`epilog`], [`dispatch`]: the three programs' logic.
+//! - [`doctor`]: `kace doctor`'s checks of a node's or the controller's setup.
 //!
 //! Everything here returns errors; the binaries log them and still exit 0, because a non-zero
 //! prolog or epilog drains the node.
 
 pub mod dispatch;
+pub mod doctor;
 pub mod env;
 pub mod epilog;
 pub mod error;

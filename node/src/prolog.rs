@@ -394,7 +394,12 @@ fn lead(
 
     let chosen = partner.and_then(|p| held.iter().find(|j| j.id == p));
     let decision = SpooledDecision {
-        key: format!("{}/{}/decision", env.cluster, env.job),
+        key: kace_sql::spool::decision_key(
+            &env.cluster,
+            &env.job.to_string(),
+            &env.node,
+            n.clock.now(),
+        ),
         created_at: n.clock.now(),
         decision: NewDecision {
             lead_job: Some(env.job.to_string()),
