@@ -42,7 +42,9 @@ fn attacker_conf(c: &Cluster) -> PathBuf {
     let src = dir.join("evil.c");
     let so = dir.join("evil.so");
     std::fs::write(&src, EVIL_C).unwrap();
+    // Against the headers of the Slurm under test: sbatch loads a plugin of its own series only.
     let out = Command::new("gcc")
+        .arg(format!("-I{}", c.slurm().include_dir().display()))
         .args(["-shared", "-fPIC", "-o"])
         .arg(&so)
         .arg(&src)
