@@ -96,6 +96,7 @@ fn sync_dir(dir: &Path) -> Result<()> {
 /// Writing the same key again replaces the file with identical content.
 pub fn write_record(dir: &Path, obs: &Observation) -> Result<PathBuf> {
     obs.validate()?;
+    trusted(dir)?;
     let body = serde_json::to_vec_pretty(obs)
         .map_err(|source| Error::Json { what: format!("observation {}", obs.key), source })?;
     write_atomic(dir, &record_file_name(&obs.key), &body)
@@ -135,6 +136,7 @@ pub fn write_decision(spool: &Path, d: &SpooledDecision) -> Result<PathBuf> {
     validate_decision(d)?;
     let dir = spool.join(DECISIONS_DIR);
     create_dir(&dir).map_err(io_err("create decision spool", &dir))?;
+    trusted(&dir)?;
     let body = compact_decision(d)?;
     write_atomic(&dir, &record_file_name(&d.key), &body)
 }
@@ -210,6 +212,9 @@ fn parse_decision(buf: &[u8]) -> std::result::Result<SpooledDecision, String> {
 /// is quarantined like one that does not parse: it never blocks the records after it.
 pub fn ingest_decisions(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<IngestReport> {
     let mut report = IngestReport::default();
+    if spool.join(DECISIONS_DIR).is_dir() {
+        trusted(&spool.join(DECISIONS_DIR))?;
+    }
     for (path, read) in spooled_decisions(spool)? {
         let stored = match read {
             Err(why) => Err(why),
@@ -340,6 +345,15 @@ fn read_record(path: &Path) -> Result<Read1> {
     Ok(Read1::Record(Box::new(obs)))
 }
 
+/// Refuses, when running as root, a directory that someone other than root could change:
+/// root creates, renames and removes files there.
+fn trusted(dir: &Path) -> Result<()> {
+    if kace_layout::trusted_dir::running_as_root() {
+        kace_layout::trusted_dir::check_trusted_dir(dir).map_err(Error::UntrustedDir)?;
+    }
+    Ok(())
+}
+
 /// Creates `dir` and its missing parents with [`DIR_MODE`].
 fn create_dir(dir: &Path) -> std::io::Result<()> {
     fs::DirBuilder::new().recursive(true).mode(DIR_MODE).create(dir)
@@ -347,6 +361,7 @@ fn create_dir(dir: &Path) -> std::io::Result<()> {
 
 fn quarantine(path: &Path, qdir: &Path, reason: &str) -> Result<bool> {
     create_dir(qdir).map_err(io_err("create quarantine directory", qdir))?;
+    trusted(qdir)?;
     let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     let dest = qdir.join(&name);
     let mut reason_name = name;
@@ -461,6 +476,7 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
     // (path, is a regular file)
     let mut entries: Vec<(PathBuf, bool)> = Vec::new();
     let mut report = IngestReport::default();
+    trusted(spool)?;
     requeue_completed(spool, quarantine_dir, &mut report)?;
     // Plausibility is judged against the profiles as they are when the ingest starts.
     let exclusive = db.exclusive_throughputs()?;
