@@ -23,6 +23,20 @@ RELEASERS: root, which runs the prolog and the dispatch timer. EpilogSlurmctld r
 kace-dispatch as SlurmUser: a site whose SlurmUser is not root adds that uid here.
 ]]
 
+-- ---- kace's version and what users are told (kace doctor reads both lines) ------------------
+-- kace-gate-version: 0.1.0
+-- Keep MAX_HOLD_S equal to dispatch.max_hold_s in kace.conf: it is what users are promised.
+local MAX_HOLD_S = 600
+
+-- The one line a user sees at submit: Slurm shows their kace job as (JobHeldUser) and refuses
+-- their own `scontrol release`, so say why and for how long.
+local function tell_user_held(workload)
+  slurm.log_user("kace: job held as workload %s until kace chooses a GPU to share with a partner, " ..
+    "at most %d s (then it runs wherever Slurm places it); to opt out, scancel it and submit " ..
+    "without --kace-colocate", workload, MAX_HOLD_S)
+end
+-- ---- end of kace's version and user line ----------------------------------------------------
+
 -- Uids allowed to release a held kace job (root; add SlurmUser's uid if it is not root).
 local RELEASERS = { [0] = true }
 
@@ -107,6 +121,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   job_desc.admin_comment = PREFIX .. workload
   job_desc.priority = 0
   slurm.log_verbose("kace: gate: holding a job of uid %u as workload %s", submit_uid, workload)
+  tell_user_held(workload)
   return slurm.SUCCESS
 end
 

@@ -246,8 +246,11 @@ fn lead(
         .collect();
     let mut specs = Vec::new();
     let mut spec_of = Vec::new(); // index into `held` of each spec
+    let now = n.clock.now();
     for (i, j) in held.iter().enumerate() {
-        if j.shards().is_none() {
+        if let Some(why) = j.blocked(now) {
+            records[i].rejected = Some(format!("{why}, so it would not start beside the lead"));
+        } else if j.shards().is_none() {
             records[i].rejected = Some("asks for no shard, so it cannot share a GPU".into());
         } else if kace_sql::validate_workload_name(&j.workload).is_err() {
             records[i].rejected = Some("its workload name is not valid".into());
@@ -280,6 +283,7 @@ fn lead(
         require_same_user: true,
         min_gain: sel.min_gain,
         objective: sel.objective,
+        ..SelectionRules::default()
     };
 
     let mut model_version = None;

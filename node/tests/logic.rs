@@ -211,6 +211,7 @@ fn held(id: u32, w: &str, user: &str, gres: &str) -> QueuedJob {
         submitted: Some(1000.0 + f64::from(id)),
         req_nodes: String::new(),
         state: "PD".into(),
+        ..QueuedJob::default()
     }
 }
 
@@ -225,7 +226,7 @@ fn running_detail(id: u32, w: &str, gpu: u32, kind: Option<&str>) -> JobDetail {
             name: "shard".into(),
             kind: kind.map(str::to_string),
             count: 1,
-            index: Some(gpu),
+            indices: vec![gpu],
         }],
     }
 }
@@ -518,7 +519,7 @@ fn dispatch_releases_leads_onto_free_gpus_and_expired_holds() {
         },
         NodeGpus { name: "n2".into(), gpus: vec![None], usable: false },
     ];
-    *s.running.borrow_mut() = vec![RunningJob { id: 1, node: "n1".into() }];
+    *s.running.borrow_mut() = vec![RunningJob { id: 1, node: "n1".into(), gpus: vec![0] }];
     s.details.borrow_mut().insert(1, running_detail(1, "zeta", 0, Some("g0")));
     let r = dispatch::run(&s, 1100.0, 600).unwrap();
     assert_eq!(r.expired, vec![8]);
