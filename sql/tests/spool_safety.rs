@@ -328,3 +328,19 @@ fn root_refuses_a_spool_others_can_write() {
     fs::set_permissions(&spool, fs::Permissions::from_mode(0o755)).unwrap();
     write_record(&spool, &obs("c/1/1/0", "1", 1.0)).unwrap();
 }
+
+/// Abandoned decision writes were neither reported nor pruned.
+#[test]
+fn abandoned_decision_writes_are_reported() {
+    let dir = TempDir::new("stale-decision");
+    let spool = dir.join("spool");
+    let decisions = spool.join(DECISIONS_DIR);
+    fs::create_dir_all(&decisions).unwrap();
+    let old = decisions.join(".tmp.9.c_1_decision.json");
+    let f = fs::File::create(&old).unwrap();
+    f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(7200)).unwrap();
+    drop(f);
+    let (mut db, _) = Db::create(&dir.join("k.db")).unwrap();
+    let r = ingest_decisions(&mut db, &spool, &dir.join("q")).unwrap();
+    assert_eq!(r.stale_temp_files, vec![old]);
+}
