@@ -16,7 +16,6 @@ mod model;
 mod observations;
 mod output;
 mod profile;
-mod prune;
 mod retrain;
 mod select;
 mod simulate;
