@@ -16,7 +16,6 @@ mod model;
 mod observations;
 mod output;
 mod profile;
-mod prune;
 mod retrain;
 mod select;
 mod simulate;
@@ -85,6 +84,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    output::exit_quietly_when_stdout_closes();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,6 +5,8 @@
 //! # Layout
 //! - [`exec`]: running a program by absolute path with a timeout (kills its process group).
 //! - [`slurm`]: the [`slurm::Slurm`] trait, the real commands and the parsers of their output.
+//! - [`slurm_json`]: Slurm's JSON job records, read across releases.
+//! - [`gres`]: the one parser of Slurm's GRES text (requests, allocations, node GPUs).
 //! - [`mps`]: the [`mps::MpsControl`] trait and `nvidia-cuda-mps-control`.
 //! - [`gpu`]: GPU memory from NVML or the configuration.
 //! - [`state`]: per-GPU locks and the record of kace jobs on each GPU.
@@ -22,10 +24,12 @@ pub mod epilog;
 pub mod error;
 pub mod exec;
 pub mod gpu;
+pub mod gres;
 pub mod hook;
 pub mod mps;
 pub mod prolog;
 pub mod slurm;
+pub mod slurm_json;
 pub mod state;
 
 use std::time::Instant;
