@@ -134,7 +134,7 @@ pub struct PlugstackLine {
 
 /// Finds kace's line in `file` and the files it `include`s (one level of globs, as Slurm's
 /// `include dir/*`).
-pub fn find_plugstack_line(file: &Path) -> Result<Option<PlugstackLine>, String> {
+fn find_plugstack_line(file: &Path) -> Result<Option<PlugstackLine>, String> {
     let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
     for line in text.lines() {
         let mut words = line.split_whitespace();
@@ -329,7 +329,7 @@ pub fn check_writable(check: &'static str, key: &str, dir: &Path) -> Finding {
 /// The `plugin_version` a SPANK plugin exports, read from its ELF dynamic symbol table (not by
 /// loading it: Rust links with `-z now`, so the Slurm symbols it calls would have to resolve
 /// here, and loading runs code as root for a check).
-pub fn plugin_version(plugin: &Path) -> Result<u32, String> {
+fn plugin_version(plugin: &Path) -> Result<u32, String> {
     let bytes = std::fs::read(plugin).map_err(|e| e.to_string())?;
     elf_u32_symbol(&bytes, "plugin_version")
         .ok_or_else(|| "it is not a 64-bit ELF object exporting plugin_version".to_string())
@@ -337,9 +337,11 @@ pub fn plugin_version(plugin: &Path) -> Result<u32, String> {
 
 /// The 4-byte value of a defined dynamic symbol in a little-endian ELF64 object.
 fn elf_u32_symbol(b: &[u8], name: &str) -> Option<u32> {
-    let u16_at = |o: usize| Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?));
-    let u32_at = |o: usize| Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?));
-    let u64_at = |o: usize| Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?));
+    // Every offset comes from the file: checked arithmetic, no panic on a hostile one.
+    let bytes = |o: usize, n: usize| b.get(o..o.checked_add(n)?);
+    let u16_at = |o: usize| Some(u16::from_le_bytes(bytes(o, 2)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_le_bytes(bytes(o, 4)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(bytes(o, 8)?.try_into().ok()?));
     // ELF magic, ELFCLASS64, ELFDATA2LSB.
     if b.get(0..6)? != b"\x7fELF\x02\x01" {
         return None;
@@ -350,13 +352,14 @@ fn elf_u32_symbol(b: &[u8], name: &str) -> Option<u32> {
     // (type, link, addr, offset, size, entsize) of section i.
     let section = |i: usize| {
         let o = shoff.checked_add(i.checked_mul(shentsize)?)?;
+        let field = |off: usize| o.checked_add(off);
         Some((
-            u32_at(o + 4)?,
-            usize::try_from(u32_at(o + 0x28)?).ok()?,
-            u64_at(o + 0x10)?,
-            usize::try_from(u64_at(o + 0x18)?).ok()?,
-            usize::try_from(u64_at(o + 0x20)?).ok()?,
-            usize::try_from(u64_at(o + 0x38)?).ok()?,
+            u32_at(field(4)?)?,
+            usize::try_from(u32_at(field(0x28)?)?).ok()?,
+            u64_at(field(0x10)?)?,
+            usize::try_from(u64_at(field(0x18)?)?).ok()?,
+            usize::try_from(u64_at(field(0x20)?)?).ok()?,
+            usize::try_from(u64_at(field(0x38)?)?).ok()?,
         ))
     };
     const SHT_DYNSYM: u32 = 11;
@@ -365,14 +368,14 @@ fn elf_u32_symbol(b: &[u8], name: &str) -> Option<u32> {
     let (_, _, _, stroff, strsize, _) = section(strtab)?;
     let names = b.get(stroff..stroff.checked_add(strsize)?)?;
     for i in 0..symsize / entsize.max(1) {
-        let o = symoff + i * entsize;
+        let o = symoff.checked_add(i.checked_mul(entsize)?)?;
         let start = usize::try_from(u32_at(o)?).ok()?;
         let end = start + names.get(start..)?.iter().position(|&c| c == 0)?;
-        let shndx = usize::from(u16_at(o + 6)?);
+        let shndx = usize::from(u16_at(o.checked_add(6)?)?);
         if &names[start..end] != name.as_bytes() || shndx == 0 || shndx >= shnum {
             continue;
         }
-        let value = u64_at(o + 8)?;
+        let value = u64_at(o.checked_add(8)?)?;
         let (_, _, addr, offset, _, _) = section(shndx)?;
         let at = offset.checked_add(usize::try_from(value.checked_sub(addr)?).ok()?)?;
         return u32_at(at);
@@ -818,6 +821,10 @@ mod tests {
     fn plugin_version_needs_an_elf_object() {
         assert_eq!(elf_u32_symbol(b"#!/bin/sh\n", "plugin_version"), None);
         assert_eq!(elf_u32_symbol(b"\x7fELF\x02\x01", "plugin_version"), None);
+        // A section table pointing past the end of the file (or past usize::MAX) is no symbol.
+        let mut hostile = b"\x7fELF\x02\x01".to_vec();
+        hostile.resize(0x40, 0xff);
+        assert_eq!(elf_u32_symbol(&hostile, "plugin_version"), None);
         // This test binary is an ELF64 object whose dynamic symbols hold no plugin_version.
         let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
         assert_eq!(elf_u32_symbol(&me, "plugin_version"), None);
