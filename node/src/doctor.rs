@@ -216,10 +216,7 @@ fn script_mentions(file: &Path, program: &str) -> bool {
 
 /// The `Gres=` of a node from `scontrol -o show node NAME` (`gpu:1,shard:4`).
 pub fn node_gres(show_node: &str) -> Option<String> {
-    show_node
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("Gres="))
-        .map(without_parenthesised)
+    show_node.split_whitespace().find_map(|w| w.strip_prefix("Gres=")).map(without_parenthesised)
 }
 
 /// `gpu:g0:1(S:0),shard:g0:2(S:0)` without the socket notes: `gpu:g0:1,shard:g0:2`.
@@ -758,8 +755,10 @@ mod tests {
         assert_eq!(f.status, Status::Fail);
         assert!(f.fix.contains("restart"), "{}", f.fix);
         assert_eq!(
-            node_gres("NodeName=n1 Arch=x86_64 Gres=gpu:g0:1(S:0),gpu:g1:1(S:1),shard:g0:2(S:0) X=1")
-                .as_deref(),
+            node_gres(
+                "NodeName=n1 Arch=x86_64 Gres=gpu:g0:1(S:0),gpu:g1:1(S:1),shard:g0:2(S:0) X=1"
+            )
+            .as_deref(),
             Some("gpu:g0:1,gpu:g1:1,shard:g0:2")
         );
         assert_eq!(
