@@ -39,6 +39,22 @@ pub struct TrainArgs {
     kind: Option<KindArg>,
 }
 
+/// The training data have not changed since model `version` of the same kind was fitted on
+/// them: no new version is stored (the nightly retrain would otherwise add one a night).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnchangedData {
+    /// The stored version fitted on the same data.
+    pub version: i64,
+}
+
+impl std::fmt::Display for UnchangedData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the training data are unchanged since model version {}", self.version)
+    }
+}
+
+impl std::error::Error for UnchangedData {}
+
 /// Too few usable observed groups to fit a model and hold some out. `kace train` reports it as
 /// an error; the nightly `kace retrain` reports it as "model unchanged" and succeeds, because a
 /// young installation simply has not observed enough colocations yet.
@@ -103,6 +119,20 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
         force_activation: args.activate,
     };
     let set = training_set(db)?;
+    let digest = set.digest();
+    let same = db.models()?.into_iter().rev().find(|m| {
+        let metric = |k: &str| m.model.metrics.get(k);
+        m.model.training_digest == digest
+            && metric("kind").and_then(|v| v.as_str()) == Some(policy.kind.key())
+            && metric("objective").and_then(|v| v.as_str()) == Some(policy.objective.key())
+            && metric("seed").and_then(|v| v.as_u64()) == Some(policy.seed)
+            && metric("holdout_fraction").and_then(|v| v.as_f64()) == Some(policy.holdout_fraction)
+    });
+    if let Some(m) = same {
+        if !args.activate {
+            return Err(UnchangedData { version: m.version }.into());
+        }
+    }
     let active = match active_model(db) {
         Ok((v, m)) if m.serves(policy.objective) => Some((v, m)),
         Ok((v, _)) => {
@@ -148,12 +178,8 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
             "cv_log_mse": tu.log_mse,
         })),
     });
-    let version = db.insert_model(&model_to_new_model(
-        &t.model,
-        metrics.clone(),
-        set.digest(),
-        t.fit_groups,
-    )?)?;
+    let version =
+        db.insert_model(&model_to_new_model(&t.model, metrics.clone(), digest, t.fit_groups)?)?;
     if t.activate {
         db.activate_model(version)?;
     }
@@ -172,7 +198,19 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
 /// Runs `kace train`.
 pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
     let mut db = ctx.open()?;
-    let t = train(&args, ctx, &mut db)?;
+    let t = match train(&args, ctx, &mut db) {
+        Ok(t) => t,
+        Err(e) => match e.downcast_ref::<UnchangedData>() {
+            Some(u) if ctx.json() => {
+                return print_json(&json!({ "version": null, "unchanged_since": u.version }))
+            }
+            Some(u) => {
+                println!("model unchanged: {u} (nothing stored)");
+                return Ok(());
+            }
+            None => return Err(e),
+        },
+    };
     if ctx.json() {
         print_json(&json!({ "version": t.version, "activated": t.activated, "metrics": t.metrics }))
     } else {

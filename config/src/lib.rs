@@ -22,6 +22,12 @@
 //! [profiling]
 //! warmup_steps = 10
 //! sample_interval_ms = 1000
+//! min_alone_runs = 1      # observed alone runs before an unprofiled workload is a candidate
+//!
+//! [sampler]               # kace-sampler: GPU readings while kace jobs run
+//! dir = "/run/kace/samples"
+//! interval_ms = 1000
+//! capacity = 86400        # readings kept per GPU (a day at 1 Hz)
 //!
 //! [training]
 //! holdout_fraction = 0.2
@@ -43,6 +49,9 @@
 //! [dispatch]
 //! max_hold_s = 600
 //! lock = "/run/kace/dispatch.lock"
+//!
+//! [log]
+//! syslog_socket = "/dev/log"   # "" logs to stderr only
 //! ```
 
 use std::fmt;
@@ -75,6 +84,10 @@ pub struct Config {
     pub node: Node,
     /// `kace dispatch` on the controller.
     pub dispatch: Dispatch,
+    /// `kace-sampler`, the node service that samples each GPU for system profiles.
+    pub sampler: Sampler,
+    /// `[log]`
+    pub log: Log,
 }
 
 /// `[database]`
@@ -140,11 +153,36 @@ pub struct Profiling {
     pub warmup_steps: u64,
     /// NVML sampling period in milliseconds (the artifact used `nvidia-smi pmon`, 1 s).
     pub sample_interval_ms: u64,
+    /// Runs a workload must have been observed alone (with `kace-sampler` readings) before a
+    /// workload nobody profiled becomes a candidate from its observed system profile.
+    /// Default 1.
+    pub min_alone_runs: u32,
 }
 
 impl Default for Profiling {
     fn default() -> Self {
-        Profiling { warmup_steps: 10, sample_interval_ms: 1000 }
+        Profiling { warmup_steps: 10, sample_interval_ms: 1000, min_alone_runs: 1 }
+    }
+}
+
+/// `[sampler]`: `kace-sampler`, which reads every GPU's SM %, memory-bandwidth % and memory
+/// in use into a bounded ring per GPU, from which the epilog builds the system profile of a
+/// job's alone intervals.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Sampler {
+    /// Directory of the per-GPU ring files. Default `/run/kace/samples`.
+    pub dir: PathBuf,
+    /// Time between readings, milliseconds. Default 1000.
+    pub interval_ms: u64,
+    /// Readings kept per GPU; the oldest are overwritten. Default 86400 (a day at 1 Hz,
+    /// 2.6 MiB per GPU at 32 bytes a reading).
+    pub capacity: u32,
+}
+
+impl Default for Sampler {
+    fn default() -> Self {
+        Sampler { dir: PathBuf::from("/run/kace/samples"), interval_ms: 1000, capacity: 86_400 }
     }
 }
 
@@ -233,6 +271,29 @@ impl Default for Dispatch {
     }
 }
 
+/// `[log]`: where the node programs and `kace dispatch` send their lines besides stderr
+/// (Slurm keeps neither a successful prolog's stderr nor EpilogSlurmctld's at default levels).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Log {
+    /// The syslog socket (rsyslog or journald) lines are sent to, as ident `kace`, facility
+    /// daemon. Default `/dev/log`; an empty string sends nothing to syslog.
+    pub syslog_socket: PathBuf,
+}
+
+impl Default for Log {
+    fn default() -> Self {
+        Log { syslog_socket: PathBuf::from("/dev/log") }
+    }
+}
+
+impl Log {
+    /// The socket to send to, `None` when syslog is off.
+    pub fn socket(&self) -> Option<&Path> {
+        (!self.syslog_socket.as_os_str().is_empty()).then_some(self.syslog_socket.as_path())
+    }
+}
+
 /// Why a configuration could not be loaded.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -315,6 +376,19 @@ impl Config {
         if self.profiling.sample_interval_ms == 0 {
             return Err("profiling.sample_interval_ms must be at least 1".into());
         }
+        let sp = &self.sampler;
+        if !(100..=60_000).contains(&sp.interval_ms) {
+            return Err(format!(
+                "sampler.interval_ms = {}: must be in [100, 60000]",
+                sp.interval_ms
+            ));
+        }
+        if !(60..=10_000_000).contains(&sp.capacity) {
+            return Err(format!("sampler.capacity = {}: must be in [60, 10000000]", sp.capacity));
+        }
+        if !sp.dir.is_absolute() {
+            return Err(format!("sampler.dir = {}: must be an absolute path", sp.dir.display()));
+        }
         for (key, p) in [
             ("database.path", &self.database.path),
             ("spool.dir", &self.spool.dir),
@@ -359,6 +433,14 @@ impl Config {
         }
         if self.dispatch.max_hold_s == 0 {
             return Err("dispatch.max_hold_s must be at least 1".into());
+        }
+        if let Some(s) = self.log.socket() {
+            if !s.is_absolute() {
+                return Err(format!(
+                    "log.syslog_socket = {:?}: must be an absolute path (or \"\" for none)",
+                    s.display()
+                ));
+            }
         }
         Ok(())
     }
@@ -450,6 +532,10 @@ mod tests {
         assert!(e.to_string().contains("speed"), "{e}");
         let e = Config::parse("[node]\nscontrol = \"scontrol\"\n", p()).unwrap_err();
         assert!(e.to_string().contains("absolute"), "{e}");
+        let e = Config::parse("[log]\nsyslog_socket = \"dev/log\"\n", p()).unwrap_err();
+        assert!(e.to_string().contains("log.syslog_socket"), "{e}");
+        let off = Config::parse("[log]\nsyslog_socket = \"\"\n", p()).unwrap();
+        assert_eq!(off.log.socket(), None);
         let e = Config::parse("[node]\ngpu_memory_gib = -1.0\n", p()).unwrap_err();
         assert!(matches!(e, Error::Invalid { .. }), "{e}");
         let e = Config::parse("this is = = not toml", p()).unwrap_err();

@@ -179,7 +179,10 @@ pub fn train(
     let new_q = quality(&model);
     // An active model that cannot predict this objective is no competitor.
     let active_quality = active.filter(|m| m.serves(policy.objective)).map(|m| quality(m));
-    let activate = policy.force_activation || not_worse(new_q.mse, active_quality.map(|q| q.mse));
+    // Not even a forced activation makes a model with a non-finite held-out error the one every
+    // prolog uses.
+    let activate = new_q.mse.is_finite()
+        && (policy.force_activation || not_worse(new_q.mse, active_quality.map(|q| q.mse)));
     Ok(Trained {
         model,
         fit_groups: fit.len(),
@@ -259,6 +262,9 @@ mod tests {
         assert!(!not_worse(f64::INFINITY, None));
         assert!(not_worse(1.0, Some(f64::NAN)));
         assert!(not_worse(1.0, Some(f64::INFINITY)));
+        // The audit's poisoned retrain: inf <= inf activated a model with held-out MSE inf.
+        assert!(!not_worse(f64::INFINITY, Some(f64::INFINITY)));
+        assert!(not_worse(1e300, Some(f64::INFINITY)));
     }
 
     #[test]
