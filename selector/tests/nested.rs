@@ -14,7 +14,7 @@ use kace_selector::eval::{EvalOptions, EvalReport, Protocol, Spread, KACE, KACE_
 use kace_selector::Objective;
 
 fn artifact() -> Artifact {
-    common::load().expect("the KACE artifact at ../shared/data/kace-artifact")
+    common::load()
 }
 
 fn nested() -> EvalOptions {
