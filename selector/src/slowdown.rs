@@ -564,11 +564,80 @@ mod tests {
             }
             assert!(stored.check().unwrap_err().contains("ceiling"), "{bad}");
         }
+        // So are its spreads, doubt weight and profiles.
+        for (what, edit) in [
+            (
+                "spread",
+                Box::new(|m: &mut SlowdownModel| {
+                    m.spread.insert("w1".into(), -1.0);
+                }) as Box<dyn Fn(&mut SlowdownModel)>,
+            ),
+            ("doubt weight", Box::new(|m: &mut SlowdownModel| m.doubt_weight = f64::NAN)),
+            (
+                "profile",
+                Box::new(|m: &mut SlowdownModel| {
+                    m.profiles.insert("w1".into(), [f64::INFINITY; FEATURE_COUNT]);
+                }),
+            ),
+        ] {
+            let mut sm = m.clone();
+            edit(&mut sm);
+            let err = crate::model::Model::Slowdown(sm).check().unwrap_err();
+            assert!(err.contains(what), "{what}: {err}");
+        }
         // A model stored before ceilings existed reads back with the flat ceiling.
         let mut json = serde_json::to_value(&m).unwrap();
         json.as_object_mut().unwrap().remove("ceiling");
         let old: SlowdownModel = serde_json::from_value(json).unwrap();
         assert_eq!(old.ceiling_of(Some("w0")), MAX_SLOWDOWN);
+    }
+
+    #[test]
+    fn one_absurd_observation_cannot_dominate_the_robust_fit() {
+        let ws: Vec<(String, Profile)> = (0..8)
+            .map(|i| (format!("w{i}"), prof(10.0 + 5.0 * i as f64, 10.0 + 11.0 * i as f64)))
+            .collect();
+        let mut clean = Vec::new();
+        for i in 0..8 {
+            for j in (i + 1)..8 {
+                clean.push(group((&ws[i].0, ws[i].1), (&ws[j].0, ws[j].1)));
+            }
+        }
+        // One finite but absurd rate: w3 beside w5 "ran" a million times faster than alone.
+        let mut dirty = clean.clone();
+        let bad = dirty.iter().position(|g| g.workloads == ["w3", "w5"]).unwrap();
+        dirty[bad].throughputs[0] *= 1e6;
+        fn refs(g: &[Group]) -> Vec<&Group> {
+            g.iter().collect()
+        }
+        let sums = |m: &SlowdownModel| -> Vec<f64> {
+            clean
+                .iter()
+                .map(|g| {
+                    let members: Vec<Member> = g
+                        .profiles
+                        .iter()
+                        .zip(&g.workloads)
+                        .map(|(p, w)| Member { profile: p, workload: Some(w) })
+                        .collect();
+                    m.normalised_progress(&members)
+                })
+                .collect()
+        };
+        let worst_shift = |params: SlowdownParams| -> (f64, SlowdownModel) {
+            let a = sums(&SlowdownModel::fit(&refs(&clean), params).unwrap());
+            let m = SlowdownModel::fit(&refs(&dirty), params).unwrap();
+            let b = sums(&m);
+            (a.iter().zip(&b).map(|(x, y)| (x - y).abs() / x).fold(0.0, f64::max), m)
+        };
+        let robust = SlowdownParams { alpha: 0.1, ..SlowdownParams::default() };
+        let (shift, m) = worst_shift(robust);
+        assert!(shift < 0.05, "the robust fit moved a prediction by {shift}");
+        assert!(m.ceiling_of(Some("w3")) < 2.0, "the outlier lifted w3's ceiling");
+        assert!(m.spread["w3"] > m.spread["w0"], "the outlier shows up as doubt about w3");
+        let (plain, m) = worst_shift(SlowdownParams { robust: false, ..robust });
+        assert!(plain > 4.0 * shift, "squared error: {plain} vs robust {shift}");
+        assert!(m.ceiling_of(Some("w3")) > 1e5, "without the robust fit the ceiling follows it");
     }
 
     #[test]
