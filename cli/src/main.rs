@@ -10,14 +10,17 @@ mod eval;
 mod explain;
 mod ingest;
 mod man;
+mod metrics;
 mod model;
 mod observations;
 mod output;
 mod profile;
 mod prune;
+mod report;
 mod retrain;
 mod select;
 mod simulate;
+mod status;
 mod train;
 
 use std::path::PathBuf;
@@ -73,8 +76,14 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// Release held kace jobs: leads onto free GPUs, and any held longer than max_hold.
     Dispatch(dispatch::DispatchArgs),
-    /// Why a job was or was not paired, from the prolog's decisions.
+    /// Why a job was or was not paired: Slurm's view of it and kace's decisions.
     Explain(explain::ExplainArgs),
+    /// What kace is doing now: GPUs and their kace jobs, held jobs, the active model.
+    Status(status::StatusArgs),
+    /// kace's figures in Prometheus's text format (`--textfile DIR` for node_exporter).
+    Metrics(metrics::MetricsArgs),
+    /// Predicted against observed, GPU time shared and the gain over running alone.
+    Report(report::ReportArgs),
     /// Write the man pages into DIR (used by packaging).
     #[command(hide = true)]
     GenerateMan(man::GenerateManArgs),
@@ -133,6 +142,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             dispatch::run(args, &ctx().context("config")?).context("dispatch")
         }
         Command::Explain(args) => explain::run(args, &ctx().context("config")?).context("explain"),
+        Command::Status(args) => status::run(args, &ctx().context("config")?).context("status"),
+        Command::Metrics(args) => metrics::run(args, &ctx().context("config")?).context("metrics"),
+        Command::Report(args) => report::run(args, &ctx().context("config")?).context("report"),
         Command::GenerateMan(args) => man::run(args),
     }
 }

@@ -78,7 +78,7 @@ pub struct GresAlloc {
 }
 
 /// What `scontrol -o show job -d` says about one job.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct JobDetail {
     /// Job id.
     pub id: u32,
@@ -92,6 +92,15 @@ pub struct JobDetail {
     pub nodes: String,
     /// The allocated GRES (running jobs only).
     pub gres: Vec<GresAlloc>,
+    /// The owner's user name (`UserId=name(uid)`), for `kace explain`'s display only: the
+    /// user's own `Comment=` comes later on the line and can imitate it.
+    pub user: String,
+    /// `SubmitTime`, Unix seconds (display only, like `user`).
+    pub submitted: Option<f64>,
+    /// `StartTime` when the job has started (display only).
+    pub started: Option<f64>,
+    /// `EndTime` when the job has ended (display only).
+    pub ended: Option<f64>,
 }
 
 impl JobDetail {
@@ -123,12 +132,16 @@ pub struct NodeGpus {
 }
 
 /// A running (or configuring) kace job.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct RunningJob {
     /// Job id.
     pub id: u32,
     /// Its node.
     pub node: String,
+    /// The owner's user name (for `kace status`).
+    pub user: String,
+    /// When it started, Unix seconds (for `kace status`).
+    pub started: Option<f64>,
 }
 
 /// Where to pin a job: a node and, on a node with typed GPUs, the type of the GPU.
@@ -241,7 +254,13 @@ impl Slurm for Commands {
     fn running_kace_jobs(&self) -> Result<Vec<RunningJob>> {
         let out = self.call(
             &self.squeue,
-            &["-h", "-t", "R,CF", "-O", "JobID:|,admin_comment:|,NodeList:|"],
+            &[
+                "-h",
+                "-t",
+                "R,CF",
+                "-O",
+                "JobID:|,admin_comment:|,NodeList:|,UserName:|,StartTime:|",
+            ],
         )?;
         Ok(parse_running(&out))
     }
@@ -283,7 +302,8 @@ pub fn parse_queue(out: &str) -> Result<Vec<QueuedJob>> {
     Ok(jobs)
 }
 
-/// Parses `squeue -O JobID:|,admin_comment:|,NodeList:|`, keeping kace jobs.
+/// Parses `squeue -O JobID:|,admin_comment:|,NodeList:|,UserName:|,StartTime:|`, keeping kace
+/// jobs (the last two columns are optional).
 pub fn parse_running(out: &str) -> Vec<RunningJob> {
     out.lines()
         .filter_map(|line| {
@@ -291,7 +311,12 @@ pub fn parse_running(out: &str) -> Vec<RunningJob> {
             if f.len() < 3 || !f[1].starts_with(MARK) {
                 return None;
             }
-            Some(RunningJob { id: f[0].parse().ok()?, node: f[2].to_string() })
+            Some(RunningJob {
+                id: f[0].parse().ok()?,
+                node: f[2].to_string(),
+                user: f.get(3).map(|u| u.to_string()).unwrap_or_default(),
+                started: f.get(4).and_then(|t| parse_utc(t)),
+            })
         })
         .collect()
 }
@@ -387,10 +412,15 @@ pub fn parse_job(out: &str) -> Result<JobDetail> {
     let (mut state, mut admin_comment, mut nodes) = (String::new(), String::new(), String::new());
     let mut reason = String::new();
     let mut gres = Vec::new();
+    let (mut user, mut submitted, mut started, mut ended) = (String::new(), None, None, None);
     for word in line.split_whitespace() {
         let Some((k, v)) = word.split_once('=') else { continue };
         match k {
             "JobId" => id = v.parse().ok(),
+            "UserId" => user = v.split('(').next().unwrap_or("").to_string(),
+            "SubmitTime" => submitted = parse_utc(v),
+            "StartTime" => started = parse_utc(v),
+            "EndTime" => ended = parse_utc(v),
             "JobState" => state = v.to_string(),
             "Reason" => reason = v.to_string(),
             "AdminComment" => admin_comment = v.to_string(),
@@ -404,7 +434,14 @@ pub fn parse_job(out: &str) -> Result<JobDetail> {
     if admin_comment == "(null)" {
         admin_comment.clear();
     }
-    Ok(JobDetail { id, state, reason, admin_comment, nodes, gres })
+    // A pending job's StartTime is Slurm's forecast and a running one's EndTime its limit.
+    if state == "PENDING" {
+        started = None;
+    }
+    if matches!(state.as_str(), "PENDING" | "RUNNING" | "CONFIGURING" | "SUSPENDED") {
+        ended = None;
+    }
+    Ok(JobDetail { id, state, reason, admin_comment, nodes, gres, user, submitted, started, ended })
 }
 
 /// Parses Slurm's `YYYY-MM-DDTHH:MM:SS` (printed in UTC: kace runs Slurm commands with TZ=UTC).
@@ -464,6 +501,27 @@ mod tests {
         let j = parse_job(plain).unwrap();
         assert_eq!((j.workload(), j.on_gpu(0).map(|g| g.kind.clone())), (None, Some(None)));
         assert!(parse_job("slurm_load_jobs error: Invalid job id specified").is_err());
+        let done = "JobId=9 UserId=alice(1000) JobState=COMPLETED SubmitTime=2000-03-01T12:30:00 \
+                    StartTime=2000-03-01T12:30:05 EndTime=2000-03-01T12:31:05 NodeList=n1";
+        let j = parse_job(done).unwrap();
+        assert_eq!(j.user, "alice");
+        assert_eq!(
+            (j.submitted, j.started, j.ended),
+            (Some(951_913_800.0), Some(951_913_805.0), Some(951_913_865.0))
+        );
+        let held = "JobId=10 UserId=bob(1001) JobState=PENDING Reason=JobHeldUser \
+                    SubmitTime=2000-03-01T12:30:00 StartTime=2000-03-01T13:00:00 EndTime=2000-03-01T14:00:00";
+        let j = parse_job(held).unwrap();
+        assert_eq!((j.started, j.ended), (None, None), "a pending job's forecasts are not times");
+    }
+
+    #[test]
+    fn running_jobs_with_user_and_start() {
+        let out = "7|kace:bert|n1|alice|2000-03-01T12:30:05|\n8|(null)|n1|bob|2000-03-01T12:30:05|\n9|kace:x|n2|\n";
+        let r = parse_running(out);
+        assert_eq!(r.len(), 2);
+        assert_eq!((r[0].user.as_str(), r[0].started), ("alice", Some(951_913_805.0)));
+        assert_eq!((r[1].id, r[1].user.as_str(), r[1].started), (9, "", None));
     }
 
     #[test]

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Small PyTorch training workloads from randomly initialised models (no downloads), for
 bench/gpu/run. Each trains until KACE_BENCH_SECONDS (default 10) or KACE_BENCH_STEPS pass and
-appends "<unix-seconds> <steps-done>" to $KACE_PROGRESS_FILE after every step (kace's progress
-protocol). Prints nothing on stdout: ncu writes its CSV there.
+reports every step through kace's own helper, python/kace_progress.py (lines "<unix-seconds>
+<steps-done>" in $KACE_PROGRESS_FILE, rate-limited by $KACE_PROGRESS_INTERVAL). Prints nothing on
+stdout: ncu writes its CSV there.
 
 usage: torch_workloads.py NAME       (NAME: see WORKLOADS; `--list` prints them)
 """
@@ -12,6 +13,10 @@ import time
 
 import torch
 from torch import nn
+
+# kace's progress helper lives in the repository's python/ folder.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "python"))
+import kace_progress  # noqa: E402
 
 try:
     import torchvision  # optional: two workloads use its model definitions (weights=None)
@@ -89,8 +94,6 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     seconds = float(os.environ.get("KACE_BENCH_SECONDS", "10"))
     max_steps = int(os.environ.get("KACE_BENCH_STEPS", "0")) or None
-    path = os.environ.get("KACE_PROGRESS_FILE")
-    progress = open(path, "a", buffering=1) if path else None
     start = time.time()
     step = 0
     while time.time() - start < seconds and (max_steps is None or step < max_steps):
@@ -99,8 +102,7 @@ def main():
         opt.step()
         torch.cuda.synchronize()
         step += 1
-        if progress:
-            progress.write(f"{time.time():.6f} {step}\n")
+        kace_progress.step()
 
 
 if __name__ == "__main__":
