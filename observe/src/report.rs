@@ -256,14 +256,16 @@ fn nice(max: f64) -> f64 {
     10.0 * p
 }
 
-fn fmt_tick(v: f64) -> String {
-    if v == 0.0 || (v.abs() >= 1.0 && v.fract() == 0.0) {
-        format!("{v:.0}")
-    } else if v.abs() >= 1.0 {
-        format!("{v:.1}")
+/// A tick label with as many decimals as the axis's step needs, the same for every tick.
+fn fmt_tick(v: f64, step: f64) -> String {
+    let decimals = if step.fract() == 0.0 {
+        0
+    } else if (step * 10.0).fract().abs() < 1e-9 {
+        1
     } else {
-        format!("{v:.2}")
-    }
+        2
+    };
+    format!("{v:.decimals$}")
 }
 
 /// Axes with ticks in a panel at (x, y) of size (w, h), ranges [0, xmax] × [0, ymax].
@@ -288,14 +290,14 @@ fn axes(
             x + w,
             x - 4.0,
             ty + 4.0,
-            fmt_tick(f * ymax)
+            fmt_tick(f * ymax, ymax / 4.0)
         );
         if xmax > 0.0 {
             let _ = writeln!(
                 s,
                 r##"<text x="{tx:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
                 y + h + 14.0,
-                fmt_tick(f * xmax)
+                fmt_tick(f * xmax, xmax / 4.0)
             );
         }
     }
@@ -321,7 +323,7 @@ pub fn svg(r: &Report) -> String {
     let (pw, ph, top) = (300.0, 260.0, 70.0);
     let lefts = [70.0, 450.0, 830.0];
     let width = 1170.0;
-    let height = top + ph + 110.0;
+    let height = top + ph + 50.0;
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -484,6 +486,14 @@ mod tests {
         for bad in ["", "d", "-3d", "7y", "nand", "0h"] {
             assert!(parse_since(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn tick_labels_share_their_decimals() {
+        assert_eq!((fmt_tick(0.0, 0.5), fmt_tick(1.5, 0.5)), ("0.0".into(), "1.5".into()));
+        assert_eq!(fmt_tick(37.5, 12.5), "37.5");
+        assert_eq!(fmt_tick(50.0, 25.0), "50");
+        assert_eq!(fmt_tick(0.25, 0.25), "0.25");
     }
 
     #[test]
