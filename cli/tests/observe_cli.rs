@@ -200,6 +200,34 @@ fn metrics_textfile_is_valid_prometheus_text() {
         "{text}"
     );
     assert!(!text.contains("kace_held_jobs"), "--no-slurm asked Slurm: {text}");
+    // Every metric the Grafana dashboard queries is one kace writes (the two that need Slurm
+    // are left out with --no-slurm).
+    let dash = fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/grafana/kace-dashboard.json"),
+    )
+    .unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&dash).unwrap();
+    let mut queried = 0;
+    for panel in dash["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().unwrap() {
+            let expr = t["expr"].as_str().unwrap();
+            for (i, _) in expr.match_indices("kace_") {
+                let name: String = expr[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                queried += 1;
+                if ["kace_held_jobs", "kace_oldest_hold_seconds"].contains(&name.as_str()) {
+                    continue;
+                }
+                assert!(
+                    text.contains(&format!("\n{name}")),
+                    "the dashboard queries {name}: {text}"
+                );
+            }
+        }
+    }
+    assert!(queried >= 15, "{queried}");
 
     let Some(parsed) = parse_with_prometheus_client(&prom) else { return };
     let families: Vec<&str> = parsed.lines().collect();

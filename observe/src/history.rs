@@ -150,7 +150,11 @@ pub fn story(
             throughput: o.throughput,
         })
         .collect();
-    let alone_s = mine.iter().filter(|o| o.partners.is_empty()).map(|o| o.end - o.start).sum();
+    let alone_s = mine
+        .iter()
+        .filter(|o| o.partners.is_empty())
+        .map(|o| o.end - o.start)
+        .fold(0.0, |a, b| a + b);
     Story { job: job.to_string(), slurm: facts, slurm_error, held_s, released, ran_with, alone_s }
 }
 
@@ -245,6 +249,8 @@ mod tests {
         let s = OneJob(detail(8, 1000.0, None));
         let st = story(Some(&s), "8", &[], &[], 300, 1100.0);
         assert_eq!(st.held_s, Some(100.0));
+        // An empty float sum is -0.0 in Rust; JSON would show it.
+        assert!(st.alone_s == 0.0 && st.alone_s.is_sign_positive());
         assert!(st.released.is_none());
         let st = story(Some(&s), "9", &[], &[], 300, 1100.0);
         assert!(st.slurm.is_none() && st.slurm_error.unwrap().contains("Invalid job id"));

@@ -36,9 +36,14 @@ pub struct Live {
     pub quarantined_files: Option<usize>,
 }
 
-/// Counts the `.json` records directly in `dir` (`None` when it cannot be read).
+/// Counts the `.json` records directly in `dir`: none when it does not exist yet, `None` when
+/// it cannot be read.
 pub fn count_records(dir: &Path) -> Option<usize> {
-    let entries = std::fs::read_dir(dir).ok()?;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(0),
+        Err(_) => return None,
+    };
     Some(
         entries
             .flatten()
@@ -170,7 +175,7 @@ pub fn render(db: &Db, objective: Objective, live: &Live, now: f64) -> Result<St
         let qv: f64 = q.parse().unwrap_or(0.5);
         o.sample("kace_group_predicted_observed_ratio", &[("quantile", q)], quantile(&ratios, qv));
     }
-    o.sample("kace_group_predicted_observed_ratio_sum", &[], ratios.iter().sum());
+    o.sample("kace_group_predicted_observed_ratio_sum", &[], ratios.iter().fold(0.0, |a, b| a + b));
     o.sample("kace_group_predicted_observed_ratio_count", &[], ratios.len() as f64);
     let gains: Vec<f64> = r.groups.iter().filter_map(|g| g.normalised_progress).collect();
     o.one(
