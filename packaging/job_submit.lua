@@ -7,7 +7,14 @@ KACE_COLOCATE=<workload, or empty for "the job name"> into its SPANK job environ
   * held (priority 0) until kace releases it beside a partner, and
   * marked admin_comment = "kace:<workload>", a field only root can change, so kace can trust it.
 The workload is validated again here: the plugin runs on the submit host, which users control.
-A bad workload refuses the submission with a message saying what is allowed.
+A bad workload refuses the submission with a message saying what is allowed. The rule mirrors
+kace_layout::workload_name (Rust), which the plugin, the database and the node programs use;
+tests/tests/gate.rs checks that both agree on a list of hostile names.
+
+A user's own sbatch (its own plugstack, or libslurm called directly) can put any entry into the
+SPANK job environment, and slurmd passes one that already starts with SPANK_ to the prolog
+unchanged. So any entry other than KACE_COLOCATE whose name contains KACE (SPANK_KACE_COLOCATE,
+KACE_COLOCATE twice, ...) refuses the submission: only the kace plugin's own entry is accepted.
 Every other job passes untouched.
 
 Priority 0 set here is a *user* hold (JobHeldUser), which users may normally release;
@@ -16,30 +23,59 @@ RELEASERS: root, which runs the prolog and the dispatch timer. EpilogSlurmctld r
 kace-dispatch as SlurmUser: a site whose SlurmUser is not root adds that uid here.
 ]]
 
+-- ---- kace's version and what users are told (kace doctor reads both lines) ------------------
+-- kace-gate-version: 0.1.0
+-- Keep MAX_HOLD_S equal to dispatch.max_hold_s in kace.conf: it is what users are promised.
+local MAX_HOLD_S = 600
+
+-- The one line a user sees at submit: Slurm shows their kace job as (JobHeldUser) and refuses
+-- their own `scontrol release`, so say why and for how long.
+local function tell_user_held(workload)
+  slurm.log_user("kace: job held as workload %s until kace chooses a GPU to share with a partner, " ..
+    "at most %d s (then it runs wherever Slurm places it); to opt out, scancel it and submit " ..
+    "without --kace-colocate", workload, MAX_HOLD_S)
+end
+-- ---- end of kace's version and user line ----------------------------------------------------
+
 -- Uids allowed to release a held kace job (root; add SlurmUser's uid if it is not root).
 local RELEASERS = { [0] = true }
 
 local MAX_LEN = 128
-local RULE = "a workload name is 1 to 128 of A-Z a-z 0-9 . _ + -"
+local RULE = "a workload name is 1 to 128 of A-Z a-z 0-9 . _ + -, not starting with . or -"
 local PREFIX = "kace:"
 
--- The KACE_COLOCATE value of the job's SPANK environment, or nil when the job did not ask.
+-- The KACE_COLOCATE value of the job's SPANK environment (nil when the job did not ask), and
+-- the name of an entry that imitates kace's (nil when there is none).
 -- In 22.05 spank_job_env is a 0-based table (or nil), so iterate with pairs, not ipairs.
 local function kace_request(job_desc)
   local env = job_desc.spank_job_env
   if env == nil then
-    return nil
+    return nil, nil
   end
+  local req, seen = nil, 0
   for _, v in pairs(env) do
-    if type(v) == "string" and string.sub(v, 1, 14) == "KACE_COLOCATE=" then
-      return string.sub(v, 15)
+    if type(v) == "string" then
+      local name = string.match(v, "^[^=]*")
+      if name == "KACE_COLOCATE" then
+        seen = seen + 1
+        req = string.sub(v, 15)
+      elseif string.find(string.upper(name), "KACE", 1, true)
+          and string.sub(name, 1, 20) ~= "_SLURM_SPANK_OPTION_" then
+        -- (_SLURM_SPANK_OPTION_<plugin>_<option> is how sbatch records a SPANK option's value;
+        -- kace decides nothing from it.)
+        return nil, name
+      end
     end
   end
-  return nil
+  if seen > 1 then
+    return nil, "KACE_COLOCATE (more than once)"
+  end
+  return req, nil
 end
 
 local function valid_workload(w)
   return w ~= nil and #w >= 1 and #w <= MAX_LEN and not string.find(w, "[^A-Za-z0-9%._%+%-]")
+    and not string.find(w, "^[%.%-]")
 end
 
 -- An untrusted value made printable and short for a message.
@@ -54,7 +90,14 @@ local function quote(s)
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
-  local req = kace_request(job_desc)
+  local req, imitation = kace_request(job_desc)
+  if imitation ~= nil then
+    slurm.log_user("kace: couldn't accept SPANK environment entry %s: only the kace plugin sets KACE_COLOCATE",
+      quote(imitation))
+    slurm.log_info("kace: gate: refused a job of uid %u with SPANK environment entry %s", submit_uid,
+      quote(imitation))
+    return slurm.ESLURM_ACCESS_DENIED
+  end
   if req == nil then
     -- A user must not pass a job off as one kace marked.
     local ac = job_desc.admin_comment
@@ -78,6 +121,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   job_desc.admin_comment = PREFIX .. workload
   job_desc.priority = 0
   slurm.log_verbose("kace: gate: holding a job of uid %u as workload %s", submit_uid, workload)
+  tell_user_held(workload)
   return slurm.SUCCESS
 end
 

@@ -14,7 +14,7 @@ use kace_sql::{DecisionCandidate, NewDecision};
 use serde_json::json;
 
 use crate::context::{num, print_json, Ctx};
-use crate::output::table;
+use crate::output::{printable, table};
 
 /// How long the Slurm query may take.
 const SLURM_BUDGET: Duration = Duration::from_secs(15);
@@ -60,7 +60,11 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
             Ok(d) => {
                 all.push(Found { decision: d.decision, created_at: d.created_at, source: "spool" })
             }
-            Err(why) => eprintln!("kace: explain: skipping {}: {why}", path.display()),
+            Err(why) => eprintln!(
+                "kace: explain: skipping {}: {}",
+                printable(&path.display().to_string()),
+                printable(&why)
+            ),
         }
     }
     all.sort_by(|a, b| a.created_at.total_cmp(&b.created_at));
@@ -85,6 +89,7 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
         })
         .collect();
 
+    let job = printable(job);
     if ctx.json() {
         let led: Vec<_> = led
             .iter()
@@ -117,9 +122,10 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
         let model =
             d.model_version.map(|v| format!("model version {v}")).unwrap_or("no model".into());
         println!(
-            "job {job} ({}) led its GPU and {chosen} among {} held kace job(s), {model}, \
+            "job {job} ({}) led its GPU and {} among {} held kace job(s), {model}, \
              decided {} [{}]",
-            d.lead_workload,
+            printable(&d.lead_workload),
+            printable(&chosen),
             d.candidates.len(),
             date(f.created_at),
             f.source
@@ -143,11 +149,11 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
     for (f, c) in &seen {
         println!(
             "job {job} ({}) was held when job {} ({}) chose a partner at {}: {} [{}]",
-            c.workload,
-            f.decision.lead_job.as_deref().unwrap_or("?"),
-            f.decision.lead_workload,
+            printable(&c.workload),
+            printable(f.decision.lead_job.as_deref().unwrap_or("?")),
+            printable(&f.decision.lead_workload),
             date(f.created_at),
-            verdict(&f.decision, c),
+            printable(&verdict(&f.decision, c)),
             f.source
         );
     }

@@ -15,7 +15,7 @@ use kace_sql::spool;
 use serde_json::json;
 
 use crate::context::{num, Ctx};
-use crate::train::{NotEnoughGroups, Trained};
+use crate::train::{NotEnoughGroups, Trained, UnchangedData};
 use crate::{ingest, prune, train};
 
 /// `kace retrain`
@@ -35,6 +35,7 @@ pub struct RetrainArgs {
 enum ModelOutcome {
     Trained(Trained),
     NotEnough(NotEnoughGroups),
+    Unchanged(UnchangedData),
 }
 
 /// Runs `kace retrain`.
@@ -49,9 +50,10 @@ pub fn run(args: RetrainArgs, ctx: &Ctx) -> Result<()> {
     ingest::warn(&decisions);
     let model = match train::train(&args.train, ctx, &mut db) {
         Ok(t) => ModelOutcome::Trained(t),
-        Err(e) => match e.downcast_ref::<NotEnoughGroups>() {
-            Some(n) => ModelOutcome::NotEnough(*n),
-            None => return Err(e.context("train")),
+        Err(e) => match (e.downcast_ref::<NotEnoughGroups>(), e.downcast_ref::<UnchangedData>()) {
+            (Some(n), _) => ModelOutcome::NotEnough(*n),
+            (_, Some(u)) => ModelOutcome::Unchanged(*u),
+            _ => return Err(e.context("train")),
         },
     };
     let pruned = if args.keep_days == 0 {
@@ -105,6 +107,7 @@ fn summary_line(
         ModelOutcome::NotEnough(n) => {
             format!("model unchanged: {} usable observed group(s), {} needed", n.usable, n.needed)
         }
+        ModelOutcome::Unchanged(u) => format!("model unchanged: {u}"),
     };
     let prune = match (keep_days, p.failed.len()) {
         (0, _) => "pruning off".to_string(),
@@ -133,6 +136,11 @@ fn summary_json(
             "activated": false,
             "usable_pairs": n.usable,
             "needed_pairs": n.needed,
+        }),
+        ModelOutcome::Unchanged(u) => json!({
+            "version": null,
+            "activated": false,
+            "unchanged_since": u.version,
         }),
     };
     json!({

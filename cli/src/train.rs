@@ -59,11 +59,28 @@ fn predictions(model: &Model, groups: &[&Group], objective: kace_selector::Objec
 }
 
 /// Whether a new model with held-out error `new_mse` may replace the active one (`None`: there
-/// is none). Ties go to the new model: it was trained on the newer data. A NaN error on the
-/// new model counts as worse; on the active one, as beaten.
+/// is none). Ties go to the new model: it was trained on the newer data. A non-finite error
+/// (NaN or inf) on the new model counts as worse, whatever the active one's (`inf <= inf` must
+/// not pass); on the active one, as beaten by any finite error.
 fn not_worse(new_mse: f64, active_mse: Option<f64>) -> bool {
-    !new_mse.is_nan() && active_mse.is_none_or(|a| a.is_nan() || new_mse <= a)
+    new_mse.is_finite() && active_mse.is_none_or(|a| !a.is_finite() || new_mse <= a)
 }
+
+/// The training data have not changed since model `version` of the same kind was fitted on
+/// them: no new version is stored (the nightly retrain would otherwise add one a night).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnchangedData {
+    /// The stored version fitted on the same data.
+    pub version: i64,
+}
+
+impl std::fmt::Display for UnchangedData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the training data are unchanged since model version {}", self.version)
+    }
+}
+
+impl std::error::Error for UnchangedData {}
 
 /// Too few usable observed groups to fit a model and hold some out. `kace train` reports it as
 /// an error; the nightly `kace retrain` reports it as "model unchanged" and succeeds, because a
@@ -130,6 +147,20 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
         None => ctx.config.training.model,
     };
     let objective = ctx.config.selection.objective;
+    let digest = set.digest();
+    let same = db.models()?.into_iter().rev().find(|m| {
+        let metric = |k: &str| m.model.metrics.get(k);
+        m.model.training_digest == digest
+            && metric("kind").and_then(|v| v.as_str()) == Some(kind.key())
+            && metric("objective").and_then(|v| v.as_str()) == Some(objective.key())
+            && metric("seed").and_then(|v| v.as_u64()) == Some(seed)
+            && metric("holdout_fraction").and_then(|v| v.as_f64()) == Some(fraction)
+    });
+    if let Some(m) = same {
+        if !args.activate {
+            return Err(UnchangedData { version: m.version }.into());
+        }
+    }
     let usable: Vec<&Group> = set.groups.iter().filter(|g| kind.learns_from(g.k())).collect();
     let (fit_idx, held_idx) = holdout_split(usable.len(), fraction, seed);
     if fit_idx.len() < MIN_FIT_GROUPS || held_idx.is_empty() {
@@ -181,13 +212,11 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
         "kind": kind.key(),
         "objective": objective.key(),
     });
-    let version = db.insert_model(&model_to_new_model(
-        &model,
-        metrics.clone(),
-        set.digest(),
-        fit_idx.len(),
-    )?)?;
-    let activated = args.activate || not_worse;
+    let version =
+        db.insert_model(&model_to_new_model(&model, metrics.clone(), digest, fit_idx.len())?)?;
+    // Not even --activate makes a model with a non-finite held-out error the one every prolog
+    // uses.
+    let activated = new_q.mse.is_finite() && (args.activate || not_worse);
     if activated {
         db.activate_model(version)?;
     }
@@ -206,7 +235,19 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
 /// Runs `kace train`.
 pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
     let mut db = ctx.open()?;
-    let t = train(&args, ctx, &mut db)?;
+    let t = match train(&args, ctx, &mut db) {
+        Ok(t) => t,
+        Err(e) => match e.downcast_ref::<UnchangedData>() {
+            Some(u) if ctx.json() => {
+                return print_json(&json!({ "version": null, "unchanged_since": u.version }))
+            }
+            Some(u) => {
+                println!("model unchanged: {u} (nothing stored)");
+                return Ok(());
+            }
+            None => return Err(e),
+        },
+    };
     if ctx.json() {
         print_json(&json!({ "version": t.version, "activated": t.activated, "metrics": t.metrics }))
     } else {
@@ -245,5 +286,9 @@ mod tests {
         assert!(!not_worse(1.5, Some(1.0)));
         assert!(!not_worse(f64::NAN, None));
         assert!(not_worse(1.0, Some(f64::NAN)));
+        // The audit's poisoned retrain: inf ≤ inf activated a model with held-out MSE inf.
+        assert!(!not_worse(f64::INFINITY, Some(f64::INFINITY)));
+        assert!(!not_worse(f64::INFINITY, None));
+        assert!(not_worse(1e300, Some(f64::INFINITY)));
     }
 }

@@ -8,10 +8,14 @@
 //! /run/kace/mps/<gpu>/log             CUDA_MPS_LOG_DIRECTORY of that daemon
 //! /var/spool/kace/progress/<job>.progress   KACE_PROGRESS_FILE of job <job>
 //! ```
+//! It also holds the workload-name rule ([`workload_name`]), which every part of kace shares.
+//!
 //! `<gpu>` is the node-global GPU index (the first entry of `SLURM_JOB_GPUS`, which Slurm gives
 //! in host numbering both to the prolog and to the job, falling back to `CUDA_VISIBLE_DEVICES`).
 
 use std::path::{Path, PathBuf};
+
+pub mod workload_name;
 
 /// Default MPS root: a tmpfs, since MPS pipes must not outlive a reboot.
 pub const DEFAULT_MPS_ROOT: &str = "/run/kace/mps";

@@ -48,6 +48,20 @@ pub struct Report {
     pub problems: Vec<String>,
 }
 
+/// The log lines of one dispatch run, one per event: what `kace-dispatch` and `kace dispatch`
+/// send to the log.
+pub fn report_lines(r: &Report, max_hold_s: u64) -> Vec<String> {
+    let leads = r.leads.iter().map(|(job, node, gpu)| {
+        format!("kace: dispatch: released job {job} as a lead onto {node} GPU {gpu}")
+    });
+    let expired = r
+        .expired
+        .iter()
+        .map(|job| format!("kace: dispatch: released job {job}: held longer than {max_hold_s} s"));
+    let problems = r.problems.iter().map(|p| format!("kace: dispatch: {p}"));
+    leads.chain(expired).chain(problems).collect()
+}
+
 /// One dispatch pass at time `now` (Unix seconds).
 pub fn run(slurm: &dyn Slurm, now: f64, max_hold_s: u64) -> Result<Report> {
     let mut report = Report::default();
@@ -58,7 +72,12 @@ pub fn run(slurm: &dyn Slurm, now: f64, max_hold_s: u64) -> Result<Report> {
     // Nothing waits forever: release what has waited too long, wherever it fits.
     let mut waiting = Vec::new();
     for j in held {
-        let expired = j.submitted.is_some_and(|s| now - s >= max_hold_s as f64);
+        // A job Slurm would not start yet (unmet dependency, --begin ahead) is neither a lead
+        // nor released for max_hold: its hold counts from when it may start.
+        if j.blocked(now).is_some() {
+            continue;
+        }
+        let expired = j.hold_started().is_some_and(|s| now - s >= max_hold_s as f64);
         if !expired {
             waiting.push(j);
             continue;
@@ -77,25 +96,13 @@ pub fn run(slurm: &dyn Slurm, now: f64, max_hold_s: u64) -> Result<Report> {
     // GPUs taken by kace jobs: (node, index).
     let mut taken: BTreeSet<(String, u32)> = BTreeSet::new();
     for r in slurm.running_kace_jobs()? {
-        match slurm.job(r.id) {
-            Ok(d) => {
-                for g in d.gres.iter().filter(|g| g.count > 0) {
-                    if let Some(i) = g.index {
-                        taken.insert((r.node.clone(), i));
-                    }
-                }
-            }
-            Err(e) => report.problems.push(format!("couldn't read running job {}: {e}", r.id)),
-        }
+        taken.extend(r.gpus.iter().map(|i| (r.node.clone(), *i)));
     }
     let nodes = slurm.nodes()?;
     // Released but not started yet: they will take a GPU of the node they were pinned to.
     let mut untyped_in_flight: Vec<String> = Vec::new();
     for j in in_flight.iter().filter(|j| !j.req_nodes.is_empty()) {
-        let kind = j.tres_per_node.split(',').find_map(|e| {
-            let parts: Vec<&str> = e.trim_start_matches("gres:").split(':').collect();
-            (parts.len() == 3 && parts[0] == "shard").then(|| parts[1].to_string())
-        });
+        let kind = crate::gres::request_kind(&j.tres_per_node, "shard");
         let node = nodes.iter().find(|n| n.name == j.req_nodes);
         match (kind, node) {
             (Some(k), Some(n)) => {

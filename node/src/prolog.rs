@@ -259,8 +259,11 @@ fn lead(
         .collect();
     let mut specs = Vec::new();
     let mut spec_of = Vec::new(); // index into `held` of each spec
+    let now = n.clock.now();
     for (i, j) in held.iter().enumerate() {
-        if j.shards().is_none() {
+        if let Some(why) = j.blocked(now) {
+            records[i].rejected = Some(format!("{why}, so it would not start beside the lead"));
+        } else if j.shards().is_none() {
             records[i].rejected = Some("asks for no shard, so it cannot share a GPU".into());
         } else if kace_sql::validate_workload_name(&j.workload).is_err() {
             records[i].rejected = Some("its workload name is not valid".into());
@@ -391,7 +394,12 @@ fn lead(
 
     let chosen = partner.and_then(|p| held.iter().find(|j| j.id == p));
     let decision = SpooledDecision {
-        key: format!("{}/{}/decision", env.cluster, env.job),
+        key: kace_sql::spool::decision_key(
+            &env.cluster,
+            &env.job.to_string(),
+            &env.node,
+            n.clock.now(),
+        ),
         created_at: n.clock.now(),
         decision: NewDecision {
             lead_job: Some(env.job.to_string()),

@@ -198,27 +198,20 @@ pub fn gather(
     let nodes = slurm.nodes()?;
     let mine = |user: &str| opts.user.as_deref().is_none_or(|u| u == user);
 
-    // Each running kace job's workload and GPU, from its allocation.
+    // Each running kace job on the GPU(s) its allocation names.
     let mut on_gpu: BTreeMap<(String, u32), Vec<Placed>> = BTreeMap::new();
     for r in &running {
-        match slurm.job(r.id) {
-            Ok(d) => {
-                let workload = d.workload().unwrap_or("?").to_string();
-                let gpu = d.gres.iter().find(|g| g.count > 0).and_then(|g| g.index);
-                match gpu {
-                    Some(i) => on_gpu.entry((r.node.clone(), i)).or_default().push(Placed {
-                        job: r.id,
-                        workload,
-                        user: r.user.clone(),
-                        since: r.started,
-                    }),
-                    None => problems.push(format!(
-                        "couldn't find the GPU of running job {} in its allocation",
-                        r.id
-                    )),
-                }
-            }
-            Err(e) => problems.push(format!("couldn't read running job {}: {e}", r.id)),
+        if r.gpus.is_empty() {
+            problems
+                .push(format!("couldn't find the GPU of running job {} in its allocation", r.id));
+        }
+        for i in &r.gpus {
+            on_gpu.entry((r.node.clone(), *i)).or_default().push(Placed {
+                job: r.id,
+                workload: if r.workload.is_empty() { "?".into() } else { r.workload.clone() },
+                user: r.user.clone(),
+                since: r.started,
+            });
         }
     }
 

@@ -12,8 +12,7 @@ fn repo() -> PathBuf {
 
 #[test]
 fn lines_from_the_python_helper_read_as_its_rate() {
-    let dir = std::env::temp_dir().join(format!("kace-pyprogress-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = kace_test_support::TempDir::new("pyprogress");
     let file = dir.join("job.progress");
     // 40 steps, 20 ms apart: about 50 steps/s, every step written (interval 0).
     let out = Command::new("python3")
@@ -27,7 +26,6 @@ fn lines_from_the_python_helper_read_as_its_rate() {
         .expect("python3 runs (.ci/install-deps installs it)");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let p = progress::read(&file).unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(p.skipped, 0);
     assert_eq!(p.points.len(), 40);
     assert_eq!(p.points.last().unwrap().steps, 40.0);

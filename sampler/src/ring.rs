@@ -209,10 +209,10 @@ impl Ring {
 mod tests {
     use super::*;
 
-    fn tmp(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("kace-ring-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d.join("gpu0.ring")
+    fn tmp(name: &str) -> (kace_test_support::TempDir, PathBuf) {
+        let d = kace_test_support::TempDir::new(&format!("ring-{name}"));
+        let p = d.join("gpu0.ring");
+        (d, p)
     }
 
     fn reading(t: f64) -> Reading {
@@ -221,7 +221,7 @@ mod tests {
 
     #[test]
     fn keeps_the_newest_capacity_readings_in_order() {
-        let p = tmp("wrap");
+        let (_d, p) = tmp("wrap");
         let mut ring = Ring::create(&p, 4).unwrap();
         for t in 1..=10 {
             ring.push(&reading(t as f64)).unwrap();
@@ -233,12 +233,11 @@ mod tests {
         let window = Ring::open(&p).unwrap().readings(8.0, 9.5).unwrap();
         assert_eq!(window, vec![reading(8.0), reading(9.0)]);
         assert_eq!(window[0].mem_pct, None);
-        std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
     }
 
     #[test]
     fn a_restarted_writer_continues_and_a_new_capacity_starts_anew() {
-        let p = tmp("restart");
+        let (_d, p) = tmp("restart");
         let mut ring = Ring::create(&p, 8).unwrap();
         ring.push(&reading(1.0)).unwrap();
         drop(ring);
@@ -248,12 +247,11 @@ mod tests {
         let ring = Ring::create(&p, 16).unwrap();
         assert_eq!(ring.capacity(), 16);
         assert!(Ring::open(&p).unwrap().readings(0.0, 9.0).unwrap().is_empty());
-        std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
     }
 
     #[test]
     fn garbage_is_refused_not_trusted() {
-        let p = tmp("garbage");
+        let (_d, p) = tmp("garbage");
         std::fs::write(&p, b"not a ring at all, just text that a user might have put here")
             .unwrap();
         assert!(matches!(Ring::open(&p), Err(RingError::Corrupt { .. })));
@@ -263,6 +261,5 @@ mod tests {
         let f = OpenOptions::new().write(true).open(&p).unwrap();
         f.write_all_at(&99u64.to_le_bytes(), HEADER).unwrap();
         assert!(Ring::open(&p).unwrap().readings(0.0, 9.0).unwrap().is_empty());
-        std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
     }
 }

@@ -117,8 +117,7 @@ mod tests {
 
     #[test]
     fn every_gpu_is_read_and_a_broken_one_is_logged_once() {
-        let dir = std::env::temp_dir().join(format!("kace-sampler-svc-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = kace_test_support::TempDir::new("sampler-svc");
         let fake = FakeSampler::new("Fake", 1024, vec![(30.0, 20.0, 100), (50.0, 40.0, 300)]);
         let mut svc =
             Service::open(&dir, 16, vec![(0, Box::new(fake)), (1, Box::new(Broken))]).unwrap();
@@ -133,6 +132,5 @@ mod tests {
         assert_eq!(got.len(), 3);
         assert_eq!(got[1].sm_pct, Some(50.0));
         assert_eq!(got[2].used_bytes, Some(300 << 20));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,15 +1,13 @@
 //! The kace-sampler binary as systemd runs it, with the fake NVML backend: one pass reads
 //! every GPU into its ring, and bad configuration is a clear error with exit code 2.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use kace_sampler::ring::{ring_path, Ring};
+use kace_test_support::TempDir;
 
-fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("kace-sampler-bin-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn dir(name: &str) -> TempDir {
+    TempDir::new(&format!("sampler-bin-{name}"))
 }
 
 #[test]
@@ -36,7 +34,6 @@ fn one_pass_reads_every_gpu_into_its_ring() {
             (Some(42.0), Some(17.0), Some(2048 << 20))
         );
     }
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -53,5 +50,4 @@ fn bad_configuration_is_refused_with_exit_code_2() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("sampler.interval_ms = 5"));
     let out = Command::new(env!("CARGO_BIN_EXE_kace-sampler")).arg("--bogus").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
-    std::fs::remove_dir_all(&d).unwrap();
 }

@@ -13,17 +13,52 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::db::Db;
 use crate::error::{Error, Result};
-use crate::types::{NewDecision, Observation};
+use crate::types::{implausibility, NewDecision, Observation};
 
 /// Suffix of a complete spool record.
 pub const RECORD_SUFFIX: &str = ".json";
 
-/// Largest spool file accepted; a real record is a few hundred bytes.
+/// Largest observation file accepted; a real record is a few hundred bytes.
 pub const MAX_RECORD_BYTES: u64 = 64 * 1024;
+
+/// Largest decision file accepted and written. A decision lists every held candidate (about 90
+/// bytes each, compact), so a lead with thousands of held jobs writes a large one; beyond this
+/// the candidates that were not evaluated are left out of the record (see [`write_decision`]).
+pub const MAX_DECISION_BYTES: u64 = 1024 * 1024;
+
+/// The key of one observation: `<cluster>/<job>/<run>/<segment>`, where `<run>` is the run's
+/// start in Unix milliseconds. A job id that recurs (`scontrol requeue`, a reset id counter)
+/// therefore keeps every run's observations instead of the later run replacing the earlier.
+pub fn observation_key(cluster: &str, job: &str, run_start: f64, segment: usize) -> String {
+    format!("{cluster}/{job}/{}/{segment}", run_millis(run_start))
+}
+
+/// The key of a lead's decision: `<cluster>/<job>/<run>/<node>/decision` (see
+/// [`observation_key`]; the node tells apart the prologs of a multi-node job).
+pub fn decision_key(cluster: &str, job: &str, node: &str, run_start: f64) -> String {
+    format!("{cluster}/{job}/{}/{node}/decision", run_millis(run_start))
+}
+
+fn run_millis(t: f64) -> i64 {
+    // `as` saturates; a non-finite start (never written by kace) becomes 0.
+    if t.is_finite() {
+        (t * 1000.0).round() as i64
+    } else {
+        0
+    }
+}
+
+/// Mode of spool, decision and quarantine files: they name users' jobs and workloads, which
+/// other users need not see (root and the admin group read them).
+pub const FILE_MODE: u32 = 0o640;
+
+/// Mode of the directories the spool creates (`decisions/`, the quarantine).
+pub const DIR_MODE: u32 = 0o750;
 
 /// Records stored per transaction: large enough to amortise the commit's fsyncs, small enough
 /// that a prolog waiting for the lock is not held up for long.
@@ -81,17 +116,53 @@ pub struct SpooledDecision {
     pub decision: NewDecision,
 }
 
-/// Writes a decision record into `<spool>/decisions/` atomically, creating that directory.
-pub fn write_decision(spool: &Path, d: &SpooledDecision) -> Result<PathBuf> {
+/// Checks what ingest will check of a decision record.
+fn validate_decision(d: &SpooledDecision) -> Result<()> {
     crate::types::validate_workload_name(&d.decision.lead_workload)?;
     if d.key.is_empty() || d.key.len() > crate::types::MAX_KEY_LEN || !d.created_at.is_finite() {
         return Err(Error::Invalid { reason: format!("decision key {:?} or time is bad", d.key) });
     }
+    Ok(())
+}
+
+/// Writes a decision record into `<spool>/decisions/` atomically, creating that directory.
+///
+/// The record is compact JSON. One still larger than [`MAX_DECISION_BYTES`] (tens of thousands
+/// of held candidates) is stored compacted rather than lost: the chosen candidate and those with
+/// a prediction stay, and as many of the rest as fit; `kace explain` then finds the lead and the
+/// candidates kept.
+pub fn write_decision(spool: &Path, d: &SpooledDecision) -> Result<PathBuf> {
+    validate_decision(d)?;
     let dir = spool.join(DECISIONS_DIR);
-    fs::create_dir_all(&dir).map_err(io_err("create decision spool", &dir))?;
-    let body = serde_json::to_vec_pretty(d)
-        .map_err(|source| Error::Json { what: format!("decision {}", d.key), source })?;
+    create_dir(&dir).map_err(io_err("create decision spool", &dir))?;
+    let body = compact_decision(d)?;
     write_atomic(&dir, &record_file_name(&d.key), &body)
+}
+
+fn compact_decision(d: &SpooledDecision) -> Result<Vec<u8>> {
+    let json = |d: &SpooledDecision| {
+        serde_json::to_vec(d)
+            .map_err(|source| Error::Json { what: format!("decision {}", d.key), source })
+    };
+    let body = json(d)?;
+    // The trailing newline write_atomic adds counts too.
+    if (body.len() as u64) < MAX_DECISION_BYTES {
+        return Ok(body);
+    }
+    let mut kept = d.clone();
+    let chosen = d.decision.chosen_job.as_deref();
+    kept.decision
+        .candidates
+        .sort_by_key(|c| (c.job.is_none() || c.job.as_deref() != chosen, c.prediction.is_none()));
+    let mut n = kept.decision.candidates.len();
+    loop {
+        n /= 2;
+        kept.decision.candidates.truncate(n.max(1));
+        let body = json(&kept)?;
+        if (body.len() as u64) < MAX_DECISION_BYTES || n <= 1 {
+            return Ok(body);
+        }
+    }
 }
 
 /// The decision records still in `<spool>/decisions/` (not yet ingested), in file-name order;
@@ -116,22 +187,40 @@ pub fn spooled_decisions(
     paths.sort();
     let mut out = Vec::new();
     for p in paths {
-        let read = match read_bounded(&p)? {
+        let read = match read_bounded(&p, MAX_DECISION_BYTES)? {
             None => continue,
             Some(Err(why)) => Err(why),
-            Some(Ok(buf)) => serde_json::from_slice::<SpooledDecision>(&buf)
-                .map_err(|e| format!("not a valid decision record: {e}")),
+            Some(Ok(buf)) => parse_decision(&buf),
         };
         out.push((p, read));
     }
     Ok(out)
 }
 
-/// Moves the decision records of `<spool>/decisions/` into `db` (see [`ingest`]).
+/// A decision record that parses and passes the checks ingest makes, or why not.
+fn parse_decision(buf: &[u8]) -> std::result::Result<SpooledDecision, String> {
+    let d = serde_json::from_slice::<SpooledDecision>(buf)
+        .map_err(|e| format!("not a valid decision record: {e}"))?;
+    validate_decision(&d).map_err(|e| e.to_string())?;
+    Ok(d)
+}
+
+/// Moves the decision records of `<spool>/decisions/` into `db` (see [`ingest`]). A record
+/// that cannot be stored (one that parses but fails validation, say from another kace version)
+/// is quarantined like one that does not parse: it never blocks the records after it.
 pub fn ingest_decisions(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<IngestReport> {
     let mut report = IngestReport::default();
     for (path, read) in spooled_decisions(spool)? {
-        match read {
+        let stored = match read {
+            Err(why) => Err(why),
+            Ok(d) => match db.insert_spooled_decision(&d.key, &d.decision, d.created_at) {
+                Ok(inserted) => Ok(inserted),
+                Err(Error::Invalid { reason }) => Err(reason),
+                // The database, not the record, failed: keep the file for the next run.
+                Err(e) => return Err(e),
+            },
+        };
+        match stored {
             Err(reason) => {
                 if quarantine(&path, quarantine_dir, &reason)? {
                     report.quarantined.push((path, reason));
@@ -139,10 +228,11 @@ pub fn ingest_decisions(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Res
                     report.vanished += 1;
                 }
             }
-            Ok(d) => {
-                match db.insert_spooled_decision(&d.decision, d.created_at)? {
-                    Some(_) => report.inserted += 1,
-                    None => report.duplicates += 1,
+            Ok(inserted) => {
+                if inserted.is_some() {
+                    report.inserted += 1;
+                } else {
+                    report.duplicates += 1;
                 }
                 remove_ingested(&[path])?;
             }
@@ -153,7 +243,7 @@ pub fn ingest_decisions(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Res
 
 /// Reads at most [`MAX_RECORD_BYTES`] of a regular file without following a symlink. `None`
 /// when it vanished; `Some(Err)` when it is not something to read.
-fn read_bounded(path: &Path) -> Result<Option<std::result::Result<Vec<u8>, String>>> {
+fn read_bounded(path: &Path, limit: u64) -> Result<Option<std::result::Result<Vec<u8>, String>>> {
     let meta = match fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
@@ -169,11 +259,11 @@ fn read_bounded(path: &Path) -> Result<Option<std::result::Result<Vec<u8>, Strin
     };
     let mut buf = Vec::new();
     Read::by_ref(&mut f)
-        .take(MAX_RECORD_BYTES + 1)
+        .take(limit + 1)
         .read_to_end(&mut buf)
         .map_err(io_err("read spool record", path))?;
-    if buf.len() as u64 > MAX_RECORD_BYTES {
-        return Ok(Some(Err(format!("larger than {MAX_RECORD_BYTES} bytes"))));
+    if buf.len() as u64 > limit {
+        return Ok(Some(Err(format!("larger than {limit} bytes"))));
     }
     Ok(Some(Ok(buf)))
 }
@@ -183,7 +273,7 @@ fn write_atomic(dir: &Path, name: &str, body: &[u8]) -> Result<PathBuf> {
     let tmp = dir.join(format!(".tmp.{}.{name}", std::process::id()));
     let dest = dir.join(name);
     let write = || -> std::io::Result<()> {
-        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        let mut f = OpenOptions::new().write(true).create_new(true).mode(FILE_MODE).open(&tmp)?;
         f.write_all(body)?;
         f.write_all(b"\n")?;
         f.sync_all()
@@ -211,6 +301,9 @@ pub struct IngestReport {
     /// Temporary files older than [`STALE_TEMP`]: writes that never completed (the writer
     /// died before its rename). They are left for the admin to inspect.
     pub stale_temp_files: Vec<PathBuf>,
+    /// Files quarantined unparsed earlier that parse now (a copy that was not complete yet),
+    /// moved back into the spool to be ingested.
+    pub requeued: Vec<PathBuf>,
 }
 
 /// Age after which a `.tmp.*` file in the spool is reported as an abandoned write.
@@ -247,15 +340,26 @@ fn read_record(path: &Path) -> Result<Read1> {
     Ok(Read1::Record(Box::new(obs)))
 }
 
+/// Creates `dir` and its missing parents with [`DIR_MODE`].
+fn create_dir(dir: &Path) -> std::io::Result<()> {
+    fs::DirBuilder::new().recursive(true).mode(DIR_MODE).create(dir)
+}
+
 fn quarantine(path: &Path, qdir: &Path, reason: &str) -> Result<bool> {
-    fs::create_dir_all(qdir).map_err(io_err("create quarantine directory", qdir))?;
+    create_dir(qdir).map_err(io_err("create quarantine directory", qdir))?;
     let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     let dest = qdir.join(&name);
     let mut reason_name = name;
     reason_name.push(".reason");
     let reason_path = qdir.join(reason_name);
     // The reason goes first so that a file in quarantine always has one.
-    fs::write(&reason_path, format!("{reason}\n"))
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(FILE_MODE)
+        .open(&reason_path)
+        .and_then(|mut f| f.write_all(format!("{reason}\n").as_bytes()))
         .map_err(io_err("write quarantine reason", &reason_path))?;
     match fs::rename(path, &dest) {
         Ok(()) => Ok(true),
@@ -263,6 +367,60 @@ fn quarantine(path: &Path, qdir: &Path, reason: &str) -> Result<bool> {
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
         Err(e) => Err(io_err("move file to quarantine", path)(e)),
     }
+}
+
+/// Reason prefixes of records quarantined because they did not parse. Such a file may have been
+/// caught while it was still being copied in; once it parses, it goes back to the spool.
+const UNPARSED: [&str; 2] = ["not a valid observation record", "not a valid decision record"];
+
+/// Moves quarantined files that were quarantined unparsed and now parse back into the spool
+/// (observations) or its `decisions/` directory, with their `.reason` removed: a half-copied
+/// file completes inside the quarantine, and would otherwise never be ingested.
+fn requeue_completed(spool: &Path, qdir: &Path, report: &mut IngestReport) -> Result<()> {
+    let entries = match fs::read_dir(qdir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err("read quarantine directory", qdir)(e)),
+    };
+    let mut names: Vec<PathBuf> = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(io_err("read quarantine directory", qdir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(RECORD_SUFFIX) && !name.starts_with('.') {
+            names.push(entry.path());
+        }
+    }
+    names.sort();
+    for path in names {
+        let mut reason_path = path.clone().into_os_string();
+        reason_path.push(".reason");
+        let reason_path = PathBuf::from(reason_path);
+        let Ok(reason) = fs::read_to_string(&reason_path) else { continue };
+        if !UNPARSED.iter().any(|p| reason.starts_with(p)) {
+            continue;
+        }
+        let Some(Ok(buf)) = read_bounded(&path, MAX_DECISION_BYTES)? else { continue };
+        let dest_dir = if serde_json::from_slice::<Observation>(&buf)
+            .is_ok_and(|o| o.validate().is_ok() && buf.len() as u64 <= MAX_RECORD_BYTES)
+        {
+            spool.to_path_buf()
+        } else if parse_decision(&buf).is_ok() {
+            spool.join(DECISIONS_DIR)
+        } else {
+            continue;
+        };
+        create_dir(&dest_dir).map_err(io_err("create spool directory", &dest_dir))?;
+        let dest = dest_dir.join(path.file_name().unwrap_or_default());
+        match fs::rename(&path, &dest) {
+            Ok(()) => {
+                let _ = fs::remove_file(&reason_path);
+                report.requeued.push(dest);
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("move file back from quarantine", &path)(e)),
+        }
+    }
+    Ok(())
 }
 
 fn remove_ingested(paths: &[PathBuf]) -> Result<()> {
@@ -303,6 +461,9 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
     // (path, is a regular file)
     let mut entries: Vec<(PathBuf, bool)> = Vec::new();
     let mut report = IngestReport::default();
+    requeue_completed(spool, quarantine_dir, &mut report)?;
+    // Plausibility is judged against the profiles as they are when the ingest starts.
+    let exclusive = db.exclusive_throughputs()?;
     for entry in fs::read_dir(spool).map_err(io_err("read spool directory", spool))? {
         let entry = entry.map_err(io_err("read spool directory", spool))?;
         let ft = match entry.file_type() {
@@ -351,6 +512,14 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
                 }
             }
             Read1::Record(obs) => {
+                if let Some(reason) = implausibility(&obs, exclusive.get(&obs.workload).copied()) {
+                    if quarantine(&path, quarantine_dir, &reason)? {
+                        report.quarantined.push((path, reason));
+                    } else {
+                        report.vanished += 1;
+                    }
+                    continue;
+                }
                 batch.push((path, *obs));
                 if batch.len() >= BATCH {
                     flush(db, &mut batch, &mut report)?;
