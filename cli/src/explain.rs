@@ -190,19 +190,24 @@ fn render_story(st: &Story) -> String {
     let mut out = String::new();
     match &st.slurm {
         Some(f) => {
-            let what = f.workload.as_deref().map(|w| format!("kace job, workload {w}"));
+            let what =
+                f.workload.as_deref().map(|w| format!("kace job, workload {}", printable(w)));
             out.push_str(&format!(
                 "job {} ({}, user {}): {} {}{}\n",
-                st.job,
+                printable(&st.job),
                 what.unwrap_or_else(|| "not a kace job".into()),
-                if f.user.is_empty() { "?" } else { &f.user },
-                f.state,
+                if f.user.is_empty() { "?".into() } else { printable(&f.user) },
+                printable(&f.state),
                 if f.node.is_empty() || f.node == "(null)" {
                     String::new()
                 } else {
-                    format!("on {}", f.node)
+                    format!("on {}", printable(&f.node))
                 },
-                if f.state == "PENDING" { format!(" ({})", f.reason) } else { String::new() },
+                if f.state == "PENDING" {
+                    format!(" ({})", printable(&f.reason))
+                } else {
+                    String::new()
+                },
             ));
             let t = |v: Option<f64>| v.map(date).unwrap_or_else(|| "-".into());
             out.push_str(&format!(
@@ -214,8 +219,8 @@ fn render_story(st: &Story) -> String {
         }
         None => out.push_str(&format!(
             "job {}: Slurm has nothing to say ({}); kace's records follow\n",
-            st.job,
-            st.slurm_error.as_deref().unwrap_or("unknown")
+            printable(&st.job),
+            printable(st.slurm_error.as_deref().unwrap_or("unknown"))
         )),
     }
     if let Some(h) = st.held_s {
@@ -237,8 +242,11 @@ fn render_story(st: &Story) -> String {
         }
     }
     for w in &st.ran_with {
-        let with: Vec<String> =
-            w.partners.iter().map(|(j, wl)| format!("job {j} ({wl})")).collect();
+        let with: Vec<String> = w
+            .partners
+            .iter()
+            .map(|(j, wl)| format!("job {} ({})", printable(j), printable(wl)))
+            .collect();
         out.push_str(&format!(
             "  ran with {} from {} for {} at {} steps/s\n",
             with.join(", "),
