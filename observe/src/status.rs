@@ -112,7 +112,8 @@ pub struct Held {
     pub submitted: Option<f64>,
     /// Seconds held so far.
     pub waited_s: Option<f64>,
-    /// When `kace dispatch` releases it whatever the model says (`max_hold`), Unix seconds.
+    /// When `kace dispatch` releases it whatever the model says (`max_hold`), Unix seconds;
+    /// `None` while a dependency or `--begin` blocks it (then `no_partner` says which).
     pub max_hold_at: Option<f64>,
     /// The held job kace would choose as its partner if it led a GPU now.
     pub would_pair_with: Option<Offer>,
@@ -273,7 +274,10 @@ pub fn gather(
         if !mine(&j.user) {
             continue;
         }
+        let blocked = j.blocked(now);
         let (offer, why) = match db {
+            // Dispatch and the prolog leave it alone until Slurm could start it.
+            _ if blocked.is_some() => (None, blocked.clone()),
             None => (None, Some("no database".to_string())),
             Some(_) if k >= MAX_OFFERS => (None, Some("not computed (queue too long)".into())),
             Some(db) => would_pair_with(db, j, &held_jobs, &rules),
@@ -284,7 +288,8 @@ pub fn gather(
             user: j.user.clone(),
             submitted: j.submitted,
             waited_s: j.submitted.map(|s| now - s),
-            max_hold_at: j.submitted.map(|s| s + max_hold),
+            // As dispatch counts it: from submission or the --begin time; not while blocked.
+            max_hold_at: j.hold_started().filter(|_| blocked.is_none()).map(|s| s + max_hold),
             would_pair_with: offer,
             no_partner: why,
         });
@@ -430,5 +435,120 @@ fn would_pair_with(
             }
         },
         Err(e) => (None, Some(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kace_node::slurm::{JobDetail, NodeGpus, RunningJob, Target};
+
+    struct Cluster {
+        queue: Vec<QueuedJob>,
+        running: Vec<RunningJob>,
+        nodes: Vec<NodeGpus>,
+    }
+
+    impl Slurm for Cluster {
+        fn kace_queue(&self) -> kace_node::Result<Vec<QueuedJob>> {
+            Ok(self.queue.clone())
+        }
+        fn job(&self, _: u32) -> kace_node::Result<JobDetail> {
+            panic!("status needs no per-job query")
+        }
+        fn jobs_on_node(&self, _: &str) -> kace_node::Result<Vec<u32>> {
+            Ok(Vec::new())
+        }
+        fn pin(&self, _: u32, _: &Target, _: u32) -> kace_node::Result<()> {
+            panic!("status changes nothing")
+        }
+        fn release(&self, _: u32) -> kace_node::Result<()> {
+            panic!("status changes nothing")
+        }
+        fn running_kace_jobs(&self) -> kace_node::Result<Vec<RunningJob>> {
+            Ok(self.running.clone())
+        }
+        fn nodes(&self) -> kace_node::Result<Vec<NodeGpus>> {
+            Ok(self.nodes.clone())
+        }
+    }
+
+    fn held(id: u32, user: &str, submitted: f64) -> QueuedJob {
+        QueuedJob {
+            id,
+            workload: "bert".into(),
+            user: user.into(),
+            reason: kace_node::slurm::GATE_HOLD_REASON.into(),
+            tres_per_node: "gres/shard:1".into(),
+            submitted: Some(submitted),
+            state: "PD".into(),
+            ..Default::default()
+        }
+    }
+
+    fn run(id: u32, node: &str, user: &str) -> RunningJob {
+        RunningJob {
+            id,
+            node: node.into(),
+            gpus: vec![0],
+            user: user.into(),
+            workload: "resnet".into(),
+            started: Some(900.0),
+        }
+    }
+
+    fn cluster() -> Cluster {
+        let node =
+            |name: &str, usable: bool| NodeGpus { name: name.into(), gpus: vec![None], usable };
+        Cluster {
+            queue: vec![held(10, "alice", 950.0), held(11, "bob", 990.0)],
+            running: vec![run(1, "n1", "alice"), run(2, "n1", "bob"), run(3, "n2", "alice")],
+            nodes: vec![node("n1", true), node("n2", true), node("n3", true), node("n4", false)],
+        }
+    }
+
+    #[test]
+    fn gpus_are_full_open_free_or_unusable_and_holds_have_deadlines() {
+        let mut config = Config::default();
+        config.dispatch.max_hold_s = 300;
+        let s = gather(&cluster(), None, &config, 1000.0, &Options::default()).unwrap();
+        let states: Vec<GpuState> = s.gpus.iter().map(|g| g.state).collect();
+        assert_eq!(states, [GpuState::Full, GpuState::Open, GpuState::Free, GpuState::Unusable]);
+        assert_eq!(s.gpus[0].jobs[0].with, vec![2]);
+        assert_eq!(s.gpus[0].jobs[1].with, vec![1]);
+        assert!(s.gpus[1].jobs[0].with.is_empty());
+        assert_eq!(s.held.len(), 2);
+        assert_eq!((s.held[0].waited_s, s.held[0].max_hold_at), (Some(50.0), Some(1250.0)));
+        assert_eq!(s.held[0].no_partner.as_deref(), Some("no database"));
+        assert!(s.model.is_none() && s.gpus[0].predicted.is_none());
+    }
+
+    #[test]
+    fn a_blocked_hold_has_no_deadline_and_says_why() {
+        let mut c = cluster();
+        c.queue[0].dependency = "afterok:7(unfulfilled)".into();
+        c.queue[1].eligible = Some(1100.0);
+        let mut config = Config::default();
+        config.dispatch.max_hold_s = 300;
+        let s = gather(&c, None, &config, 1000.0, &Options::default()).unwrap();
+        assert_eq!(s.held[0].max_hold_at, None);
+        assert!(s.held[0].no_partner.as_deref().unwrap().contains("dependency"));
+        assert_eq!(s.held[1].max_hold_at, None);
+        assert!(s.held[1].no_partner.as_deref().unwrap().contains("--begin"));
+        c.queue[1].eligible = Some(980.0);
+        let s = gather(&c, None, &config, 1000.0, &Options::default()).unwrap();
+        assert_eq!(s.held[1].max_hold_at, Some(990.0 + 300.0));
+    }
+
+    #[test]
+    fn one_user_sees_their_own_jobs_and_counts_the_others() {
+        let opts = Options { user: Some("alice".into()) };
+        let s = gather(&cluster(), None, &Config::default(), 1000.0, &opts).unwrap();
+        let shown: Vec<u32> = s.gpus.iter().flat_map(|g| g.jobs.iter().map(|j| j.job)).collect();
+        assert_eq!(shown, vec![1, 3]);
+        assert_eq!(s.gpus[0].hidden_jobs, 1);
+        // The GPU is still full: bob's job takes its place whether shown or not.
+        assert_eq!(s.gpus[0].state, GpuState::Full);
+        assert_eq!(s.held.iter().map(|h| h.job).collect::<Vec<_>>(), vec![10]);
     }
 }
