@@ -35,6 +35,8 @@ struct Found {
     decision: NewDecision,
     created_at: f64,
     source: &'static str,
+    /// Its spool key (says a prolog's decision from an epilog's refill).
+    key: Option<String>,
 }
 
 /// Runs `kace explain`.
@@ -48,6 +50,7 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
                 decision: d.decision,
                 created_at: d.created_at,
                 source: "database",
+                key: d.key,
             }));
             observations = db.observations()?.into_iter().filter(|o| o.job == job).collect();
         }
@@ -57,9 +60,12 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
     }
     for (path, read) in spooled_decisions(&ctx.config.spool.dir)? {
         match read {
-            Ok(d) => {
-                all.push(Found { decision: d.decision, created_at: d.created_at, source: "spool" })
-            }
+            Ok(d) => all.push(Found {
+                decision: d.decision,
+                created_at: d.created_at,
+                source: "spool",
+                key: Some(d.key),
+            }),
             Err(why) => eprintln!(
                 "kace: explain: skipping {}: {}",
                 printable(&path.display().to_string()),
@@ -69,8 +75,8 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
     }
     all.sort_by(|a, b| a.created_at.total_cmp(&b.created_at));
     let slurm = ctx.slurm(SLURM_BUDGET);
-    let timed: Vec<(NewDecision, f64)> =
-        all.iter().map(|f| (f.decision.clone(), f.created_at)).collect();
+    let timed: Vec<(NewDecision, f64, Option<String>)> =
+        all.iter().map(|f| (f.decision.clone(), f.created_at, f.key.clone())).collect();
     let st = story(
         Some(&slurm),
         job,
@@ -233,6 +239,10 @@ fn render_story(st: &Story) -> String {
                     ReleasedBy::Partner => format!(
                         "as the partner chosen by job {}",
                         r.lead_job.as_deref().unwrap_or("?")
+                    ),
+                    ReleasedBy::Refill => format!(
+                        "to refill the GPU of job {} (an ending job's epilog chose it)",
+                        r.lead_job.as_deref().map(printable).unwrap_or("?".into())
                     ),
                     ReleasedBy::MaxHold => "by max_hold (held too long; kace dispatch)".into(),
                 };

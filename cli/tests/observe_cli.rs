@@ -186,6 +186,7 @@ fn metrics_textfile_is_valid_prometheus_text() {
         assert_eq!(f[3] == "counter", f[2].ends_with("_total"), "{line}");
     }
     assert!(text.contains("kace_groups_formed_total{kind=\"lead\"} 1\n"), "{text}");
+    assert!(text.contains("kace_groups_formed_total{kind=\"refill\"} 0\n"), "{text}");
     assert!(text.contains("kace_observations_total{origin=\"epilog\"} 3\n"), "{text}");
     assert!(text.contains("kace_model_version 1\n"), "{text}");
     // 30 s shared (counted once for the GPU), 10 s alone.

@@ -14,9 +14,20 @@ pub enum ReleasedBy {
     Lead,
     /// A running job's prolog chose it as a partner.
     Partner,
+    /// An ending job's epilog chose it to refill the place on its GPU.
+    Refill,
     /// It waited `max_hold` and `kace dispatch` released it whatever the model said (inferred:
     /// no decision names it and it started after the deadline).
     MaxHold,
+}
+
+/// Whether a decision was a prolog's (a job starting: `lead`) or an epilog's refill, from its
+/// spool key (`<cluster>/<job>/decision` or `…/refill`); unknown keys count as `lead`.
+pub fn decision_kind(key: Option<&str>) -> &'static str {
+    match key {
+        Some(k) if k.ends_with("/refill") => "refill",
+        _ => "lead",
+    }
 }
 
 /// The release.
@@ -83,12 +94,12 @@ pub struct Story {
     pub alone_s: f64,
 }
 
-/// Puts the story together. `decisions` are (decision, Unix time) from the database and the
-/// spool; `observations` those of this job.
+/// Puts the story together. `decisions` are (decision, Unix time, spool key) from the
+/// database and the spool; `observations` those of this job.
 pub fn story(
     slurm: Option<&dyn Slurm>,
     job: &str,
-    decisions: &[(NewDecision, f64)],
+    decisions: &[(NewDecision, f64, Option<String>)],
     observations: &[Observation],
     max_hold_s: u64,
     now: f64,
@@ -121,11 +132,15 @@ pub fn story(
         };
         f.submitted.zip(until).map(|(s, u)| (u - s).max(0.0))
     });
-    let as_partner = decisions.iter().find(|(d, _)| d.chosen_job.as_deref() == Some(job));
-    let as_lead = decisions.iter().find(|(d, _)| d.lead_job.as_deref() == Some(job));
-    let released = if let Some((d, at)) = as_partner {
-        Some(Release { by: ReleasedBy::Partner, at: Some(*at), lead_job: d.lead_job.clone() })
-    } else if let Some((_, at)) = as_lead {
+    let as_partner = decisions.iter().find(|(d, _, _)| d.chosen_job.as_deref() == Some(job));
+    let as_lead = decisions.iter().find(|(d, _, _)| d.lead_job.as_deref() == Some(job));
+    let released = if let Some((d, at, key)) = as_partner {
+        let by = match decision_kind(key.as_deref()) {
+            "refill" => ReleasedBy::Refill,
+            _ => ReleasedBy::Partner,
+        };
+        Some(Release { by, at: Some(*at), lead_job: d.lead_job.clone() })
+    } else if let Some((_, at, _)) = as_lead {
         Some(Release { by: ReleasedBy::Lead, at: Some(*at), lead_job: None })
     } else {
         facts.as_ref().and_then(|f| {
@@ -223,7 +238,7 @@ mod tests {
     #[test]
     fn released_by_partner_lead_or_max_hold() {
         let s = OneJob(detail(7, 1000.0, Some(1010.0)));
-        let ds = vec![(decision("5", Some("7")), 1009.0)];
+        let ds = vec![(decision("5", Some("7")), 1009.0, Some("c/5/decision".to_string()))];
         let st = story(Some(&s), "7", &ds, &[], 300, 2000.0);
         let r = st.released.unwrap();
         assert_eq!(
@@ -233,8 +248,15 @@ mod tests {
         assert_eq!(st.held_s, Some(10.0));
         assert_eq!(st.slurm.unwrap().user, "alice");
 
-        let st = story(Some(&s), "7", &[(decision("7", None), 1011.0)], &[], 300, 2000.0);
+        let st = story(Some(&s), "7", &[(decision("7", None), 1011.0, None)], &[], 300, 2000.0);
         assert_eq!(st.released.unwrap().by, ReleasedBy::Lead);
+        // Chosen by an ending job's epilog: a refill.
+        let ds = vec![(decision("5", Some("7")), 1009.0, Some("c/6/refill".to_string()))];
+        let r = story(Some(&s), "7", &ds, &[], 300, 2000.0).released.unwrap();
+        assert_eq!((r.by, r.lead_job.as_deref()), (ReleasedBy::Refill, Some("5")));
+        assert_eq!(decision_kind(Some("c/6/refill")), "refill");
+        assert_eq!(decision_kind(Some("c/6/decision")), "lead");
+        assert_eq!(decision_kind(None), "lead");
 
         // Started after the deadline with no decision naming it: max_hold.
         let late = OneJob(detail(7, 1000.0, Some(1301.0)));

@@ -109,14 +109,19 @@ pub fn render(db: &Db, objective: Objective, live: &Live, now: f64) -> Result<St
     let mut o = Out(String::new());
     let decisions = db.decisions(1_000_000)?;
     let paired = decisions.iter().filter(|d| d.decision.chosen_job.is_some()).count();
-    // Every decision today is a lead's prolog choosing; refill and late-arrival decisions
-    // will carry their own kind.
     o.family(
         "kace_groups_formed_total",
         "counter",
-        "Colocated groups formed by a kace decision, by the kind of decision.",
+        "Colocated groups formed by a kace decision, by kind: a starting job's prolog (lead) or an ending job's epilog (refill).",
     );
-    o.sample("kace_groups_formed_total", &[("kind", "lead")], paired as f64);
+    for kind in ["lead", "refill"] {
+        let n = decisions
+            .iter()
+            .filter(|d| d.decision.chosen_job.is_some())
+            .filter(|d| crate::history::decision_kind(d.key.as_deref()) == kind)
+            .count();
+        o.sample("kace_groups_formed_total", &[("kind", kind)], n as f64);
+    }
     o.family("kace_decisions_total", "counter", "Partner decisions made, by outcome.");
     o.sample("kace_decisions_total", &[("outcome", "paired")], paired as f64);
     o.sample("kace_decisions_total", &[("outcome", "alone")], (decisions.len() - paired) as f64);
