@@ -296,6 +296,7 @@ fn lead(
         require_same_user: true,
         min_gain: sel.min_gain,
         objective: sel.objective,
+        ..SelectionRules::default()
     };
 
     let mut model_version = None;
