@@ -262,6 +262,8 @@ pub fn gather(
         require_same_user: true,
         min_gain: config.selection.min_gain,
         objective,
+        // As the prolog builds them (node/src/prolog.rs): the rest are the selector's defaults.
+        ..SelectionRules::default()
     };
     if held_jobs.len() > MAX_OFFERS {
         problems.push(format!(

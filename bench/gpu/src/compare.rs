@@ -2,8 +2,9 @@
 //! what was observed, in the configured objective's units: the run's final table.
 
 use kace_config::Training;
+use kace_selector::training::holdout_split;
 use kace_selector::{Member, Objective, Predictor};
-use kace_sql::decide::{active_model, holdout_split, training_set};
+use kace_sql::decide::{active_model, training_set};
 use kace_sql::Db;
 
 use crate::BenchError;
