@@ -17,7 +17,6 @@ mod model;
 mod observations;
 mod output;
 mod profile;
-mod prune;
 mod report;
 mod retrain;
 mod select;

@@ -78,6 +78,18 @@ impl NewProfile {
                 reason: format!("profile of {}: empty GPU model or source", self.workload),
             });
         }
+        if self.gpu_model.len() > MAX_KEY_LEN
+            || self.gpu_model.chars().any(char::is_control)
+            || self.source.chars().any(char::is_control)
+        {
+            return Err(Error::Invalid {
+                reason: format!(
+                    "profile of {}: GPU model {} is too long or has control characters",
+                    self.workload,
+                    quote_untrusted(&self.gpu_model)
+                ),
+            });
+        }
         if self.values.iter().all(Option::is_none) {
             return Err(Error::Invalid {
                 reason: format!("profile of {}: no feature values", self.workload),
@@ -88,8 +100,10 @@ impl NewProfile {
                 if let Some(why) = feature_value_problem(i, *v) {
                     return Err(Error::Invalid {
                         reason: format!(
-                            "profile of {}: {} = {v}: {why}",
-                            self.workload, FEATURE_COLUMNS[i]
+                            "profile of {}: {} = {}: {why}",
+                            self.workload,
+                            FEATURE_COLUMNS[i],
+                            if v.abs() < 1e15 { v.to_string() } else { format!("{v:e}") }
                         ),
                     });
                 }
@@ -112,7 +126,17 @@ pub(crate) fn feature_value_problem(i: usize, v: f64) -> Option<&'static str> {
     if is_pct && v > 200.0 {
         return Some("a percentage above 200");
     }
-    None
+    // Far above anything measured (the artifact's largest: 1.2e7 threads, 2e8 registers, 74 KB
+    // of static shared memory, 430 steps/s, 21.5 GiB), so that an absurd value — which made
+    // its workload win every selection — is refused, not stored.
+    match i {
+        0 | 4 if v > 1e12 => Some("more than 1e12"),
+        5 if v > 1e9 => Some("more than 1e9 bytes"),
+        6 if v < 1e-9 => Some("an exclusive throughput must be above 0"),
+        6 if v > MAX_UNPROFILED_THROUGHPUT => Some("more than 1e9 steps per second"),
+        9 if v > 1e4 => Some("more than 10 000 GiB"),
+        _ => None,
+    }
 }
 
 /// A workload's current profile: per feature, the newest measured value.

@@ -309,3 +309,38 @@ fn db_check_reports_a_model_with_a_non_finite_held_out_error() {
         "{problems:?}"
     );
 }
+
+/// Root writes, renames and removes files in the spool: a directory others can change is
+/// refused (a user could plant a symlink named like the next `.reason` file).
+#[test]
+fn root_refuses_a_spool_others_can_write() {
+    if !kace_layout::trusted_dir::running_as_root() {
+        return; // Only root's writes can be turned against the system; CI runs as root.
+    }
+    let dir = TempDir::new("open-spool");
+    let spool = dir.join("spool");
+    fs::create_dir_all(&spool).unwrap();
+    fs::set_permissions(&spool, fs::Permissions::from_mode(0o777)).unwrap();
+    let err = write_record(&spool, &obs("c/1/1/0", "1", 1.0)).unwrap_err();
+    assert!(err.to_string().contains("writable by its group or everyone"), "{err}");
+    let (mut db, _) = Db::create(&dir.join("k.db")).unwrap();
+    assert!(ingest(&mut db, &spool, &dir.join("q")).is_err());
+    fs::set_permissions(&spool, fs::Permissions::from_mode(0o755)).unwrap();
+    write_record(&spool, &obs("c/1/1/0", "1", 1.0)).unwrap();
+}
+
+/// Abandoned decision writes were neither reported nor pruned.
+#[test]
+fn abandoned_decision_writes_are_reported() {
+    let dir = TempDir::new("stale-decision");
+    let spool = dir.join("spool");
+    let decisions = spool.join(DECISIONS_DIR);
+    fs::create_dir_all(&decisions).unwrap();
+    let old = decisions.join(".tmp.9.c_1_decision.json");
+    let f = fs::File::create(&old).unwrap();
+    f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(7200)).unwrap();
+    drop(f);
+    let (mut db, _) = Db::create(&dir.join("k.db")).unwrap();
+    let r = ingest_decisions(&mut db, &spool, &dir.join("q")).unwrap();
+    assert_eq!(r.stale_temp_files, vec![old]);
+}
