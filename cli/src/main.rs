@@ -113,6 +113,9 @@ fn exit_code(err: &anyhow::Error) -> u8 {
         if let Some(doctor::Unhealthy(worst)) = cause.downcast_ref::<doctor::Unhealthy>() {
             return if *worst == kace_node::doctor::Status::Fail { 6 } else { 5 };
         }
+        if let Some(kace_observe::Error::Usage(_)) = cause.downcast_ref::<kace_observe::Error>() {
+            return 2;
+        }
         if let Some(e) = cause.downcast_ref::<kace_sql::Error>() {
             use kace_sql::Error as E;
             if matches!(

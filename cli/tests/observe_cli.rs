@@ -272,6 +272,6 @@ fn report_reads_the_database_and_draws_the_pair() {
     let early = e.ok(&["--format", "json", "report", "--since", "1m"]);
     assert!(early.contains("\"groups\": []"), "{early}");
     let bad = e.run(&["report", "--since", "soon"]);
-    assert!(!bad.status.success());
+    assert_eq!(bad.status.code(), Some(2), "bad usage");
     assert!(String::from_utf8_lossy(&bad.stderr).contains("want a span"));
 }

@@ -27,6 +27,9 @@ pub enum BenchError {
     },
     /// The arguments make no sense.
     Usage(String),
+    /// Workloads of a group exited non-zero or were killed (their observations are still
+    /// spooled where the progress allowed).
+    WorkloadsFailed(usize),
 }
 
 impl fmt::Display for BenchError {
@@ -38,6 +41,7 @@ impl fmt::Display for BenchError {
                 write!(f, "couldn't run workload {workload}: {cause}")
             }
             BenchError::Usage(m) => write!(f, "{m}"),
+            BenchError::WorkloadsFailed(n) => write!(f, "{n} workload(s) of the group failed"),
         }
     }
 }

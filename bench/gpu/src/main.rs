@@ -116,10 +116,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             });
             println!("{}", serde_json::to_string(&v)?);
             if !out.failed.is_empty() {
-                return Err(Box::new(BenchError::Usage(format!(
-                    "{} workload(s) failed",
-                    out.failed.len()
-                ))));
+                return Err(Box::new(BenchError::WorkloadsFailed(out.failed.len())));
             }
         }
         Step::Compare { json } => {
