@@ -40,8 +40,13 @@ pub fn run(args: MetricsArgs, ctx: &Ctx) -> Result<()> {
             Ok(q) => {
                 let held: Vec<_> = q.iter().filter(|j| j.held()).collect();
                 live.held_jobs = Some(held.len());
+                // Counted as dispatch counts toward max_hold: not while blocked.
                 live.oldest_hold_s = Some(
-                    held.iter().filter_map(|j| j.submitted).map(|s| now - s).fold(0.0, f64::max),
+                    held.iter()
+                        .filter(|j| j.blocked(now).is_none())
+                        .filter_map(|j| j.hold_started())
+                        .map(|s| now - s)
+                        .fold(0.0, f64::max),
                 );
             }
             Err(e) => eprintln!("kace: metrics: couldn't ask Slurm for held jobs: {e}; left out"),
