@@ -173,6 +173,20 @@ fn status_and_explain_show_a_shared_gpu_an_open_gpu_and_held_jobs() {
         .all(|g| g["jobs"].as_array().unwrap().is_empty()));
     assert_eq!(on(field(&lead_info, "NodeList"))["jobs"].as_array().unwrap().len(), 2);
 
+    // The metrics file, mid-run: the held jobs come from Slurm, the rest from the database.
+    let textfile = dir.join("textfile");
+    std::fs::create_dir_all(&textfile).unwrap();
+    kace(&c, &["metrics", "--textfile", textfile.to_str().unwrap()]);
+    let prom = std::fs::read_to_string(textfile.join("kace.prom")).unwrap();
+    assert!(prom.contains("\nkace_held_jobs 2\n"), "{prom}");
+    let oldest: f64 = prom
+        .lines()
+        .find_map(|l| l.strip_prefix("kace_oldest_hold_seconds "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no kace_oldest_hold_seconds: {prom}"));
+    assert!((0.0..120.0).contains(&oldest), "{prom}");
+    assert!(prom.contains("\nkace_model_version 1\n"), "{prom}");
+
     // explain asks Slurm: the partner was held briefly and released by the lead's choice.
     let e = kace(&c, &["explain", &partner.to_string()]);
     eprintln!("$ kace explain {partner}\n{e}");
