@@ -177,7 +177,7 @@ fn huber_ridge(
     let mut r = residuals_of(rows, y, b, &c);
     for _ in 0..HUBER_ITERATIONS {
         let s = robust_scale(&r);
-        if !(s > 1e-9) {
+        if s.is_nan() || s <= 1e-9 {
             break;
         }
         let cut = HUBER_K * s;

@@ -442,6 +442,10 @@ pub struct DecisionRecord {
     pub decision: NewDecision,
     /// Unix time.
     pub created_at: f64,
+    /// The spool key it was ingested under (`<cluster>/<job>/decision` from a prolog,
+    /// `…/refill` from an epilog); `None` for rows from before schema version 2.
+    #[serde(default)]
+    pub key: Option<String>,
 }
 
 #[cfg(test)]
