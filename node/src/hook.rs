@@ -3,6 +3,8 @@
 //! panic guard, and exit 0 whatever happened. Every line it logs starts `kace: <phase>:`.
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kace_config::Config;
@@ -57,6 +59,21 @@ fn body(phase: Phase, started: Instant) {
     if !env.kace {
         return;
     }
+    // The watchdog starts before the configuration is read: a kace.conf that cannot be read
+    // (a FIFO, a hung NFS mount) must not hang the hook. It watches the default budget until
+    // the configuration names another.
+    let job = env.job;
+    let default_budget = kace_config::Node::default().prolog_budget_ms;
+    let limit_ms = Arc::new(AtomicU64::new(default_budget));
+    let watched = Arc::clone(&limit_ms);
+    std::thread::spawn(move || loop {
+        let limit = Duration::from_millis(watched.load(Ordering::Relaxed));
+        if started.elapsed() >= limit + WATCHDOG_GRACE {
+            eprintln!("kace: {name}: job {job}: couldn't finish within {limit:?}; stopped, the job is not affected");
+            std::process::exit(0);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    });
     let config = match Config::load(None) {
         Ok((c, _)) => c,
         Err(e) => {
@@ -67,13 +84,8 @@ fn body(phase: Phase, started: Instant) {
             return;
         }
     };
+    limit_ms.store(config.node.prolog_budget_ms, Ordering::Relaxed);
     let budget = Duration::from_millis(config.node.prolog_budget_ms);
-    let job = env.job;
-    std::thread::spawn(move || {
-        std::thread::sleep(budget + WATCHDOG_GRACE);
-        eprintln!("kace: {name}: job {job}: couldn't finish within {budget:?}; stopped, the job is not affected");
-        std::process::exit(0);
-    });
     let deadline = started + budget;
     let timeout = Duration::from_millis(config.node.command_timeout_ms);
     let slurm = Commands {

@@ -9,6 +9,7 @@
 //! - [`gpu`]: GPU memory from NVML or the configuration.
 //! - [`state`]: per-GPU locks and the record of kace jobs on each GPU.
 //! - [`env`]: the job facts in a prolog/epilog environment.
+//! - [`fill`]: filling one GPU by one joiner on its node (the prolog's and epilog's decision).
 //! - [`prolog`], [`epilog`], [`dispatch`]: the three programs' logic.
 //!
 //! Everything here returns errors; the binaries log them and still exit 0, because a non-zero
@@ -19,6 +20,7 @@ pub mod env;
 pub mod epilog;
 pub mod error;
 pub mod exec;
+pub mod fill;
 pub mod gpu;
 pub mod hook;
 pub mod mps;

@@ -18,7 +18,7 @@ use kace_node::slurm::{GresAlloc, JobDetail, NodeGpus, QueuedJob, RunningJob, Sl
 use kace_node::{dispatch, epilog, prolog, Clock, Node};
 use kace_selector::dataset::Group;
 use kace_selector::{Model, ModelKind, Objective, Profile, SlowdownParams};
-use kace_sql::decide::{decide, model_to_new_model, CandidateSpec};
+use kace_sql::decide::{decide, model_to_new_model, JobSpec};
 use kace_sql::{Db, NewProfile, FEATURE_COUNT};
 
 struct Temp(PathBuf);
@@ -120,7 +120,7 @@ impl MpsControl for FakeMps {
     fn running(&self, _dirs: &MpsDirs) -> bool {
         *self.up.borrow()
     }
-    fn start(&self, _dirs: &MpsDirs, gpu: GpuIndex, uid: u32) -> Result<()> {
+    fn start(&self, _dirs: &MpsDirs, gpu: GpuIndex, uid: u32, _multi: bool) -> Result<()> {
         self.calls.borrow_mut().push(format!("start {} {uid}", gpu.0));
         if self.fail {
             return Err(failed("nvidia-cuda-mps-control -d"));
@@ -257,7 +257,6 @@ fn job_env(job: u32, gpu: u32) -> JobEnv {
         node: "n1".into(),
         cluster: "c".into(),
         kace: true,
-        kace_value: String::new(),
         gpu: Some(GpuIndex(gpu)),
         mps_share: None,
     }
@@ -306,13 +305,12 @@ impl World {
 
     fn expected_choice(&self, lead: &str, cands: &[QueuedJob]) -> Option<u32> {
         let db = Db::open_read_only(&self.config.database.path).unwrap();
-        let specs: Vec<CandidateSpec> = cands
+        let specs: Vec<JobSpec> = cands
             .iter()
-            .map(|c| CandidateSpec { workload: c.workload.clone(), same_user: c.user == "alice" })
+            .map(|c| JobSpec { workload: c.workload.clone(), user: Some(c.user.clone()) })
             .collect();
-        let rules =
-            kace_selector::SelectionRules { gpu_memory_gib: Some(32.0), ..Default::default() };
-        let d = decide(&db, lead, &specs, &rules, None).unwrap();
+        let running = [JobSpec { workload: lead.into(), user: Some("alice".into()) }];
+        let d = decide(&db, &running, &specs, &self.config.policy(), Some(32.0), None).unwrap();
         d.selection.chosen.map(|i| cands[i].id)
     }
 }
@@ -388,7 +386,7 @@ fn a_lead_releases_the_predicted_best_onto_its_gpu_and_spools_every_verdict() {
     w.slurm.on_node.borrow_mut().push(expected);
     let calls_before = w.slurm.calls.borrow().len();
     let out = w.with(|n| prolog::run(n, &job_env(expected, 1)));
-    assert_eq!(out, prolog::Outcome::Joined { with: vec![10] });
+    assert_eq!(out, prolog::Outcome::Joined { with: vec![10], partner: None });
     assert!(!w.slurm.calls.borrow()[calls_before..].contains(&"squeue".to_string()));
     assert_eq!(w.mps.calls.borrow().len(), 1);
 }
@@ -444,7 +442,7 @@ fn without_a_database_the_lead_runs_alone_and_says_why() {
     );
     assert!(!w.slurm.calls.borrow().iter().any(|c| c.starts_with("release")));
     assert!(
-        w.logs.borrow().iter().any(|l| l.contains("couldn't choose a partner")),
+        w.logs.borrow().iter().any(|l| l.contains("couldn't choose a joiner")),
         "{:?}",
         w.logs.borrow()
     );
@@ -454,17 +452,45 @@ fn without_a_database_the_lead_runs_alone_and_says_why() {
 fn a_failing_mps_control_or_slurm_leaves_the_job_running_alone() {
     let mut w = World::new("mpsfail", FakeSlurm::default());
     w.mps.fail = true;
-    // Slurm knows nothing: scontrol show job fails, squeue lists nothing.
+    // Slurm knows nothing: the gate's mark cannot be checked, so the job runs as a plain one.
     let out = w.with(|n| prolog::run(n, &job_env(10, 0)));
-    assert!(matches!(out, prolog::Outcome::Stopped(_)), "{out:?}");
+    assert_eq!(out, prolog::Outcome::NotKace);
+    assert!(w.logs.borrow().join("\n").contains("couldn't read the job from Slurm"));
+    assert!(w.mps.calls.borrow().is_empty(), "no MPS daemon for an unconfirmed job");
+    // A marked job whose MPS daemon cannot start still runs (alone: nothing is held).
+    w.slurm.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    let out = w.with(|n| prolog::run(n, &job_env(10, 0)));
+    assert!(matches!(out, prolog::Outcome::Led { partner: None, .. }), "{out:?}");
     let logs = w.logs.borrow().join("\n");
     assert!(logs.contains("couldn't start the MPS control daemon for GPU 0"), "{logs}");
-    assert!(logs.contains("couldn't read the job from Slurm"), "{logs}");
     w.config.node.state_dir = w.dir.join("state2");
     let plain = JobEnv { kace: false, ..job_env(20, 0) };
     assert_eq!(w.with(|n| prolog::run(n, &plain)), prolog::Outcome::NotKace);
+    w.slurm.details.borrow_mut().insert(21, running_detail(21, "alpha", 0, None));
     let no_gpu = JobEnv { gpu: None, ..job_env(21, 0) };
     assert_eq!(w.with(|n| prolog::run(n, &no_gpu)), prolog::Outcome::NoGpu);
+}
+
+/// Reliability audit finding 1: a `SPANK_KACE_COLOCATE` entry a user sent past the gate (no
+/// AdminComment mark) does not make a kace job: no record, no MPS daemon, no release, and its
+/// epilog finds no record either.
+#[test]
+fn only_the_gates_mark_makes_a_kace_job() {
+    let s = lead_slurm(None);
+    let mut forged = running_detail(30, "alpha", 1, None);
+    forged.admin_comment = String::new();
+    s.details.borrow_mut().insert(30, forged);
+    let w = World::new("forged", s);
+    assert_eq!(w.with(|n| prolog::run(n, &job_env(30, 1))), prolog::Outcome::NotKace);
+    assert!(w.logs.borrow().iter().any(|l| l.contains("not the gate's AdminComment mark")));
+    assert!(w.mps.calls.borrow().is_empty());
+    assert!(!w.slurm.calls.borrow().iter().any(|c| c.starts_with("release")));
+    let out = w.with(|n| epilog::run(n, &job_env(30, 1)));
+    let epilog::Outcome::Done { refill, observations, stopped_mps } = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!((refill, observations.len(), stopped_mps), (None, 0, false));
+    assert!(!w.slurm.calls.borrow().iter().any(|c| c.starts_with("release")));
 }
 
 #[test]
@@ -492,7 +518,7 @@ fn epilogs_observe_each_interval_and_the_last_one_stops_mps() {
 
     *w.clock.0.borrow_mut() = 2030.0;
     let out = w.with(|n| epilog::run(n, &job_env(10, 0)));
-    let epilog::Outcome::Done { observations, stopped_mps } = out else { panic!("{out:?}") };
+    let epilog::Outcome::Done { observations, stopped_mps, .. } = out else { panic!("{out:?}") };
     assert!(!stopped_mps, "job 11 still runs");
     assert_eq!(observations.len(), 2, "{observations:#?}");
     assert!(observations[0].partners.is_empty());
@@ -505,7 +531,7 @@ fn epilogs_observe_each_interval_and_the_last_one_stops_mps() {
     *w.slurm.on_node.borrow_mut() = vec![11];
     *w.clock.0.borrow_mut() = 2040.0;
     let out = w.with(|n| epilog::run(n, &job_env(11, 0)));
-    let epilog::Outcome::Done { observations, stopped_mps } = out else { panic!("{out:?}") };
+    let epilog::Outcome::Done { observations, stopped_mps, .. } = out else { panic!("{out:?}") };
     assert!(stopped_mps);
     assert_eq!(observations.len(), 2);
     assert_eq!(observations[0].partners[0].job, "10");
@@ -565,4 +591,101 @@ fn leads_starting_together_split_the_held_queue() {
     // Held queue 11..=17: rank 1 of 2 takes positions 1, 3, 5.
     assert_eq!(considered, ["12", "14", "16"]);
     assert!(w.logs.borrow().iter().any(|l| l.contains("2 kace jobs are starting at once")));
+}
+
+/// The refill: when a kace job leaves a GPU that still runs a kace job, its epilog chooses and
+/// releases a new joiner for the survivor, by the same decision a lead makes, pinned to the
+/// survivor's node and GPU type, and spools it as a refill.
+#[test]
+fn a_survivor_gets_a_new_partner_from_the_leaving_jobs_epilog() {
+    let s = lead_slurm(Some("g1"));
+    s.details.borrow_mut().insert(9, running_detail(9, "zeta", 1, Some("g1")));
+    *s.on_node.borrow_mut() = vec![9, 10];
+    let w = World::new("refill", s);
+    // Job 9 and job 10 share GPU 1 (9 led; 10 joined, filling the GPU: no joiner of its own).
+    let pending = w.slurm.pending.replace(Vec::new());
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(9, 1))), prolog::Outcome::Led { .. }));
+    let out = w.with(|n| prolog::run(n, &job_env(10, 1)));
+    assert_eq!(out, prolog::Outcome::Joined { with: vec![9], partner: None });
+    *w.slurm.pending.borrow_mut() = pending;
+    // Job 9 ends; 10 (alpha) survives and gets the partner a lead alpha would choose.
+    let expected = w
+        .expected_choice(
+            "alpha",
+            &[
+                held(11, "beta", "alice", ""),
+                held(12, "zeta", "alice", ""),
+                held(16, "eps", "alice", ""),
+                held(17, "alpha", "alice", ""),
+            ],
+        )
+        .unwrap();
+    *w.slurm.on_node.borrow_mut() = vec![10];
+    let out = w.with(|n| epilog::run(n, &job_env(9, 1)));
+    let epilog::Outcome::Done { refill, stopped_mps, .. } = out else { panic!("{out:?}") };
+    assert_eq!(refill, Some(expected));
+    assert!(!stopped_mps);
+    let shards = if expected == 16 { 2 } else { 1 };
+    let calls = w.slurm.calls.borrow().clone();
+    assert!(calls.contains(&format!("pin {expected} n1 Some(\"g1\") {shards}")), "{calls:?}");
+    let spooled = kace_sql::spool::spooled_decisions(&w.config.spool.dir).unwrap();
+    let refill = spooled
+        .iter()
+        .filter_map(|(_, d)| d.as_ref().ok())
+        .find(|d| d.key == "c/9/refill")
+        .expect("the refill is spooled");
+    assert_eq!(refill.decision.lead_job.as_deref(), Some("10"));
+    assert_eq!(refill.decision.chosen_job, Some(expected.to_string()));
+
+    // While that joiner is on its way (released, pinned to n1, not started), a second end on
+    // the GPU releases nobody else.
+    {
+        let mut p = w.slurm.pending.borrow_mut();
+        let j = p.iter_mut().find(|j| j.id == expected).unwrap();
+        j.req_nodes = "n1".into();
+        j.tres_per_node = format!("gres:shard:g1:{shards}");
+    }
+    w.slurm.details.borrow_mut().insert(40, running_detail(40, "beta", 1, Some("g1")));
+    *w.slurm.on_node.borrow_mut() = vec![10, 40];
+    w.with(|n| prolog::run(n, &job_env(40, 1)));
+    let before = w.slurm.calls.borrow().iter().filter(|c| c.starts_with("release")).count();
+    *w.slurm.on_node.borrow_mut() = vec![10];
+    let out = w.with(|n| epilog::run(n, &job_env(40, 1)));
+    assert!(matches!(out, epilog::Outcome::Done { refill: None, .. }), "{out:?}");
+    let after = w.slurm.calls.borrow().iter().filter(|c| c.starts_with("release")).count();
+    assert_eq!(before, after);
+    assert!(w.logs.borrow().iter().any(|l| l.contains("already released to n1 GPU 1")));
+}
+
+/// Load audit finding 1: after a slurmctld restart the epilog gets no GPU variable. It finds
+/// the GPU in kace's own record, and a record Slurm no longer has is ended with a time, never
+/// deleted, so its partner's shared interval is not stored as "alone".
+#[test]
+fn an_epilog_without_gpu_variables_uses_the_record_and_stale_records_are_ended() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    s.details.borrow_mut().insert(11, running_detail(11, "beta", 0, None));
+    *s.on_node.borrow_mut() = vec![10, 11];
+    let w = World::new("restart", s);
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    *w.clock.0.borrow_mut() = 2010.0;
+    w.with(|n| prolog::run(n, &job_env(11, 0)));
+    std::fs::write(
+        w.config.node.progress_root.join("11.progress"),
+        (2010..=2040).map(|t| format!("{t} {}\n", (t - 2010) * 4)).collect::<String>(),
+    )
+    .unwrap();
+    // Job 10's epilog never ran (slurmd crashed); job 11 ends without GPU variables.
+    *w.slurm.on_node.borrow_mut() = vec![11];
+    *w.clock.0.borrow_mut() = 2040.0;
+    let out = w.with(|n| epilog::run(n, &JobEnv { gpu: None, ..job_env(11, 0) }));
+    let epilog::Outcome::Done { observations, stopped_mps, .. } = out else { panic!("{out:?}") };
+    assert!(stopped_mps);
+    assert!(!observations.is_empty());
+    assert!(
+        observations.iter().all(|o| o.partners.iter().any(|p| p.job == "10")),
+        "every interval of 11 overlapped 10's record: {observations:#?}"
+    );
+    let logs = w.logs.borrow().join("\n");
+    assert!(logs.contains("kace's record puts it on GPU 0"), "{logs}");
 }

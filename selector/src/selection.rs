@@ -64,6 +64,13 @@ pub enum Rejection {
     },
     /// Another user's job: MPS would time-slice it, not share.
     DifferentUser,
+    /// The GPU already holds as many kace jobs as it may (`selection.max_jobs_per_gpu`).
+    GpuFull {
+        /// Kace jobs on the GPU.
+        running: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The predicted gain over the running jobs alone is below the threshold.
     BelowGainThreshold {
         /// Predicted group objective.
@@ -81,6 +88,9 @@ impl std::fmt::Display for Rejection {
                 write!(f, "memory does not fit ({needed_gib:.1} GiB > {usable_gib:.1} GiB)")
             }
             Rejection::DifferentUser => write!(f, "different user (MPS would serialise)"),
+            Rejection::GpuFull { running, limit } => {
+                write!(f, "the GPU is full ({running} kace jobs, at most {limit})")
+            }
             Rejection::BelowGainThreshold { predicted, required } => {
                 write!(f, "below gain threshold (predicted {predicted:.3} < {required:.3})")
             }
@@ -117,9 +127,14 @@ pub fn select(
     predictor: &dyn Predictor,
     rules: &SelectionRules,
 ) -> Selection {
-    let baseline = match rules.objective {
-        Objective::ThroughputSum => running.iter().map(|m| m.profile.exclusive_throughput()).sum(),
-        Objective::NormalisedProgress => running.len() as f64,
+    // One job alone is measured; a group already sharing is predicted, so that a joiner must
+    // raise what the GPU does now, not what its jobs would do each alone.
+    let baseline = match (running.len(), rules.objective) {
+        (0 | 1, Objective::ThroughputSum) => {
+            running.iter().map(|m| m.profile.exclusive_throughput()).sum()
+        }
+        (0 | 1, Objective::NormalisedProgress) => running.len() as f64,
+        _ => predictor.predict(running, rules.objective),
     };
     let required = baseline * (1.0 + rules.min_gain);
     let running_mem: f64 = running.iter().map(|m| m.profile.memcap()).sum();
