@@ -1,9 +1,13 @@
-//! `kace dispatch`: the controller side of co-scheduling, run by `EpilogSlurmctld=` and a timer.
-//! It releases the oldest held kace job as a lead onto every GPU without a kace job, and every
-//! kace job held longer than `dispatch.max_hold_s`. One instance runs at a time (a lock file);
-//! a second one returns at once.
+//! `kace dispatch`: the controller side of co-scheduling (see `kace_node::dispatch` for what a
+//! pass does). `kace dispatch` runs one pass; `kace dispatch --watch` is the service
+//! (`packaging/kace-dispatch.service`): it passes once a second while kace jobs are held, and
+//! every `--idle` seconds otherwise, so a kace job on an idle cluster starts about as soon as a
+//! plain one would. EpilogSlurmctld and the timer stay as backstops; one pass runs at a time
+//! (the dispatch lock), a second one returns at once.
 
-use anyhow::Result;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
 use clap::Args;
 use kace_node::{Clock, SystemClock};
 use serde_json::json;
@@ -12,38 +16,70 @@ use crate::context::{print_json, Ctx};
 
 /// `kace dispatch`
 #[derive(Debug, Args)]
-pub struct DispatchArgs {}
+pub struct DispatchArgs {
+    /// Keep passing: once a second while kace jobs are held, else every `--idle` seconds.
+    #[arg(long)]
+    watch: bool,
+    /// With `--watch`: seconds between passes while no kace job is held.
+    #[arg(long, default_value_t = 5, value_name = "SECONDS")]
+    idle: u64,
+}
 
 /// Runs `kace dispatch`.
-pub fn run(_args: DispatchArgs, ctx: &Ctx) -> Result<()> {
+pub fn run(args: DispatchArgs, ctx: &Ctx) -> Result<()> {
+    if !args.watch {
+        pass(ctx)?;
+        return Ok(());
+    }
+    if args.idle == 0 {
+        bail!("--idle 0: must be at least 1 second");
+    }
+    loop {
+        // A failing pass (Slurm down, a command timing out) is logged; the loop goes on.
+        let held = match pass(ctx) {
+            Ok(h) => h,
+            Err(e) => {
+                eprintln!("kace: dispatch: couldn't dispatch: {e:#}");
+                false
+            }
+        };
+        std::thread::sleep(Duration::from_secs(if held { 1 } else { args.idle }));
+    }
+}
+
+/// One pass; returns whether kace jobs are still held.
+fn pass(ctx: &Ctx) -> Result<bool> {
     let max_hold = ctx.config.dispatch.max_hold_s;
     let Some(r) = kace_node::dispatch::run_configured(&ctx.config, SystemClock.now())? else {
-        eprintln!(
-            "kace: dispatch: another dispatch holds {}; nothing done",
+        ctx.info(&format!(
+            "dispatch: another dispatch holds {}; nothing done",
             ctx.config.dispatch.lock.display()
-        );
-        return Ok(());
+        ));
+        return Ok(true);
     };
     for p in &r.problems {
         eprintln!("kace: dispatch: {p}");
     }
     if ctx.json() {
-        let leads: Vec<_> =
-            r.leads.iter().map(|(j, n, g)| json!({"job": j, "node": n, "gpu": g})).collect();
-        return print_json(&json!({
-            "leads": leads,
-            "expired": r.expired,
+        let at = |v: &[(u32, String, u32)]| -> Vec<serde_json::Value> {
+            v.iter().map(|(j, n, g)| json!({"job": j, "node": n, "gpu": g})).collect()
+        };
+        print_json(&json!({
+            "leads": at(&r.leads),
+            "joiners": at(&r.joiners),
+            "expired": at(&r.expired),
+            "waiting_expired": r.waiting_expired,
+            "still_held": r.still_held,
             "problems": r.problems,
-        }));
+        }))?;
+        return Ok(r.still_held);
     }
-    for (job, n, g) in &r.leads {
-        println!("released job {job} as a lead onto {n} GPU {g}");
+    let lines = r.lines(max_hold);
+    for l in &lines {
+        println!("{l}");
     }
-    for job in &r.expired {
-        println!("released job {job}: held longer than {max_hold} s");
-    }
-    if r.leads.is_empty() && r.expired.is_empty() {
+    if lines.is_empty() {
         ctx.info("dispatch: nothing to release");
     }
-    Ok(())
+    Ok(r.still_held)
 }

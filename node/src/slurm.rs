@@ -122,13 +122,15 @@ pub struct NodeGpus {
     pub usable: bool,
 }
 
-/// A running (or configuring) kace job.
+/// A running, configuring or completing kace job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunningJob {
     /// Job id.
     pub id: u32,
     /// Its node.
     pub node: String,
+    /// Compact state: `R`, `CF` or `CG` (its epilog runs: it may be refilling its GPU).
+    pub state: String,
 }
 
 /// Where to pin a job: a node and, on a node with typed GPUs, the type of the GPU.
@@ -153,7 +155,7 @@ pub trait Slurm {
     fn pin(&self, id: u32, target: &Target, shards: u32) -> Result<()>;
     /// Releases a held job.
     fn release(&self, id: u32) -> Result<()>;
-    /// Running or configuring kace jobs (for dispatch).
+    /// Running, configuring or completing kace jobs (for dispatch).
     fn running_kace_jobs(&self) -> Result<Vec<RunningJob>>;
     /// The cluster's nodes and their GPUs (for dispatch).
     fn nodes(&self) -> Result<Vec<NodeGpus>>;
@@ -241,7 +243,7 @@ impl Slurm for Commands {
     fn running_kace_jobs(&self) -> Result<Vec<RunningJob>> {
         let out = self.call(
             &self.squeue,
-            &["-h", "-t", "R,CF", "-O", "JobID:|,admin_comment:|,NodeList:|"],
+            &["-h", "-t", "R,CF,CG", "-O", "JobID:|,admin_comment:|,NodeList:|,StateCompact:|"],
         )?;
         Ok(parse_running(&out))
     }
@@ -283,7 +285,7 @@ pub fn parse_queue(out: &str) -> Result<Vec<QueuedJob>> {
     Ok(jobs)
 }
 
-/// Parses `squeue -O JobID:|,admin_comment:|,NodeList:|`, keeping kace jobs.
+/// Parses `squeue -O JobID:|,admin_comment:|,NodeList:|,StateCompact:|`, keeping kace jobs.
 pub fn parse_running(out: &str) -> Vec<RunningJob> {
     out.lines()
         .filter_map(|line| {
@@ -291,7 +293,8 @@ pub fn parse_running(out: &str) -> Vec<RunningJob> {
             if f.len() < 3 || !f[1].starts_with(MARK) {
                 return None;
             }
-            Some(RunningJob { id: f[0].parse().ok()?, node: f[2].to_string() })
+            let state = f.get(3).copied().unwrap_or("R").to_string();
+            Some(RunningJob { id: f[0].parse().ok()?, node: f[2].to_string(), state })
         })
         .collect()
 }

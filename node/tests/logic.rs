@@ -543,8 +543,12 @@ fn epilogs_observe_each_interval_and_the_last_one_stops_mps() {
     assert_eq!(db.observed_groups().unwrap().len(), 1);
 }
 
+fn dispatch_settings(w: &World) -> dispatch::Settings<'_> {
+    dispatch::Settings::of(&w.config)
+}
+
 #[test]
-fn dispatch_releases_leads_onto_free_gpus_and_expired_holds() {
+fn dispatch_releases_leads_onto_free_gpus_and_places_expired_holds() {
     let mut s = FakeSlurm::default();
     *s.pending.borrow_mut() = vec![
         held(5, "alpha", "alice", "gres:shard:1"),
@@ -562,17 +566,72 @@ fn dispatch_releases_leads_onto_free_gpus_and_expired_holds() {
         },
         NodeGpus { name: "n2".into(), gpus: vec![None], usable: false },
     ];
-    *s.running.borrow_mut() = vec![RunningJob { id: 1, node: "n1".into() }];
+    // GPU g0 is full (two kace jobs), g1 is free.
+    *s.running.borrow_mut() = vec![
+        RunningJob { id: 1, node: "n1".into(), state: "R".into() },
+        RunningJob { id: 2, node: "n1".into(), state: "R".into() },
+    ];
     s.details.borrow_mut().insert(1, running_detail(1, "zeta", 0, Some("g0")));
-    let r = dispatch::run(&s, 1100.0, 600).unwrap();
-    assert_eq!(r.expired, vec![8]);
-    assert_eq!(r.leads, vec![(5, "n1".to_string(), 1)]);
-    assert!(s.calls.borrow().contains(&"pin 5 n1 Some(\"g1\") 1".to_string()));
-    // Job 5 is now released but not started: it takes g1, so a second run releases nothing.
-    s.pending.borrow_mut()[0].req_nodes = "n1".into();
-    s.pending.borrow_mut()[0].tres_per_node = "gres:shard:g1:1".into();
-    let r = dispatch::run(&s, 1101.0, 600).unwrap();
-    assert!(r.leads.is_empty() && r.expired.is_empty(), "{r:?}");
+    s.details.borrow_mut().insert(2, running_detail(2, "beta", 0, Some("g0")));
+    let w = World::new("dispatch", s);
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1100.0).unwrap();
+    // The expired job takes the free GPU, never the full one; nothing is left for a lead.
+    assert_eq!(r.expired, vec![(8, "n1".to_string(), 1)], "{r:?}");
+    assert!(r.leads.is_empty() && r.joiners.is_empty(), "{r:?}");
+    assert!(w.slurm.calls.borrow().contains(&"pin 8 n1 Some(\"g1\") 1".to_string()));
+    // Job 8 is now released but not started: it takes g1, so a second pass releases nothing.
+    {
+        let mut p = w.slurm.pending.borrow_mut();
+        p[3].req_nodes = "n1".into();
+        p[3].tres_per_node = "gres:shard:g1:1".into();
+    }
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1101.0).unwrap();
+    assert!(r.leads.is_empty() && r.expired.is_empty() && r.joiners.is_empty(), "{r:?}");
+    assert!(r.still_held);
+}
+
+/// Dispatch offers held jobs to an open GPU (a kace job below the limit, nothing starting or
+/// ending there) by the same decision a lead makes, before it releases leads onto free GPUs;
+/// a GPU whose kace job is completing is left to that job's epilog.
+#[test]
+fn dispatch_fills_open_gpus_before_free_ones() {
+    let mut s = lead_slurm(Some("g1"));
+    s.nodes = vec![NodeGpus {
+        name: "n1".into(),
+        gpus: vec![Some("g0".into()), Some("g1".into())],
+        usable: true,
+    }];
+    *s.running.borrow_mut() = vec![RunningJob { id: 10, node: "n1".into(), state: "R".into() }];
+    let w = World::new("open", s);
+    let expected = w
+        .expected_choice(
+            "alpha",
+            &[
+                held(11, "beta", "alice", ""),
+                held(12, "zeta", "alice", ""),
+                held(16, "eps", "alice", ""),
+                held(17, "alpha", "alice", ""),
+            ],
+        )
+        .unwrap();
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1100.0).unwrap();
+    assert_eq!(r.joiners, vec![(expected, "n1".to_string(), 1)], "{r:?}");
+    // The oldest remaining held job leads on the free GPU g0.
+    let first_left = [11, 12, 13, 14, 16, 17].into_iter().find(|j| *j != expected).unwrap();
+    assert_eq!(r.leads, vec![(first_left, "n1".to_string(), 0)], "{r:?}");
+
+    // The same GPU with its kace job completing: its epilog refills it, dispatch does not.
+    let w2 = World::new("open-cg", lead_slurm(Some("g1")));
+    let mut s2 = FakeSlurm::default();
+    *s2.pending.borrow_mut() = w2.slurm.pending.borrow().clone();
+    s2.details.borrow_mut().insert(10, running_detail(10, "alpha", 1, Some("g1")));
+    s2.nodes =
+        vec![NodeGpus { name: "n1".into(), gpus: vec![None, Some("g1".into())], usable: true }];
+    *s2.running.borrow_mut() = vec![RunningJob { id: 10, node: "n1".into(), state: "CG".into() }];
+    let w2 = World { slurm: s2, ..w2 };
+    let r = dispatch::run(&w2.slurm, &dispatch_settings(&w2), 1100.0).unwrap();
+    assert!(r.joiners.is_empty(), "{r:?}");
+    assert_eq!(r.leads.iter().map(|l| l.2).collect::<Vec<_>>(), vec![0], "{r:?}");
 }
 
 #[test]

@@ -1,7 +1,7 @@
-//! `kace-dispatch`: `kace dispatch` as a program Slurm can run from `EpilogSlurmctld=` (which
-//! takes a path, no arguments). It reads kace.conf, runs one dispatch pass under the dispatch
-//! lock, logs what it released on stderr (slurmctld's log) and exits 0: a failing
-//! EpilogSlurmctld is only logged by Slurm, and the timer's `kace dispatch` retries anyway.
+//! `kace-dispatch`: one `kace dispatch` pass as a program Slurm can run from
+//! `EpilogSlurmctld=` (which takes a path, no arguments). It reads kace.conf, runs one pass
+//! under the dispatch lock, logs what it released on stderr (slurmctld's log) and exits 0: a
+//! failing EpilogSlurmctld is only logged by Slurm, and the watch loop and the timer pass again.
 
 use std::process::ExitCode;
 
@@ -19,14 +19,8 @@ fn main() -> ExitCode {
         match kace_node::dispatch::run_configured(&config, SystemClock.now()) {
             Ok(None) => {}
             Ok(Some(r)) => {
-                for (job, node, gpu) in &r.leads {
-                    eprintln!("kace: dispatch: released job {job} as a lead onto {node} GPU {gpu}");
-                }
-                for job in &r.expired {
-                    eprintln!(
-                        "kace: dispatch: released job {job}: held longer than {} s",
-                        config.dispatch.max_hold_s
-                    );
+                for l in r.lines(config.dispatch.max_hold_s) {
+                    eprintln!("kace: dispatch: {l}");
                 }
                 for p in &r.problems {
                     eprintln!("kace: dispatch: {p}");
