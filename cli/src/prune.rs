@@ -86,8 +86,7 @@ mod tests {
 
     #[test]
     fn removes_old_quarantine_and_abandoned_writes_only() {
-        let root = std::env::temp_dir().join(format!("kace-prune-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&root);
+        let root = kace_test_support::TempDir::new("prune");
         let (spool, q) = (root.join("spool"), root.join("q"));
         fs::create_dir_all(&spool).unwrap();
         fs::create_dir_all(q.join("sub")).unwrap();
@@ -114,7 +113,6 @@ mod tests {
             assert!(p.exists(), "{} should stay", p.display());
         }
         assert!(q.join("sub").is_dir());
-        fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

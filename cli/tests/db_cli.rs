@@ -7,27 +7,22 @@ use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kace_selector::dataset::read_colocations;
 use kace_selector::{select, Candidate, LinearModel, Member, Model, Profile, SelectionRules};
 use kace_sql::decide::holdout_split;
 use kace_sql::spool::{record_file_name, write_record};
 use kace_sql::{Observation, Partner};
+use kace_test_support::{artifact, shared_file, TempDir};
 
 /// A temporary directory with an empty config file and a database path, removed on drop.
 struct Env {
-    dir: PathBuf,
+    dir: TempDir,
 }
 
 impl Env {
     fn new(tag: &str) -> Env {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let n = N.fetch_add(1, Ordering::SeqCst);
-        let dir =
-            std::env::temp_dir().join(format!("kace-db-cli-{}-{tag}-{n}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
+        let dir = TempDir::new(&format!("db-cli-{tag}"));
         fs::write(dir.join("kace.conf"), "").unwrap();
         Env { dir }
     }
@@ -69,42 +64,8 @@ impl Env {
     }
 }
 
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.dir);
-    }
-}
-
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn data_dir() -> PathBuf {
-    std::env::var_os("KACE_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"))
-}
-
-fn artifact() -> Option<PathBuf> {
-    let dir = std::env::var_os("KACE_ARTIFACT_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| data_dir().join("kace-artifact"));
-    if dir.join("pairs").is_dir() {
-        Some(dir)
-    } else {
-        eprintln!("SKIP: artifact data not found at {} (set KACE_ARTIFACT_DIR)", dir.display());
-        None
-    }
-}
-
-fn ncu_sample(name: &str) -> Option<PathBuf> {
-    let p = data_dir().join("ncu-samples").join(name);
-    if p.is_file() {
-        Some(p)
-    } else {
-        eprintln!("SKIP: {} not found (set KACE_DATA_DIR)", p.display());
-        None
-    }
 }
 
 const PAIRS: &str = "pairs/MPS100_kernel_labels_targetMPS100.csv";
@@ -141,8 +102,9 @@ fn artifact_profiles(dir: &Path) -> HashMap<String, Profile> {
 }
 
 #[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
 fn init_import_train_select_agrees_with_the_selector_in_memory() {
-    let Some(art) = artifact() else { return };
+    let art = artifact();
     let env = Env::new("pipeline");
     env.ok(&["db", "init"]);
     let p = art.join("workload_profiles/derived_workload_profiles.csv");
@@ -255,8 +217,9 @@ fn init_import_train_select_agrees_with_the_selector_in_memory() {
 /// stored model predicts exactly what the in-memory one does, and `select --dry-run` chooses
 /// what the selector chooses with it.
 #[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
 fn default_slowdown_model_trains_stores_and_selects() {
-    let Some(art) = artifact() else { return };
+    let art = artifact();
     let env = Env::new("slowdown");
     env.ok(&["db", "init"]);
     let p = art.join("workload_profiles/derived_workload_profiles.csv");
@@ -315,8 +278,9 @@ fn default_slowdown_model_trains_stores_and_selects() {
 /// Imported 3-way colocations train the slowdown model beside the pairs; the linear model,
 /// whose summed features describe a pair, leaves them out and says so.
 #[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
 fn triples_train_the_slowdown_model_and_not_the_linear_one() {
-    let Some(art) = artifact() else { return };
+    let art = artifact();
     let env = Env::new("triples");
     env.ok(&["db", "init"]);
     let p = art.join("workload_profiles/derived_workload_profiles.csv");
@@ -357,8 +321,9 @@ fn triples_train_the_slowdown_model_and_not_the_linear_one() {
 }
 
 #[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
 fn baseline_labels_and_kernel_totals_merge_into_the_derived_profiles() {
-    let Some(art) = artifact() else { return };
+    let art = artifact();
     let env = Env::new("merge");
     env.ok(&["db", "init"]);
     let wp = art.join("workload_profiles");
@@ -574,27 +539,34 @@ fn bad_config_is_a_clear_error() {
 }
 
 #[test]
+#[ignore = "needs ../shared/data/ncu-samples"]
 fn import_ncu_stores_kernel_metrics_and_names_missing_ones() {
     let env = Env::new("ncu");
     env.ok(&["db", "init"]);
-    if let Some(f) = ncu_sample("ai4materials_cgcnn-torch_ncu2020.2_details_cmdline-metrics.csv") {
-        let v =
-            env.json(&["profile", "import-ncu", "--workload", "cgcnn-inf", f.to_str().unwrap()]);
-        assert_eq!(v["kernels"], 14);
-        let shown = env.json(&["profile", "show", "cgcnn-inf"]);
-        let sm = shown["values"]["sm_throughput"].as_f64().unwrap();
-        assert!((sm - 16.247097).abs() < 1e-5, "{sm}");
-        assert_eq!(shown["complete"], false);
-        assert!(shown["values"]["memcap_gib"].is_null());
-    }
-    if let Some(f) = ncu_sample("leleucas_bert-mha-torch_ncu2021.2_details_launchstats.csv") {
-        let out =
-            env.run(&["profile", "import-ncu", "--workload", "bert-mha", f.to_str().unwrap()]);
-        assert_eq!(out.status.code(), Some(1));
-        let err = stderr(&out);
-        assert!(err.starts_with("kace: profile: couldn't compute kernel metrics from"), "{err}");
-        assert!(err.contains("\"DRAM Throughput\""), "{err}");
-    }
+    let f =
+        shared_file("ncu-samples/ai4materials_cgcnn-torch_ncu2020.2_details_cmdline-metrics.csv");
+    let v = env.json(&["profile", "import-ncu", "--workload", "cgcnn-inf", f.to_str().unwrap()]);
+    assert_eq!(v["kernels"], 14);
+    let shown = env.json(&["profile", "show", "cgcnn-inf"]);
+    let sm = shown["values"]["sm_throughput"].as_f64().unwrap();
+    assert!((sm - 16.247097).abs() < 1e-5, "{sm}");
+    assert_eq!(shown["complete"], false);
+    assert!(shown["values"]["memcap_gib"].is_null());
+
+    let f = shared_file("ncu-samples/leleucas_bert-mha-torch_ncu2021.2_details_launchstats.csv");
+    let out = env.run(&["profile", "import-ncu", "--workload", "bert-mha", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.starts_with("kace: profile: couldn't compute kernel metrics from"), "{err}");
+    assert!(err.contains("\"DRAM Throughput\""), "{err}");
+    // Only the one good import was stored.
+    assert_eq!(env.json(&["profile", "list"]).as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn import_ncu_refuses_what_is_not_an_export() {
+    let env = Env::new("ncu-bad");
+    env.ok(&["db", "init"]);
     let bad = env.dir.join("bad.csv");
     fs::write(&bad, "this is not,an ncu export\n1,2\n").unwrap();
     let out = env.run(&["profile", "import-ncu", "--workload", "x", bad.to_str().unwrap()]);
@@ -602,9 +574,7 @@ fn import_ncu_stores_kernel_metrics_and_names_missing_ones() {
     assert!(stderr(&out).contains("no CSV header starting with \"ID\""), "{}", stderr(&out));
     let out = env.run(&["profile", "import-ncu", "--workload", "bad name", bad.to_str().unwrap()]);
     assert!(stderr(&out).contains("invalid workload name"), "{}", stderr(&out));
-    // Nothing but the one good import was stored.
-    let list = env.json(&["profile", "list"]);
-    assert!(list.as_array().unwrap().len() <= 1);
+    assert_eq!(env.json(&["profile", "list"]).as_array().unwrap().len(), 0);
 }
 
 /// A fake workload: writes progress lines quickly (no GPU), like a training loop would.
@@ -629,7 +599,7 @@ fn fake_workload(dir: &Path) -> PathBuf {
 fn profile_run_with_the_fake_nvml_stores_system_metrics() {
     let env = Env::new("run");
     env.ok(&["db", "init"]);
-    let script = fake_workload(&env.dir);
+    let script = fake_workload(env.dir.path());
     let out = env
         .cmd(&[
             "profile",
@@ -724,7 +694,7 @@ fn profile_run_with_the_fake_nvml_stores_system_metrics() {
 fn profile_run_with_the_real_backend_fails_clearly_without_a_driver() {
     let env = Env::new("nvml");
     env.ok(&["db", "init"]);
-    let script = fake_workload(&env.dir);
+    let script = fake_workload(env.dir.path());
     let out = env.run(&["profile", "run", "--workload", "w", "--", "sh", script.to_str().unwrap()]);
     if out.status.success() {
         eprintln!("NVML is present here: the real backend ran");

@@ -1,34 +1,18 @@
 //! `kace eval` end to end through the built binary: JSON keys and values, tables, plots, and
 //! clear errors for bad input. Tests needing the artifact skip with a message when it is absent.
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
+
+use kace_test_support::{artifact, TempDir};
 
 fn kace(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kace")).args(args).output().expect("kace runs")
 }
 
-fn artifact() -> Option<PathBuf> {
-    let dir = std::env::var_os("KACE_ARTIFACT_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/kace-artifact")
-    });
-    if dir.join("pairs").is_dir() {
-        Some(dir)
-    } else {
-        eprintln!("skipping: artifact data not found at {}", dir.display());
-        None
-    }
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("kace-eval-cli-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 #[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
 fn paper_json_has_the_documented_keys_and_the_papers_numbers() {
-    let Some(dir) = artifact() else { return };
+    let dir = artifact();
     let out = kace(&[
         "eval",
         "paper",
@@ -61,9 +45,10 @@ fn paper_json_has_the_documented_keys_and_the_papers_numbers() {
 }
 
 #[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
 fn unseen_table_and_plots() {
-    let Some(dir) = artifact() else { return };
-    let d = tmp("plots");
+    let dir = artifact();
+    let d = TempDir::new("eval-cli-plots");
     let fig4 = d.join("fig4.svg");
     let out = kace(&[
         "eval",
@@ -96,12 +81,12 @@ fn unseen_table_and_plots() {
     assert!(svg.contains("whisper-large-v2_batch8-inf"));
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("albert-base-v2_batch2-train"));
-    std::fs::remove_dir_all(d).ok();
 }
 
 #[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
 fn colocations_runs_on_three_way_data() {
-    let Some(dir) = artifact() else { return };
+    let dir = artifact();
     let f = dir.join("multiinstance/total_labels_batch2-8_targetMPS100.csv");
     let out = kace(&[
         "eval",
@@ -138,7 +123,7 @@ fn colocations_runs_on_three_way_data() {
 
 #[test]
 fn train_on_one_file_test_on_another() {
-    let d = tmp("split");
+    let d = TempDir::new("eval-cli-split");
     // Two tiny synthetic 2-way tables: workload "new" appears only in the test file.
     let header = {
         let mut c = Vec::new();
@@ -191,12 +176,11 @@ fn train_on_one_file_test_on_another() {
     // Only the unseen workload is a target.
     assert_eq!(v["rows"], 1);
     assert!(v["per_workload"]["new"].is_object());
-    std::fs::remove_dir_all(d).ok();
 }
 
 #[test]
 fn malformed_data_is_a_clear_error() {
-    let d = tmp("bad");
+    let d = TempDir::new("eval-cli-bad");
     let bad = d.join("bad.csv");
     std::fs::write(&bad, "workload1,workload2\nx,y\n").unwrap();
     let out = kace(&["eval", "colocations", "--data", bad.to_str().unwrap()]);
@@ -218,5 +202,4 @@ fn malformed_data_is_a_clear_error() {
 
     let out = kace(&["eval", "paper", "--data", "x", "--seeds", "ten"]);
     assert_eq!(out.status.code(), Some(2), "clap rejects bad option values");
-    std::fs::remove_dir_all(d).ok();
 }

@@ -3,22 +3,20 @@
 //! commands missing fails with a message, and a second dispatch defers to the running one.
 
 use std::fs;
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use kace_sql::spool::{write_decision, SpooledDecision};
 use kace_sql::{DecisionCandidate, NewDecision};
+use kace_test_support::TempDir;
 
 struct Env {
-    dir: PathBuf,
+    dir: TempDir,
 }
 
 impl Env {
     fn new(tag: &str) -> Env {
-        let dir = std::env::temp_dir().join(format!("kace-explain-{}-{tag}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        let d = dir.display();
+        let dir = TempDir::new(&format!("explain-{tag}"));
+        let d = dir.path().display();
         fs::write(
             dir.join("kace.conf"),
             format!(
@@ -43,12 +41,6 @@ impl Env {
         let out = self.run(args);
         assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -5,8 +5,8 @@ use std::fs;
 
 #[test]
 fn generate_man_writes_one_page_per_visible_command() {
-    let dir = std::env::temp_dir().join(format!("kace-man-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
+    let tmp = kace_test_support::TempDir::new("man");
+    let dir = tmp.join("man");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_kace"))
         .arg("generate-man")
         .arg(&dir)
@@ -25,5 +25,4 @@ fn generate_man_writes_one_page_per_visible_command() {
     }
     let retrain = fs::read_to_string(dir.join("kace-retrain.1")).unwrap();
     assert!(retrain.contains("keep\\-days"), "kace-retrain.1 lacks --keep-days");
-    fs::remove_dir_all(&dir).unwrap();
 }

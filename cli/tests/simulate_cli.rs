@@ -2,37 +2,21 @@
 //! a replayed trace, and clear errors for bad input. Skips with a message when the artifact is
 //! absent.
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
+
+use kace_test_support::{artifact, TempDir};
 
 fn kace(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kace")).args(args).output().expect("kace runs")
-}
-
-fn artifact() -> Option<PathBuf> {
-    let dir = std::env::var_os("KACE_ARTIFACT_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/kace-artifact")
-    });
-    if dir.join("pairs").is_dir() {
-        Some(dir)
-    } else {
-        eprintln!("skipping: artifact data not found at {}", dir.display());
-        None
-    }
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("kace-simulate-cli-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 const SMALL: [&str; 8] =
     ["--nodes", "4", "--gpus-per-node", "2", "--jobs", "300", "--seeds", "1,2"];
 
 #[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
 fn json_reports_every_policy_with_spread_and_ratios() {
-    let Some(dir) = artifact() else { return };
+    let dir = artifact();
     let mut args = vec!["simulate", "--data", dir.to_str().unwrap(), "--format", "json"];
     args.extend(SMALL);
     let out = kace(&args);
@@ -55,9 +39,10 @@ fn json_reports_every_policy_with_spread_and_ratios() {
 }
 
 #[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
 fn table_plot_and_a_replayed_trace() {
-    let Some(dir) = artifact() else { return };
-    let d = tmp("plot");
+    let dir = artifact();
+    let d = TempDir::new("simulate-cli-plot");
     let svg = d.join("sim.svg");
     let trace = d.join("trace.csv");
     std::fs::write(
@@ -93,13 +78,13 @@ fn table_plot_and_a_replayed_trace() {
     let svg = std::fs::read_to_string(svg).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("job completion time CDF"));
     assert_eq!(svg.matches("<polyline").count(), 6, "a CDF and a timeline per policy");
-    std::fs::remove_dir_all(d).ok();
 }
 
 #[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
 fn a_written_trace_replays_to_the_same_results() {
-    let Some(dir) = artifact() else { return };
-    let d = tmp("replay");
+    let dir = artifact();
+    let d = TempDir::new("simulate-cli-replay");
     let trace = d.join("t.csv");
     let data = dir.to_str().unwrap();
     let mut args = vec!["simulate", "--data", data, "--format", "json", "--seeds", "7"];
@@ -121,13 +106,13 @@ fn a_written_trace_replays_to_the_same_results() {
             assert!((x - y).abs() <= 1e-6 * x.abs().max(1.0), "{p} {k}: {x} vs {y}");
         }
     }
-    std::fs::remove_dir_all(d).ok();
 }
 
 #[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
 fn bad_input_is_a_clear_error() {
-    let Some(dir) = artifact() else { return };
-    let d = tmp("bad");
+    let dir = artifact();
+    let d = TempDir::new("simulate-cli-bad");
     let trace = d.join("bad.csv");
     std::fs::write(&trace, "submit_s,workload,steps\n0,bert-base-cased_batch8-inf,10\n1,gpt5,3\n")
         .unwrap();
@@ -153,5 +138,4 @@ fn bad_input_is_a_clear_error() {
     let out = kace(&["simulate", "--data", "/nonexistent/kace"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("couldn't open /nonexistent/kace"), "{err}");
-    std::fs::remove_dir_all(d).ok();
 }

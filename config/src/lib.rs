@@ -26,6 +26,12 @@
 //! [profiling]
 //! warmup_steps = 10
 //! sample_interval_ms = 1000
+//! min_alone_runs = 1      # observed alone runs before an unprofiled workload is a candidate
+//!
+//! [sampler]               # kace-sampler: GPU readings while kace jobs run
+//! dir = "/run/kace/samples"
+//! interval_ms = 1000
+//! capacity = 86400        # readings kept per GPU (a day at 1 Hz)
 //!
 //! [training]
 //! holdout_fraction = 0.2
@@ -81,6 +87,8 @@ pub struct Config {
     pub node: Node,
     /// `kace dispatch` on the controller.
     pub dispatch: Dispatch,
+    /// `kace-sampler`, the node service that samples each GPU for system profiles.
+    pub sampler: Sampler,
 }
 
 /// `[database]`
@@ -168,11 +176,36 @@ pub struct Profiling {
     pub warmup_steps: u64,
     /// NVML sampling period in milliseconds (the artifact used `nvidia-smi pmon`, 1 s).
     pub sample_interval_ms: u64,
+    /// Runs a workload must have been observed alone (with `kace-sampler` readings) before a
+    /// workload nobody profiled becomes a candidate from its observed system profile.
+    /// Default 1.
+    pub min_alone_runs: u32,
 }
 
 impl Default for Profiling {
     fn default() -> Self {
-        Profiling { warmup_steps: 10, sample_interval_ms: 1000 }
+        Profiling { warmup_steps: 10, sample_interval_ms: 1000, min_alone_runs: 1 }
+    }
+}
+
+/// `[sampler]`: `kace-sampler`, which reads every GPU's SM %, memory-bandwidth % and memory
+/// in use into a bounded ring per GPU, from which the epilog builds the system profile of a
+/// job's alone intervals.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Sampler {
+    /// Directory of the per-GPU ring files. Default `/run/kace/samples`.
+    pub dir: PathBuf,
+    /// Time between readings, milliseconds. Default 1000.
+    pub interval_ms: u64,
+    /// Readings kept per GPU; the oldest are overwritten. Default 86400 (a day at 1 Hz,
+    /// 2 MiB per GPU).
+    pub capacity: u32,
+}
+
+impl Default for Sampler {
+    fn default() -> Self {
+        Sampler { dir: PathBuf::from("/run/kace/samples"), interval_ms: 1000, capacity: 86_400 }
     }
 }
 
@@ -365,6 +398,19 @@ impl Config {
         }
         if self.profiling.sample_interval_ms == 0 {
             return Err("profiling.sample_interval_ms must be at least 1".into());
+        }
+        let sp = &self.sampler;
+        if !(100..=60_000).contains(&sp.interval_ms) {
+            return Err(format!(
+                "sampler.interval_ms = {}: must be in [100, 60000]",
+                sp.interval_ms
+            ));
+        }
+        if !(60..=10_000_000).contains(&sp.capacity) {
+            return Err(format!("sampler.capacity = {}: must be in [60, 10000000]", sp.capacity));
+        }
+        if !sp.dir.is_absolute() {
+            return Err(format!("sampler.dir = {}: must be an absolute path", sp.dir.display()));
         }
         for (key, p) in [
             ("database.path", &self.database.path),

@@ -54,9 +54,7 @@ fn a_bad_configuration_exits_0_and_says_so() {
 
 #[test]
 fn a_hanging_slurm_command_is_cut_off_within_the_budget() {
-    let dir = std::env::temp_dir().join(format!("kace-node-bin-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = kace_test_support::TempDir::new("node-bin");
     let hang = dir.join("hang");
     std::fs::write(&hang, "#!/bin/sh\nexec /bin/sleep 30\n").unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -82,5 +80,4 @@ fn a_hanging_slurm_command_is_cut_off_within_the_budget() {
     let (out, took) = run(EPILOG, &kace_job(conf.to_str().unwrap()));
     assert!(out.status.success());
     assert!(took < Duration::from_secs(8), "{took:?}: {}", stderr(&out));
-    let _ = std::fs::remove_dir_all(&dir);
 }

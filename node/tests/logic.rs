@@ -5,7 +5,6 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kace_config::Config;
@@ -20,25 +19,7 @@ use kace_selector::dataset::Group;
 use kace_selector::{Model, ModelKind, Objective, Profile, SlowdownParams};
 use kace_sql::decide::{decide, model_to_new_model, JobSpec};
 use kace_sql::{Db, NewProfile, FEATURE_COUNT};
-
-struct Temp(PathBuf);
-
-impl Temp {
-    fn new(tag: &str) -> Temp {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let n = N.fetch_add(1, Ordering::SeqCst);
-        let p = std::env::temp_dir().join(format!("kace-node-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Temp(p)
-    }
-}
-
-impl Drop for Temp {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use kace_test_support::TempDir;
 
 /// A Slurm that holds jobs in memory and records every command.
 #[derive(Default)]
@@ -263,7 +244,7 @@ fn job_env(job: u32, gpu: u32) -> JobEnv {
 }
 
 struct World {
-    _t: Temp,
+    _t: TempDir,
     dir: PathBuf,
     config: Config,
     slurm: FakeSlurm,
@@ -274,8 +255,8 @@ struct World {
 
 impl World {
     fn new(tag: &str, slurm: FakeSlurm) -> World {
-        let t = Temp::new(tag);
-        let dir = t.0.clone();
+        let t = TempDir::new(&format!("node-{tag}"));
+        let dir = t.path().to_path_buf();
         let db = dir.join("k.db");
         make_db(&db);
         World {

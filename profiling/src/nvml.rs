@@ -220,6 +220,32 @@ impl GpuSampler for FakeSampler {
     }
 }
 
+/// Environment variable that sets how many GPUs the fake backend has (default 1; tests only).
+pub const FAKE_GPUS_ENV_VAR: &str = "KACE_FAKE_NVML_GPUS";
+
+/// How many GPUs this host has: the fake's [`FAKE_GPUS_ENV_VAR`] when [`FAKE_ENV_VAR`] is set,
+/// else NVML's device count.
+pub fn gpu_count() -> Result<u32, SamplerError> {
+    match std::env::var(FAKE_ENV_VAR) {
+        Ok(spec) if !spec.is_empty() => match std::env::var(FAKE_GPUS_ENV_VAR) {
+            Ok(n) => n.trim().parse().map_err(|_| SamplerError {
+                op: "set up the fake NVML backend",
+                cause: format!("{FAKE_GPUS_ENV_VAR}={n:?} is not a count"),
+            }),
+            Err(_) => Ok(1),
+        },
+        _ => {
+            let nvml = Nvml::init().map_err(|e| SamplerError {
+                op: "initialise NVML",
+                cause: format!(
+                    "{e} (is the NVIDIA driver installed and libnvidia-ml.so.1 loadable on this host?)"
+                ),
+            })?;
+            nvml.device_count().map_err(nv("count the GPUs"))
+        }
+    }
+}
+
 /// Opens the sampler for GPU `index`: the fake when [`FAKE_ENV_VAR`] is set, else NVML.
 pub fn open_sampler(index: u32) -> Result<Box<dyn GpuSampler>, SamplerError> {
     match std::env::var(FAKE_ENV_VAR) {

@@ -108,8 +108,7 @@ mod tests {
             eprintln!("skipping: no /proc");
             return;
         }
-        let dir = std::env::temp_dir().join(format!("kace-tree-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = kace_test_support::TempDir::new("tree");
         let pids = dir.join("pids");
         // Two levels below the shell: a sub-shell that starts a sleep.
         let script = format!(
@@ -136,6 +135,5 @@ mod tests {
         }
         let left: Vec<&i32> = grandchildren.iter().filter(|p| running(**p)).collect();
         assert!(left.is_empty(), "still running: {left:?}");
-        std::fs::remove_dir_all(&dir).ok();
     }
 }

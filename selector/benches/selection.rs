@@ -4,7 +4,6 @@
 
 use std::fs::File;
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kace_selector::dataset::{read_colocations, ColocationData, Group};
@@ -28,10 +27,8 @@ fn median<F: FnMut()>(runs: usize, mut f: F) -> Duration {
 
 /// The artifact's pair table, or a synthetic table of the same size when it is absent.
 fn pairs() -> (ColocationData, &'static str) {
-    let dir = std::env::var_os("KACE_ARTIFACT_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/kace-artifact")
-    });
-    let path = dir.join("pairs/MPS100_kernel_labels_targetMPS100.csv");
+    let path =
+        kace_test_support::artifact_dir().join("pairs/MPS100_kernel_labels_targetMPS100.csv");
     if let Ok(f) = File::open(&path) {
         if let Ok(d) = read_colocations("pairs", f) {
             return (d, "artifact, 181 pairs");

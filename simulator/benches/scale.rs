@@ -6,7 +6,6 @@
 
 use std::fs::File;
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::time::Instant;
 
 use kace_selector::dataset::read_colocations;
@@ -19,10 +18,8 @@ use kace_simulator::{
 /// The artifact's world and a kace model trained on seed 10's split, or a synthetic world of
 /// the same shape (21 workloads, every pair measured) when the artifact is absent.
 fn world() -> (World, Option<kace_selector::Model>, &'static str) {
-    let dir = std::env::var_os("KACE_ARTIFACT_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/kace-artifact")
-    });
-    let path = dir.join("pairs/MPS100_kernel_labels_targetMPS100.csv");
+    let path =
+        kace_test_support::artifact_dir().join("pairs/MPS100_kernel_labels_targetMPS100.csv");
     if let Ok(f) = File::open(&path) {
         if let Ok(d) = read_colocations("pairs", f) {
             if let (Ok(w), Ok(k)) = (

@@ -3,7 +3,6 @@
 //! a message when the artifact is absent.
 
 use std::fs::File;
-use std::path::PathBuf;
 
 use kace_selector::dataset::{read_colocations, read_n_occur_splits, ColocationData};
 use kace_selector::eval::paper::{paper_split, PAPER_SEEDS};
@@ -11,18 +10,7 @@ use kace_selector::{ModelKind, SelectionRules};
 use kace_simulator::{
     generate, simulate, train_kace, Metrics, Policy, PolicyKind, TraceSpec, World,
 };
-
-fn artifact() -> Option<PathBuf> {
-    let dir = std::env::var_os("KACE_ARTIFACT_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/kace-artifact")
-    });
-    if dir.join("pairs").is_dir() {
-        Some(dir)
-    } else {
-        eprintln!("skipping: artifact data not found at {}", dir.display());
-        None
-    }
-}
+use kace_test_support::artifact;
 
 fn pairs(dir: &std::path::Path) -> ColocationData {
     let path = dir.join("pairs/MPS100_kernel_labels_targetMPS100.csv");
@@ -30,8 +18,9 @@ fn pairs(dir: &std::path::Path) -> ColocationData {
 }
 
 #[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
 fn the_world_has_the_artifacts_pairs() {
-    let Some(dir) = artifact() else { return };
+    let dir = artifact();
     let w = World::from_colocations(&pairs(&dir), 32.0).unwrap();
     assert_eq!(w.len(), 21);
     // 231 unordered pairs: 181 measured, 17 over 32 GiB, 33 never measured.
@@ -39,8 +28,9 @@ fn the_world_has_the_artifacts_pairs() {
 }
 
 #[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
 fn kace_trains_on_exactly_the_papers_training_file() {
-    let Some(dir) = artifact() else { return };
+    let dir = artifact();
     let data = pairs(&dir);
     let splits = read_n_occur_splits(
         "splits",
@@ -62,8 +52,9 @@ fn kace_trains_on_exactly_the_papers_training_file() {
 }
 
 #[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
 fn every_policy_completes_a_saturated_trace() {
-    let Some(dir) = artifact() else { return };
+    let dir = artifact();
     let data = pairs(&dir);
     let world = World::from_colocations(&data, 32.0).unwrap();
     let rules = SelectionRules { gpu_memory_gib: Some(32.0), ..SelectionRules::default() };

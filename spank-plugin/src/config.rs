@@ -8,6 +8,12 @@ use std::path::{Component, Path, PathBuf};
 pub use kace_layout::{DEFAULT_MPS_ROOT, DEFAULT_PROGRESS_ROOT, MAX_MPS_ROOT_LEN};
 /// Longest `progress_root` accepted, in bytes.
 pub const MAX_PROGRESS_ROOT_LEN: usize = 512;
+/// Where the packages install the automatic PyTorch progress hook (`python/autohook/` of the
+/// source tree): a directory holding kace's `sitecustomize.py`.
+pub const DEFAULT_PYTHON_HOOK: &str = "/usr/share/kace/python/autohook";
+/// Longest `python_hook` accepted, in bytes.
+pub const MAX_PYTHON_HOOK_LEN: usize = 512;
+const KNOWN_KEYS: &str = "mps_root, progress_root, python_hook";
 
 /// The plugin's configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,6 +22,9 @@ pub struct Config {
     pub mps_root: PathBuf,
     /// Directory of the per-job progress files; see [`crate::layout::progress_file`].
     pub progress_root: PathBuf,
+    /// Directory put first on a kace job's `PYTHONPATH` so that its `sitecustomize.py` reports
+    /// PyTorch progress with no change to the job; nothing is set when it does not exist.
+    pub python_hook: PathBuf,
 }
 
 impl Default for Config {
@@ -23,6 +32,7 @@ impl Default for Config {
         Config {
             mps_root: PathBuf::from(DEFAULT_MPS_ROOT),
             progress_root: PathBuf::from(DEFAULT_PROGRESS_ROOT),
+            python_hook: PathBuf::from(DEFAULT_PYTHON_HOOK),
         }
     }
 }
@@ -44,10 +54,10 @@ impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ConfigError::NotKeyValue(a) => {
-                write!(f, "argument {a} is not key=value (known keys: mps_root, progress_root)")
+                write!(f, "argument {a} is not key=value (known keys: {KNOWN_KEYS})")
             }
             ConfigError::UnknownKey(k) => {
-                write!(f, "unknown key {k} (known keys: mps_root, progress_root)")
+                write!(f, "unknown key {k} (known keys: {KNOWN_KEYS})")
             }
             ConfigError::Duplicate(k) => write!(f, "key {k} is given twice"),
             ConfigError::BadPath { key, value, why } => write!(f, "{key}={value}: {why}"),
@@ -64,7 +74,7 @@ where
     I: IntoIterator<Item = &'a [u8]>,
 {
     let mut config = Config::default();
-    let (mut seen_mps, mut seen_progress) = (false, false);
+    let (mut seen_mps, mut seen_progress, mut seen_hook) = (false, false, false);
     for raw in args {
         let arg = crate::workload::quote(raw);
         let text = std::str::from_utf8(raw).map_err(|_| ConfigError::NotKeyValue(arg.clone()))?;
@@ -74,6 +84,7 @@ where
             "progress_root" => {
                 (&mut config.progress_root, &mut seen_progress, MAX_PROGRESS_ROOT_LEN)
             }
+            "python_hook" => (&mut config.python_hook, &mut seen_hook, MAX_PYTHON_HOOK_LEN),
             _ => return Err(ConfigError::UnknownKey(crate::workload::quote(key.as_bytes()))),
         };
         if std::mem::replace(seen, true) {
@@ -123,6 +134,14 @@ mod tests {
         let c = parse_strs(&[]).unwrap();
         assert_eq!(c.mps_root, Path::new("/run/kace/mps"));
         assert_eq!(c.progress_root, Path::new("/var/spool/kace/progress"));
+        assert_eq!(c.python_hook, Path::new("/usr/share/kace/python/autohook"));
+    }
+
+    #[test]
+    fn python_hook_is_a_checked_directory() {
+        let c = parse_strs(&["python_hook=/opt/kace//hook/"]).unwrap();
+        assert_eq!(c.python_hook, Path::new("/opt/kace/hook"));
+        assert!(matches!(parse_strs(&["python_hook=hook"]), Err(ConfigError::BadPath { .. })));
     }
 
     #[test]
@@ -136,7 +155,7 @@ mod tests {
     fn unknown_key_is_an_error() {
         let e = parse_strs(&["mps_rot=/x"]).unwrap_err();
         assert_eq!(e, ConfigError::UnknownKey("\"mps_rot\"".into()));
-        assert!(e.to_string().contains("known keys: mps_root, progress_root"));
+        assert!(e.to_string().contains("known keys: mps_root, progress_root, python_hook"));
     }
 
     #[test]

@@ -31,6 +31,7 @@ pub fn set_task_env(sp: Handle, args: &[&[u8]]) -> c_int {
     };
     let progress = layout::progress_file(&config.progress_root, job_id);
     set(sp, c"KACE_PROGRESS_FILE", &progress);
+    prepend_python_hook(sp, &config.python_hook);
 
     let read = |name: &CStr| match sp.getenv(name) {
         Ok(v) => v,
@@ -54,6 +55,48 @@ pub fn set_task_env(sp: Handle, args: &[&[u8]]) -> c_int {
         ),
     }
     0
+}
+
+/// Puts the PyTorch progress hook first on the job's `PYTHONPATH`; its `sitecustomize` runs any
+/// one it shadows, and `KACE_PROGRESS_AUTO=0` in the job turns it off.
+fn prepend_python_hook(sp: Handle, hook: &Path) {
+    if !hook.join("sitecustomize.py").is_file() {
+        log(
+            Level::Verbose,
+            &format!(
+                "kace: user_init: no progress hook in {}; PYTHONPATH left as it is",
+                hook.display()
+            ),
+        );
+        return;
+    }
+    let old = match sp.getenv(c"PYTHONPATH") {
+        Ok(v) => v,
+        Err(e) => {
+            log(Level::Error, &format!("kace: user_init: couldn't read PYTHONPATH: {e}"));
+            return;
+        }
+    };
+    // A value that was not UTF-8 came back lossy: leave it alone rather than corrupt it.
+    if old.as_deref().is_some_and(|o| o.contains('\u{FFFD}')) {
+        log(Level::Error, "kace: user_init: couldn't extend PYTHONPATH: it is not UTF-8");
+        return;
+    }
+    let mut value = hook.as_os_str().as_bytes().to_vec();
+    if let Some(old) = old.filter(|o| !o.is_empty()) {
+        value.push(b':');
+        value.extend_from_slice(old.as_bytes());
+    }
+    match CString::new(value) {
+        Ok(v) => {
+            if let Err(e) = sp.setenv(c"PYTHONPATH", &v) {
+                log(Level::Error, &format!("kace: user_init: couldn't set PYTHONPATH: {e}"));
+            }
+        }
+        Err(_) => {
+            log(Level::Error, "kace: user_init: couldn't set PYTHONPATH: it holds a NUL byte")
+        }
+    }
 }
 
 fn set(sp: Handle, name: &CStr, path: &Path) {

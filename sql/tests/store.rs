@@ -1,8 +1,6 @@
 //! Tests of the store through its public API: opening, migrations, each table, the spool.
 
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kace_sql::spool::{
     ingest, ingest_decisions, record_file_name, spooled_decisions, write_decision, write_record,
@@ -12,29 +10,7 @@ use kace_sql::{
     Db, DecisionCandidate, Error, NewDecision, NewModel, NewProfile, Observation, Partner,
     CURRENT_VERSION, FEATURE_COUNT,
 };
-
-/// A fresh directory under the system temp dir, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let n = N.fetch_add(1, Ordering::SeqCst);
-        let p = std::env::temp_dir().join(format!("kace-sql-{tag}-{}-{n}", std::process::id()));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
+use kace_test_support::TempDir;
 
 fn obs(key: &str, job: &str, wl: &str, partner: Option<(&str, &str)>, thr: f64) -> Observation {
     Observation {

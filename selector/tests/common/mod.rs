@@ -1,24 +1,11 @@
-//! Finding and loading the KACE artifact's data for the integration tests. The data stay in
-//! `../shared/data/kace-artifact` (or `$KACE_ARTIFACT_DIR`); without them a test prints why and
-//! checks nothing.
+//! Loading the KACE artifact's data for the integration tests. The data stay in
+//! `../shared/data/kace-artifact` (or `$KACE_ARTIFACT_DIR`); the tests that read them are ignored
+//! unless run with `--include-ignored`.
 
 use std::fs::File;
 use std::path::PathBuf;
 
 use kace_selector::dataset::{read_colocations, read_n_occur_splits, ColocationData, SplitRow};
-
-/// The artifact folder, or `None` (with a message saying where it was looked for).
-pub fn artifact_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("KACE_ARTIFACT_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/kace-artifact")
-    });
-    if dir.join("pairs/MPS100_kernel_labels_targetMPS100.csv").is_file() {
-        Some(dir)
-    } else {
-        eprintln!("skipping: artifact data not found at {} (set KACE_ARTIFACT_DIR)", dir.display());
-        None
-    }
-}
 
 /// The artifact's pair table and its n_occur splits.
 pub struct Artifact {
@@ -36,13 +23,14 @@ impl Artifact {
     }
 }
 
-/// Loads the artifact, or `None` when it is absent.
-pub fn load() -> Option<Artifact> {
-    let dir = artifact_dir()?;
+/// Loads the artifact; panics when it is absent (only tests marked
+/// `#[ignore = "needs ../shared/data/kace-artifact"]` call this).
+pub fn load() -> Artifact {
+    let dir = kace_test_support::artifact();
     let open = |p: &str| File::open(dir.join(p)).expect("artifact file readable");
     let pairs = read_colocations("pairs", open("pairs/MPS100_kernel_labels_targetMPS100.csv"))
         .expect("pair table parses");
     let splits =
         read_n_occur_splits("splits", open("splits/n_occur_splits.csv")).expect("splits parse");
-    Some(Artifact { dir, pairs, splits })
+    Artifact { dir, pairs, splits }
 }

@@ -15,9 +15,7 @@ use kace_sql::Db;
 pub const GPU_GIB: f64 = 32.0;
 
 pub fn artifact() -> Option<PathBuf> {
-    let dir = std::env::var_os("KACE_ARTIFACT_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/kace-artifact")
-    });
+    let dir = kace_test_support::artifact_dir();
     if dir.join("pairs").is_dir() {
         Some(dir)
     } else {

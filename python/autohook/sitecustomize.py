@@ -1,0 +1,105 @@
+"""kace's automatic progress hook for PyTorch jobs: no change to the job's code.
+
+kace's SPANK plugin puts this directory first on ``PYTHONPATH`` in ``--kace-colocate`` jobs, so
+Python imports this file at start-up. It does nothing unless ``$KACE_PROGRESS_FILE`` is set and
+``$KACE_PROGRESS_AUTO`` is not ``0``; then it waits for the job to import ``torch`` and registers
+a global optimizer post-step hook (PyTorch >= 2.0), so every ``optimizer.step()`` counts one step
+in the job's progress file (through ``kace_progress``, one directory up). Before ``torch`` is
+imported it costs nothing; jobs that never import it are untouched.
+
+Any ``sitecustomize`` this file shadows (a site's or a virtual environment's) is still run, after
+this one. Nothing here may break the job: every failure is one line on stderr.
+"""
+
+
+def _kace_main():
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+
+    def warn(message):
+        try:
+            sys.stderr.write("kace: progress: %s\n" % message)
+        except Exception:
+            pass
+
+    def load_kace_progress():
+        if "kace_progress" in sys.modules:
+            return sys.modules["kace_progress"]
+        path = os.path.join(os.path.dirname(here), "kace_progress.py")
+        spec = importlib.util.spec_from_file_location("kace_progress", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["kace_progress"] = module
+        spec.loader.exec_module(module)
+        return module
+
+    def on_torch(torch_module):
+        try:
+            load_kace_progress().install_torch_hook(torch_module)
+        except Exception as e:  # never into the job
+            warn("couldn't install the PyTorch progress hook: %s" % e)
+
+    class _LoaderAfter:
+        """Delegates to the real loader of ``torch`` and calls back once it has run."""
+
+        def __init__(self, loader):
+            self._loader = loader
+
+        def __getattr__(self, name):
+            return getattr(self._loader, name)
+
+        def create_module(self, spec):
+            return self._loader.create_module(spec)
+
+        def exec_module(self, module):
+            self._loader.exec_module(module)
+            on_torch(module)
+
+    class _TorchWatcher:
+        """A meta-path finder that only notices the first import of ``torch``."""
+
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname != "torch":
+                return None
+            sys.meta_path.remove(self)  # once; and the real search must not find us again
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                if find is None:
+                    continue
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                        spec.loader = _LoaderAfter(spec.loader)
+                    return spec
+            return None
+
+    wanted = os.environ.get("KACE_PROGRESS_FILE") and os.environ.get(
+        "KACE_PROGRESS_AUTO", "1"
+    ).lower() not in ("0", "no", "false", "off")
+    if wanted:
+        if "torch" in sys.modules:
+            on_torch(sys.modules["torch"])
+        else:
+            sys.meta_path.insert(0, _TorchWatcher())
+
+    # Run the sitecustomize this one shadows, as Python would have.
+    try:
+        rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+        spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+        if spec is not None and spec.loader is not None:
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+    except Exception as e:
+        warn("the sitecustomize kace's shadows failed: %s: %s" % (type(e).__name__, e))
+
+
+try:
+    _kace_main()
+except Exception as _e:  # never into the job
+    import sys as _sys
+
+    _sys.stderr.write("kace: progress: couldn't start the progress hook: %s\n" % _e)
+del _kace_main

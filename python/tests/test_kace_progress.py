@@ -1,0 +1,291 @@
+"""Tests of kace_progress and the automatic PyTorch hook (python3 -m unittest discover -s python/tests).
+
+PyTorch, transformers and Lightning are not installed here (their wheels are gigabytes); the hook
+and the callbacks are tested against stand-in modules that follow the frameworks' documented
+interfaces: ``torch.optim.optimizer.register_optimizer_step_post_hook(hook)`` with
+``hook(optimizer, args, kwargs)``, ``transformers.TrainerCallback.on_step_end(args, state,
+control, **kwargs)`` and Lightning's ``Callback.on_train_batch_end(trainer, pl_module, outputs,
+batch, batch_idx)``.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import types
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYDIR = os.path.dirname(HERE)
+AUTOHOOK = os.path.join(PYDIR, "autohook")
+sys.path.insert(0, PYDIR)
+
+import kace_progress  # noqa: E402
+
+
+def parse(path):
+    """The (time, steps) pairs of a progress file, checking every line's form as kace does."""
+    points = []
+    with open(path) as f:
+        for line in f:
+            t, s = line.split()
+            points.append((float(t), int(s)))
+    return points
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+class ReporterTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.dir.name, "job.progress")
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def test_lines_are_rate_limited_and_the_last_count_is_flushed(self):
+        clock = FakeClock()
+        r = kace_progress.Reporter(self.path, interval=1.0, clock=clock)
+        for _ in range(10):  # ten steps within 0.9 s: only the first is written at once
+            r.step()
+            clock.now += 0.1
+        self.assertEqual(parse(self.path), [(1000.0, 1)])
+        r.step()  # 1.0 s after the first line
+        self.assertEqual(parse(self.path)[-1], (1001.0, 11))
+        r.step(4)
+        r.flush()
+        self.assertEqual(parse(self.path)[-1], (1001.0, 15))
+        r.flush()  # nothing new: no duplicate line
+        self.assertEqual(len(parse(self.path)), 3)
+
+    def test_counts_never_go_backwards(self):
+        clock = FakeClock()
+        r = kace_progress.Reporter(self.path, interval=0.0, clock=clock)
+        r.set_steps(10)
+        clock.now += 1
+        r.set_steps(5)  # e.g. a trainer resumed from an older checkpoint: ignored
+        clock.now += 1
+        r.set_steps(12)
+        self.assertEqual([s for _, s in parse(self.path)], [10, 12])
+
+    def test_the_file_stays_bounded_and_keeps_head_and_newest_count(self):
+        clock = FakeClock()
+        cap = kace_progress.MIN_MAX_BYTES
+        r = kace_progress.Reporter(self.path, interval=0.0, max_bytes=cap, clock=clock)
+        for _ in range(20000):
+            clock.now += 0.5
+            r.step()
+        r.flush()
+        size = os.path.getsize(self.path)
+        self.assertLessEqual(size, cap)
+        points = parse(self.path)
+        self.assertEqual(points[0], (1000.5, 1))
+        self.assertEqual(points[kace_progress.HEAD_LINES - 1][1], kace_progress.HEAD_LINES)
+        self.assertEqual(points[-1], (11000.0, 20000))
+        self.assertGreaterEqual(r.interval, kace_progress.DEFAULT_INTERVAL)
+        # Still a valid kace progress file: time and steps never go backwards.
+        for a, b in zip(points, points[1:]):
+            self.assertLessEqual(a[0], b[0])
+            self.assertLess(a[1], b[1])
+        # The rate kace computes from it is the true 2 steps/s.
+        (t0, s0), (t1, s1) = points[kace_progress.HEAD_LINES], points[-1]
+        self.assertAlmostEqual((s1 - s0) / (t1 - t0), 2.0, places=6)
+
+    def test_compaction_with_a_doubled_interval_slows_growth(self):
+        clock = FakeClock()
+        r = kace_progress.Reporter(self.path, interval=0.0, max_bytes=kace_progress.MIN_MAX_BYTES, clock=clock)
+        r.interval = 0.25
+        for _ in range(4000):
+            clock.now += 0.25
+            r.step()
+        self.assertGreaterEqual(r.interval, 0.5)
+
+    def test_an_unwritable_file_is_reported_once_and_ignored(self):
+        r = kace_progress.Reporter(os.path.join(self.dir.name, "missing-dir", "x.progress"))
+        r.step()
+        self.assertFalse(r.active)
+        r.step()  # no exception, nothing written
+
+    def test_track_counts_one_step_per_item(self):
+        r = kace_progress.Reporter(self.path, interval=0.0)
+        kace_progress._reporter = r
+        try:
+            self.assertEqual(list(kace_progress.track(range(5))), [0, 1, 2, 3, 4])
+            self.assertEqual(r.steps, 5)
+        finally:
+            kace_progress._reporter = None
+
+
+def run_python(code, env_extra, pythonpath):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KACE_", "RANK", "SLURM_PROCID"))}
+    env.update(env_extra)
+    env["PYTHONPATH"] = os.pathsep.join(pythonpath)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+FAKE_TORCH = {
+    "torch/__init__.py": "__version__ = '2.5.0+fake'\nfrom . import optim\n",
+    "torch/optim/__init__.py": "from .optimizer import Optimizer\n",
+    "torch/optim/optimizer.py": textwrap.dedent(
+        """
+        _global_post_hooks = []
+
+        def register_optimizer_step_post_hook(hook):
+            _global_post_hooks.append(hook)
+
+        class Optimizer:
+            def step(self):
+                for hook in _global_post_hooks:
+                    hook(self, (), {})
+        """
+    ),
+}
+
+OLD_TORCH = {"torch/__init__.py": "__version__ = '1.13.1'\nfrom . import optim\n",
+             "torch/optim/__init__.py": "class Optimizer:\n    def step(self):\n        pass\n"}
+
+TRAINING_LOOP = """
+import torch
+opt = torch.optim.Optimizer()
+for _ in range(7):
+    opt.step()
+"""
+
+
+def write_tree(root, files):
+    for name, text in files.items():
+        path = os.path.join(root, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+
+
+class AutoHookTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.libs = os.path.join(self.dir.name, "libs")
+        write_tree(self.libs, FAKE_TORCH)
+        self.progress = os.path.join(self.dir.name, "job.progress")
+        self.env = {"KACE_PROGRESS_FILE": self.progress, "KACE_PROGRESS_INTERVAL": "0"}
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def test_an_unmodified_training_loop_reports_every_optimizer_step(self):
+        out = run_python(TRAINING_LOOP, self.env, [AUTOHOOK, self.libs])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual([s for _, s in parse(self.progress)], [1, 2, 3, 4, 5, 6, 7])
+
+    def test_nothing_is_written_outside_kace_jobs_or_when_opted_out(self):
+        env = dict(self.env)
+        del env["KACE_PROGRESS_FILE"]
+        out = run_python(TRAINING_LOOP, env, [AUTOHOOK, self.libs])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertFalse(os.path.exists(self.progress))
+        out = run_python(TRAINING_LOOP, dict(self.env, KACE_PROGRESS_AUTO="0"), [AUTOHOOK, self.libs])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertFalse(os.path.exists(self.progress))
+
+    def test_only_rank_zero_writes(self):
+        out = run_python(TRAINING_LOOP, dict(self.env, RANK="1"), [AUTOHOOK, self.libs])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertFalse(os.path.exists(self.progress))
+
+    def test_a_job_that_never_imports_torch_is_untouched(self):
+        out = run_python("import json, sys; print(type(sys.meta_path[0]).__name__)", self.env, [AUTOHOOK, self.libs])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.strip(), "_TorchWatcher")
+        self.assertFalse(os.path.exists(self.progress))
+        self.assertEqual(out.stderr, "")
+
+    def test_the_shadowed_sitecustomize_still_runs(self):
+        site = os.path.join(self.dir.name, "site")
+        marker = os.path.join(self.dir.name, "marker")
+        write_tree(site, {"sitecustomize.py": "open(%r, 'w').write('ran')\n" % marker})
+        out = run_python(TRAINING_LOOP, self.env, [AUTOHOOK, self.libs, site])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        with open(marker) as f:
+            self.assertEqual(f.read(), "ran")
+        self.assertEqual(len(parse(self.progress)), 7)
+
+    def test_a_failing_shadowed_sitecustomize_does_not_stop_the_job(self):
+        site = os.path.join(self.dir.name, "site")
+        write_tree(site, {"sitecustomize.py": "raise RuntimeError('broken site')\n"})
+        out = run_python(TRAINING_LOOP, self.env, [AUTOHOOK, self.libs, site])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("broken site", out.stderr)
+        self.assertEqual(len(parse(self.progress)), 7)
+
+    def test_an_old_pytorch_is_told_once_and_the_job_runs(self):
+        old = os.path.join(self.dir.name, "old")
+        write_tree(old, OLD_TORCH)
+        out = run_python(TRAINING_LOOP, self.env, [AUTOHOOK, old])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("no register_optimizer_step_post_hook", out.stderr)
+        self.assertFalse(os.path.exists(self.progress))
+
+
+class CallbackTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.dir.name, "job.progress")
+        kace_progress._reporter = kace_progress.Reporter(self.path, interval=0.0)
+        self.saved = {k: sys.modules.get(k) for k in ("transformers", "lightning", "lightning.pytorch", "lightning.pytorch.callbacks")}
+
+    def tearDown(self):
+        kace_progress._reporter = None
+        for k, v in self.saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+        self.dir.cleanup()
+
+    def test_hugging_face_trainer_callback_reports_the_global_step(self):
+        transformers = types.ModuleType("transformers")
+
+        class TrainerCallback:  # the documented base class: every event is a no-op
+            def on_step_end(self, args, state, control, **kwargs):
+                pass
+
+        transformers.TrainerCallback = TrainerCallback
+        sys.modules["transformers"] = transformers
+        cb = kace_progress.huggingface_callback()
+        self.assertIsInstance(cb, TrainerCallback)
+        for step in (1, 2, 3):
+            state = types.SimpleNamespace(global_step=step, is_world_process_zero=True)
+            cb.on_step_end(None, state, "control", model=None)
+        self.assertEqual([s for _, s in parse(self.path)], [1, 2, 3])
+
+    def test_lightning_callback_reports_the_global_step(self):
+        for name in ("lightning", "lightning.pytorch", "lightning.pytorch.callbacks"):
+            sys.modules[name] = types.ModuleType(name)
+
+        class Callback:
+            pass
+
+        sys.modules["lightning.pytorch.callbacks"].Callback = Callback
+        cb = kace_progress.lightning_callback()
+        self.assertIsInstance(cb, Callback)
+        trainer = types.SimpleNamespace(global_step=4, is_global_zero=True)
+        cb.on_train_batch_end(trainer, None, None, None, 0)
+        trainer.global_step = 9
+        cb.on_train_batch_end(trainer, None, None, None, 1)
+        self.assertEqual([s for _, s in parse(self.path)], [4, 9])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,116 @@
+//! Test support shared by every crate's tests (a dev-dependency only, never shipped): where the
+//! third-party data under `../shared/data` live, and scratch directories removed on drop.
+//!
+//! Tests that need the shared data are marked `#[ignore = "needs ../shared/data/..."]`, so a fresh
+//! checkout's `cargo test` never counts them as passed without running them; CI runs them with
+//! `--include-ignored`. Once such a test runs, missing data is a failure, not a skip.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The shared data folder: `$KACE_DATA_DIR`, or `../shared/data` beside the checkout.
+pub fn shared_data_dir() -> PathBuf {
+    std::env::var_os("KACE_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"))
+}
+
+/// Where the KACE artifact is looked for: `$KACE_ARTIFACT_DIR`, or `kace-artifact` in the shared
+/// data folder.
+pub fn artifact_dir() -> PathBuf {
+    std::env::var_os("KACE_ARTIFACT_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| shared_data_dir().join("kace-artifact"))
+}
+
+/// The KACE artifact's folder. Panics, saying where it looked, when the artifact is not there:
+/// only tests marked `#[ignore = "needs ../shared/data/kace-artifact"]` call this.
+pub fn artifact() -> PathBuf {
+    let dir = artifact_dir();
+    assert!(
+        dir.join("pairs/MPS100_kernel_labels_targetMPS100.csv").is_file(),
+        "this test needs the KACE artifact, which is not at {} (set KACE_ARTIFACT_DIR, or run \
+         without --include-ignored)",
+        dir.display()
+    );
+    dir
+}
+
+/// A file inside the shared data folder, by its path there. Panics, saying where it looked, when
+/// it is missing: only tests marked `#[ignore = "needs ../shared/data/..."]` call this.
+pub fn shared_file(rel: &str) -> PathBuf {
+    let p = shared_data_dir().join(rel);
+    assert!(
+        p.is_file(),
+        "this test needs {}, which is missing (set KACE_DATA_DIR, or run without \
+         --include-ignored)",
+        p.display()
+    );
+    p
+}
+
+/// A fresh, empty directory under the system temp dir, removed with everything in it when
+/// dropped (kept when `KACE_KEEP_TEMP` is set, to inspect a failure). Hand-written rather than
+/// `tempfile`, whose dependency tree costs more build time than these few lines.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// A new directory named after `tag`, this process and a counter, so that parallel tests
+    /// and test binaries never share one.
+    pub fn new(tag: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::SeqCst);
+        let p = std::env::temp_dir().join(format!("kace-test-{tag}-{}-{n}", std::process::id()));
+        // A leftover from an earlier process with the same pid.
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p)
+            .unwrap_or_else(|e| panic!("couldn't create test directory {}: {e}", p.display()));
+        TempDir(p)
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+/// A `TempDir` is used wherever its path is (`dir.join(..)`, `dir.to_str()`).
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TempDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::env::var_os("KACE_KEEP_TEMP").is_none() {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temp_dirs_are_distinct_and_removed_on_drop() {
+        let a = TempDir::new("x");
+        let b = TempDir::new("x");
+        assert_ne!(a.path(), b.path());
+        fs::write(a.join("f"), "1").unwrap();
+        let p = a.path().to_path_buf();
+        drop(a);
+        assert!(!p.exists());
+        assert!(b.path().is_dir());
+    }
+}
