@@ -168,7 +168,14 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
     let slot_of = |slots: &[Slot], node: &str, index: u32| {
         slots.iter().position(|x| x.at.node == node && x.at.index.0 == index)
     };
-    for r in slurm.running_kace_jobs()? {
+    // What each node ran at the listing: an open GPU is filled only if its node still runs the
+    // same kace jobs in the same states just before the release (see `unchanged`).
+    let mut seen: BTreeMap<String, Vec<(u32, String)>> = BTreeMap::new();
+    let running = slurm.running_kace_jobs()?;
+    for r in &running {
+        seen.entry(r.node.clone()).or_default().push((r.id, r.state.clone()));
+    }
+    for r in running {
         let d = match slurm.job(r.id) {
             Ok(d) => d,
             Err(e) => {
@@ -177,10 +184,20 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
             }
         };
         let workload = d.workload().unwrap_or("").to_string();
+        let settled = r.state == "R" && !starting.contains(&r.id);
+        let placed = d.gres.iter().any(|g| g.count > 0 && g.index.is_some());
+        if !settled && !placed {
+            // A starting or completing job's hook may be filling its GPU, and Slurm does not
+            // say which GPU that is: its whole node is left alone this pass.
+            for slot in slots.iter_mut().filter(|x| x.at.node == r.node) {
+                slot.busy = true;
+            }
+            continue;
+        }
         for g in d.gres.iter().filter(|g| g.count > 0) {
             let Some(k) = g.index.and_then(|i| slot_of(&slots, &r.node, i)) else { continue };
             let slot = &mut slots[k];
-            if r.state == "R" && !starting.contains(&r.id) {
+            if settled {
                 let user = user_of.get(&r.id).copied().unwrap_or("").to_string();
                 slot.jobs.push((r.id, workload.clone(), user));
             } else {
@@ -236,7 +253,39 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
         Ok(d.ranked.iter().map(|&k| cands[k]).collect())
     };
     let mut taken: Vec<usize> = Vec::new(); // indices into `held` released this pass
+                                            // Whether `slot`'s node runs the kace jobs it ran at the listing, and nothing is on its way
+                                            // to `slot`: a prolog or epilog there may have filled it since (its kace job started or
+                                            // ended and its hook ran within this pass).
+    let unchanged = |slot: &Slot| -> std::result::Result<bool, String> {
+        let now_running = slurm.running_kace_jobs().map_err(|e| e.to_string())?;
+        let mut here: Vec<(u32, String)> = now_running
+            .into_iter()
+            .filter(|r| r.node == slot.at.node)
+            .map(|r| (r.id, r.state))
+            .collect();
+        here.sort();
+        let mut before = seen.get(&slot.at.node).cloned().unwrap_or_default();
+        before.sort();
+        if here != before {
+            return Ok(false);
+        }
+        let queue = slurm.kace_queue().map_err(|e| e.to_string())?;
+        Ok(!queue.iter().any(|j| in_flight_to(j, &slot.at)))
+    };
     let release = |report: &mut Report, j: &QueuedJob, slot: &Slot| -> bool {
+        if !slot.jobs.is_empty() {
+            match unchanged(slot) {
+                Ok(true) => {}
+                Ok(false) => return false,
+                Err(e) => {
+                    report.problems.push(format!(
+                        "couldn't check {} GPU {} again: {e}",
+                        slot.at.node, slot.at.index.0
+                    ));
+                    return false;
+                }
+            }
+        }
         // Another decider (a prolog or epilog) may have moved it since the listing.
         match slurm.job(j.id) {
             Ok(d) if d.held() => {}

@@ -306,6 +306,18 @@ pub fn fill(
                 continue;
             }
         }
+        // Dispatch (on the controller) may have sent a joiner here since the listing.
+        let t = Instant::now();
+        let again = n.slurm.kace_queue();
+        timings.slurm += t.elapsed();
+        if let Ok(q) = again {
+            if let Some(other) = q.iter().find(|j| in_flight_to(j, gpu)) {
+                let why = format!("chosen, but job {} was sent to this GPU meanwhile", other.id);
+                log(&format!("couldn't release chosen job {}: {why}", job.id));
+                records[i].rejected = Some(why);
+                break;
+            }
+        }
         let exp = Expectation { lead: lead.job, node: gpu.node.clone(), gpu: gpu.index.0 };
         if let Err(e) = state::expect(&n.config.node.state_dir, job.id, &exp) {
             log(&format!("couldn't note joiner {}: {e}", job.id));

@@ -250,3 +250,180 @@ fn an_idle_cluster_starts_a_kace_job_about_as_soon_as_a_plain_one() {
     );
     assert!(k <= p + 1.0, "kace {k:.2} s vs plain {p:.2} s: {kace_s:?} {plain_s:?}");
 }
+
+/// Every kace record on every GPU (running and ended): (node/gpu, job, start, end).
+fn records(c: &Cluster) -> Vec<(String, u32, f64, f64)> {
+    let mut out = Vec::new();
+    let state = c.dir().join("state");
+    for node in std::fs::read_dir(&state).into_iter().flatten().flatten() {
+        for gpu in std::fs::read_dir(node.path()).into_iter().flatten().flatten() {
+            let at = format!(
+                "{}/{}",
+                node.file_name().to_string_lossy(),
+                gpu.file_name().to_string_lossy()
+            );
+            for sub in ["jobs", "ended"] {
+                for f in std::fs::read_dir(gpu.path().join(sub)).into_iter().flatten().flatten() {
+                    let Ok(job) = f.file_name().to_string_lossy().parse::<u32>() else { continue };
+                    let text = std::fs::read_to_string(f.path()).unwrap_or_default();
+                    let v: Vec<&str> = text.split_whitespace().collect();
+                    let start: f64 = v.get(1).and_then(|s| s.parse().ok()).unwrap_or(0.0);
+                    let end: f64 = v.get(2).and_then(|s| s.parse().ok()).unwrap_or(f64::INFINITY);
+                    out.push((at.clone(), job, start, end));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn hooks(c: &Cluster) -> String {
+    ["kace-kace-prolog", "kace-kace-epilog", "kace-kace-dispatch"]
+        .iter()
+        .map(|h| std::fs::read_to_string(c.dir().join(format!("log/{h}.log"))).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n")
+        + &std::fs::read_to_string(c.dir().join("dispatch-watch.out")).unwrap_or_default()
+}
+
+/// The most kace jobs any GPU held at once, per kace's records.
+fn most_at_once(recs: &[(String, u32, f64, f64)]) -> usize {
+    let mut most = 0;
+    for (at, _, start, _) in recs {
+        let n = recs.iter().filter(|(a, _, s, e)| a == at && *s <= *start && *e > *start).count();
+        most = most.max(n);
+    }
+    most
+}
+
+/// The race drill: leads, epilogs and dispatch passes at the same moment on 2 nodes × 2 typed
+/// GPUs (4 shards each, so Slurm alone would allow 4 jobs per GPU) with 30 held jobs. No job is
+/// moved twice, no GPU holds more than `max_jobs_per_gpu` kace jobs, none waits past
+/// `max_hold`, and no node drains.
+#[test]
+fn race_drill_many_deciders_at_once() {
+    let test = "race_drill_many_deciders_at_once";
+    let Some(art) = artifact() else { return };
+    if kace_e2e::e2e_available(test).is_none() {
+        return;
+    }
+    const HOLD: u64 = 45;
+    let c = Cluster::builder()
+        .nodes(vec![NodeSpec::new("n1", 2), NodeSpec::new("n2", 2)])
+        .typed_gpus(true)
+        .prolog(setup::hook("kace-prolog", "").unwrap())
+        .epilog(setup::hook("kace-epilog", "").unwrap())
+        .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
+        .start()
+        .unwrap();
+    common::prepare(&c, &art, HOLD);
+    let names = {
+        let db = kace_sql::Db::open_read_only(&c.dir().join("kace.db")).unwrap();
+        common::profiled_workloads(&db)
+    };
+    let mut ids = Vec::new();
+    for i in 0..30 {
+        let opt = format!("--kace-colocate={}", names[i % names.len()]);
+        let secs = 3 + (i as u32 * 7) % 5;
+        ids.push(c.sbatch(&[&opt, "--gres=shard:1", "--wrap", &worker(secs, 3)]).unwrap());
+    }
+    // Everyone at once: four dispatch passes (one wins the lock each round), the watch loop,
+    // and from then on the leads' prologs, the epilogs and EpilogSlurmctld as jobs come and go.
+    let bin = setup::bin_dir().unwrap().join("kace");
+    let spawn = |name: &str, args: &[&str]| {
+        std::process::Command::new(&bin)
+            .args(args)
+            .env("KACE_CONFIG", c.dir().join("etc/kace.conf"))
+            .env("SLURM_CONF", c.conf())
+            .stdout(std::fs::File::create(c.dir().join(format!("{name}.out"))).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let mut watch = spawn("dispatch-watch", &["dispatch", "--watch", "--idle", "1"]);
+    let once: Vec<_> = (0..4).map(|i| spawn(&format!("dispatch-{i}"), &["dispatch"])).collect();
+    for mut p in once {
+        p.wait().unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let left = ids
+            .iter()
+            .filter(|id| {
+                matches!(
+                    state(&c, **id).as_str(),
+                    "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING"
+                )
+            })
+            .count();
+        if left == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{left} jobs never finished: {}", c.slurmctld_log());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+
+    // No job moved twice: each appears as chosen in at most one decision, and never both in a
+    // decision and a dispatch release.
+    // Every release, with who made it.
+    let mut releases: Vec<(u32, String)> = Vec::new();
+    for d in spooled_decisions(&c) {
+        if let Some(j) = d.decision.chosen_job.as_deref().and_then(|j| j.parse().ok()) {
+            releases.push((j, format!("decision {}", d.key)));
+        }
+    }
+    let mut dispatch_log =
+        std::fs::read_to_string(c.dir().join("log/kace-kace-dispatch.log")).unwrap_or_default();
+    for name in ["dispatch-watch", "dispatch-0", "dispatch-1", "dispatch-2", "dispatch-3"] {
+        dispatch_log +=
+            &std::fs::read_to_string(c.dir().join(format!("{name}.out"))).unwrap_or_default();
+    }
+    for line in dispatch_log.lines() {
+        let Some(rest) = line.split("released job ").nth(1) else { continue };
+        if let Some(j) = rest.split_whitespace().next().and_then(|j| j.parse().ok()) {
+            releases.push((j, line.to_string()));
+        }
+    }
+    let mut moved: std::collections::BTreeMap<u32, usize> = Default::default();
+    for (j, _) in &releases {
+        *moved.entry(*j).or_default() += 1;
+    }
+    let twice: Vec<_> = moved.iter().filter(|(_, n)| **n > 1).collect();
+    let how: Vec<&(u32, String)> = releases.iter().filter(|(j, _)| moved[j] > 1).collect();
+    assert!(twice.is_empty(), "moved twice: {how:#?}");
+
+    // No GPU over its limit.
+    let recs = records(&c);
+    assert!(recs.len() >= 30, "every job has a record: {}", recs.len());
+    let most = most_at_once(&recs);
+    let mut sorted = recs.clone();
+    sorted.sort_by(|a, b| (a.0.as_str(), a.2).partial_cmp(&(b.0.as_str(), b.2)).unwrap());
+    assert!(most <= 2, "a GPU held {most} kace jobs at once: {sorted:#?}\n{}", hooks(&c));
+    // Nobody waits past max_hold (plus a dispatch period and Slurm's start latency), and all ran.
+    let mut waits = Vec::new();
+    for id in &ids {
+        let j = c.job(*id).unwrap();
+        assert_eq!(field(&j, "JobState"), "COMPLETED", "{j:?}");
+        let t = |k: &str| {
+            let out = std::process::Command::new("date")
+                .args(["-d", field(&j, k), "+%s"])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).trim().parse::<f64>().unwrap()
+        };
+        waits.push(t("StartTime") - t("SubmitTime"));
+    }
+    let worst = waits.iter().copied().fold(0.0, f64::max);
+    assert!(worst <= (HOLD + 5) as f64, "a job waited {worst} s: {waits:?}");
+    let shared = recs.iter().filter(|(at, job, s, e)| {
+        recs.iter().any(|(a, j, s2, e2)| a == at && j != job && s2 < e && e2 > s)
+    });
+    eprintln!(
+        "race drill: 30 jobs, {} decisions/releases, most {most} kace jobs on a GPU, {} jobs shared a GPU, worst wait {worst:.0} s",
+        moved.values().sum::<usize>(),
+        shared.count()
+    );
+    let sinfo = c.run_ok("sinfo", &["-h", "-N", "-o", "%N %t"]).unwrap();
+    assert!(!sinfo.contains("drain"), "{sinfo}");
+}
