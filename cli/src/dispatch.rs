@@ -69,10 +69,14 @@ fn pass(ctx: &Ctx) -> Result<bool> {
             "joiners": at(&r.joiners),
             "expired": at(&r.expired),
             "waiting_expired": r.waiting_expired,
+            "deferred": r.deferred,
             "still_held": r.still_held,
             "problems": r.problems,
         }))?;
         return Ok(r.still_held);
+    }
+    if let Some(why) = &r.deferred {
+        ctx.info(&format!("dispatch: released nothing: {why}; a prolog or epilog is choosing"));
     }
     let lines = r.lines(max_hold);
     for l in &lines {

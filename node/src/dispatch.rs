@@ -88,6 +88,8 @@ pub struct Report {
     /// Whether kace jobs are still held after the pass (the watch loop then passes again
     /// within a second).
     pub still_held: bool,
+    /// Why the pass released nothing, when it waited for a prolog or epilog that is choosing.
+    pub deferred: Option<String>,
     /// Problems met (each already a full message); the pass went on past them.
     pub problems: Vec<String>,
 }
@@ -143,6 +145,14 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
     let queue = slurm.kace_queue()?;
     let held: Vec<&QueuedJob> = queue.iter().filter(|j| j.held() && j.shards().is_some()).collect();
     if held.is_empty() {
+        return Ok(report);
+    }
+    // A prolog or epilog choosing now sees the same held jobs; Slurm cannot claim one. Node-side
+    // deciders split the queue among themselves, so dispatch waits for them (the watch loop
+    // passes again within a second).
+    if let Some(j) = queue.iter().find(|j| j.deciding()) {
+        report.deferred = Some(format!("kace job {} is starting or ending", j.id));
+        report.still_held = true;
         return Ok(report);
     }
     let user_of: BTreeMap<u32, &str> = queue.iter().map(|j| (j.id, j.user.as_str())).collect();
@@ -253,10 +263,20 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
         Ok(d.ranked.iter().map(|&k| cands[k]).collect())
     };
     let mut taken: Vec<usize> = Vec::new(); // indices into `held` released this pass
-                                            // Whether `slot`'s node runs the kace jobs it ran at the listing, and nothing is on its way
-                                            // to `slot`: a prolog or epilog there may have filled it since (its kace job started or
-                                            // ended and its hook ran within this pass).
+                                            // Whether releasing into `slot` is still safe: no prolog or epilog is choosing anywhere
+                                            // (they could pick the same job), and for an open GPU, its node runs the kace jobs it ran at
+                                            // the listing and nothing is on its way to it (a hook there may have filled it since).
     let unchanged = |slot: &Slot| -> std::result::Result<bool, String> {
+        let queue = slurm.kace_queue().map_err(|e| e.to_string())?;
+        if queue.iter().any(|j| j.deciding()) {
+            return Ok(false);
+        }
+        if slot.jobs.is_empty() {
+            return Ok(true);
+        }
+        if queue.iter().any(|j| in_flight_to(j, &slot.at)) {
+            return Ok(false);
+        }
         let now_running = slurm.running_kace_jobs().map_err(|e| e.to_string())?;
         let mut here: Vec<(u32, String)> = now_running
             .into_iter()
@@ -266,24 +286,18 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
         here.sort();
         let mut before = seen.get(&slot.at.node).cloned().unwrap_or_default();
         before.sort();
-        if here != before {
-            return Ok(false);
-        }
-        let queue = slurm.kace_queue().map_err(|e| e.to_string())?;
-        Ok(!queue.iter().any(|j| in_flight_to(j, &slot.at)))
+        Ok(here == before)
     };
     let release = |report: &mut Report, j: &QueuedJob, slot: &Slot| -> bool {
-        if !slot.jobs.is_empty() {
-            match unchanged(slot) {
-                Ok(true) => {}
-                Ok(false) => return false,
-                Err(e) => {
-                    report.problems.push(format!(
-                        "couldn't check {} GPU {} again: {e}",
-                        slot.at.node, slot.at.index.0
-                    ));
-                    return false;
-                }
+        match unchanged(slot) {
+            Ok(true) => {}
+            Ok(false) => return false,
+            Err(e) => {
+                report.problems.push(format!(
+                    "couldn't check {} GPU {} again: {e}",
+                    slot.at.node, slot.at.index.0
+                ));
+                return false;
             }
         }
         // Another decider (a prolog or epilog) may have moved it since the listing.

@@ -217,17 +217,8 @@ fn finish_on_gpu(
     }
     let mut refill = None;
     if me.is_some() && !running.is_empty() {
-        let kind = match n.slurm.job(running[0].job) {
-            Ok(d) => d.on_gpu(gpu.0).and_then(|g| g.kind.clone()),
-            Err(e) => {
-                log(&format!(
-                    "couldn't read job {} from Slurm: {e}; its GPU type is unknown",
-                    running[0].job
-                ));
-                None
-            }
-        };
-        let at = GpuAt { node: env.node.clone(), index: gpu, kind };
+        // The GPU's type (joiners are pinned to it) comes from the node's configuration.
+        let at = GpuAt { node: env.node.clone(), index: gpu, kind: None };
         let timings = crate::fill::Timings::default();
         let asker = Asker { trigger: Trigger::End, job: env.job, cluster: &env.cluster };
         refill = fill(n, &lock, &at, asker, timings, started).partner;

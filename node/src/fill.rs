@@ -130,6 +130,33 @@ pub fn fill(
         log(&why);
         Filled { partner: None, decision: None, timings, skipped: Some(why) }
     };
+    // A joiner pinned to a node of typed GPUs without its GPU's type goes to whichever GPU
+    // Slurm picks: the type is read from the node's configuration when the caller lacks it.
+    let resolved;
+    let gpu = match &gpu.kind {
+        Some(_) => gpu,
+        None => {
+            let t = Instant::now();
+            let nodes = n.slurm.nodes();
+            timings.slurm += t.elapsed();
+            match nodes {
+                Ok(nodes) => {
+                    let kind = nodes
+                        .iter()
+                        .find(|x| x.name == gpu.node)
+                        .and_then(|x| x.gpus.get(gpu.index.0 as usize).cloned().flatten());
+                    resolved = GpuAt { kind, ..gpu.clone() };
+                    &resolved
+                }
+                Err(e) => {
+                    return skip(
+                        timings,
+                        format!("couldn't read the node's GPU types: {e}; no joiner"),
+                    )
+                }
+            }
+        }
+    };
     let running: Vec<JobRecord> = lock.running();
     let limit = n.config.selection.max_jobs_per_gpu;
     if running.is_empty() {
@@ -167,29 +194,22 @@ pub fn fill(
         );
     }
 
-    // Kace jobs starting at the same moment on other GPUs see the same held jobs, and Slurm
-    // has no compare-and-set to claim one: they split the queue, each taking every k-th held
-    // job by its rank among the starting jobs (ids in order), so two leads never pick the same.
-    let (rank, k) = match trigger {
-        Trigger::Start => {
-            let mut starting: Vec<u32> =
-                queue.iter().filter(|j| j.starting()).map(|j| j.id).collect();
-            if !starting.contains(&trigger_job) {
-                starting.push(trigger_job);
-            }
-            starting.sort_unstable();
-            let rank = starting.iter().position(|j| *j == trigger_job).unwrap_or(0);
-            if starting.len() > 1 {
-                log(&format!(
-                    "{} kace jobs are starting at once ({starting:?}); considering held jobs {rank}, {rank}+{}, ... of the queue",
-                    starting.len(),
-                    starting.len()
-                ));
-            }
-            (rank, starting.len())
-        }
-        Trigger::End => (0, 1),
-    };
+    // Kace jobs starting or ending at the same moment on other GPUs see the same held jobs, and
+    // Slurm has no compare-and-set to claim one: they split the queue, each taking every k-th
+    // held job by its rank among the deciding jobs (ids in order), so two hooks never pick the
+    // same job.
+    let mut deciding: Vec<u32> = queue.iter().filter(|j| j.deciding()).map(|j| j.id).collect();
+    if !deciding.contains(&trigger_job) {
+        deciding.push(trigger_job);
+    }
+    deciding.sort_unstable();
+    let k = deciding.len();
+    let rank = deciding.iter().position(|j| *j == trigger_job).unwrap_or(0);
+    if k > 1 {
+        log(&format!(
+            "{k} kace jobs are starting or ending at once ({deciding:?}); considering held jobs {rank}, {rank}+{k}, ... of the queue"
+        ));
+    }
     let on_gpu: Vec<u32> = running.iter().map(|r| r.job).collect();
     let held: Vec<&QueuedJob> = queue
         .iter()

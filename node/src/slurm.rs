@@ -17,9 +17,10 @@ pub const MARK: &str = "kace:";
 pub const QUEUE_FORMAT: &str = "JobID:|,admin_comment:|,UserName:|,Reason:|,tres-per-node:|,\
                                 SubmitTime:|,ReqNodes:|,StateCompact:|";
 
-/// The states kace lists: pending (candidates, released partners) and starting (other leads
-/// whose prolog runs now; Slurm shows them configuring, or running with reason `Prolog`).
-pub const QUEUE_STATES: &str = "PD,CF,R";
+/// The states kace lists: pending (candidates, released partners), starting (other leads
+/// whose prolog runs now; Slurm shows them configuring, or running with reason `Prolog`) and
+/// completing (their epilog may be refilling their GPU now).
+pub const QUEUE_STATES: &str = "PD,CF,R,CG";
 
 /// One kace job in the queue (pending or starting), as `squeue` shows it.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,6 +57,16 @@ impl QueuedJob {
     /// Whether it is starting: allocated, its prolog not finished.
     pub fn starting(&self) -> bool {
         self.state == "CF" || (self.state == "R" && self.reason == "Prolog")
+    }
+
+    /// Whether it is completing: its epilog may be refilling its GPU.
+    pub fn completing(&self) -> bool {
+        self.state == "CG"
+    }
+
+    /// Whether its prolog or epilog may be choosing a joiner now.
+    pub fn deciding(&self) -> bool {
+        self.starting() || self.completing()
     }
 
     /// The number of shards it asks for, when it asks for shards.

@@ -571,6 +571,17 @@ fn dispatch_releases_leads_onto_free_gpus_and_places_expired_holds() {
     let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1101.0).unwrap();
     assert!(r.leads.is_empty() && r.expired.is_empty() && r.joiners.is_empty(), "{r:?}");
     assert!(r.still_held);
+
+    // While a kace job's epilog may be choosing (it is completing), dispatch releases nothing:
+    // it could pick the same held job. The watch loop passes again within a second.
+    let mut ending = held(2, "beta", "alice", "gres:shard:g0:1");
+    ending.state = "CG".into();
+    ending.reason = "None".into();
+    w.slurm.pending.borrow_mut().push(ending);
+    let before = w.slurm.calls.borrow().len();
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1102.0).unwrap();
+    assert_eq!(r.deferred.as_deref(), Some("kace job 2 is starting or ending"), "{r:?}");
+    assert!(!w.slurm.calls.borrow()[before..].iter().any(|c| c.starts_with("release")));
 }
 
 /// Dispatch offers held jobs to an open GPU (a kace job below the limit, nothing starting or
@@ -632,7 +643,11 @@ fn leads_starting_together_split_the_held_queue() {
         decision.unwrap().decision.candidates.iter().map(|c| c.job.clone().unwrap()).collect();
     // Held queue 11..=17: rank 1 of 2 takes positions 1, 3, 5.
     assert_eq!(considered, ["12", "14", "16"]);
-    assert!(w.logs.borrow().iter().any(|l| l.contains("2 kace jobs are starting at once")));
+    assert!(w
+        .logs
+        .borrow()
+        .iter()
+        .any(|l| l.contains("2 kace jobs are starting or ending at once")));
 }
 
 /// The refill: when a kace job leaves a GPU that still runs a kace job, its epilog chooses and
@@ -640,7 +655,13 @@ fn leads_starting_together_split_the_held_queue() {
 /// survivor's node and GPU type, and spools it as a refill.
 #[test]
 fn a_survivor_gets_a_new_partner_from_the_leaving_jobs_epilog() {
-    let s = lead_slurm(Some("g1"));
+    let mut s = lead_slurm(Some("g1"));
+    // The survivor's GPU type comes from the node's configuration (sinfo), not from a job.
+    s.nodes = vec![NodeGpus {
+        name: "n1".into(),
+        gpus: vec![Some("g0".into()), Some("g1".into())],
+        usable: true,
+    }];
     s.details.borrow_mut().insert(9, running_detail(9, "zeta", 1, Some("g1")));
     *s.on_node.borrow_mut() = vec![9, 10];
     let w = World::new("refill", s);
