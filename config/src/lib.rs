@@ -19,6 +19,7 @@
 //! min_gain = 0.0          # predicted pair sum must beat the lead alone by this fraction
 //! objective = "throughput-sum"   # or "normalised-progress"
 //! max_jobs_per_gpu = 2    # kace jobs sharing one GPU (3-4 make sense on 80-141 GiB GPUs)
+//! refill = true           # false: fill a GPU only at its lead's start (for comparison)
 //!
 //! [mps]
 //! multi_user = false      # true: one MPS server for all users (-M), jobs of different users share
@@ -143,6 +144,11 @@ pub struct Selection {
     /// The memory check covers the whole group. Default 2; 3–4 make sense on 80–141 GiB GPUs.
     /// The GPU's shard count in gres.conf must be at least this.
     pub max_jobs_per_gpu: usize,
+    /// Fill a GPU whenever it has room: when a partner leaves (the epilog's refill), when a
+    /// joiner leaves room, and for jobs that arrive while it is open (dispatch). Default true.
+    /// `false` fills a GPU only at its lead's start, as kace did before; it is there to
+    /// measure the difference on a site's own workload.
+    pub refill: bool,
 }
 
 impl Default for Selection {
@@ -152,6 +158,7 @@ impl Default for Selection {
             min_gain: 0.0,
             objective: Objective::ThroughputSum,
             max_jobs_per_gpu: 2,
+            refill: true,
         }
     }
 }

@@ -41,6 +41,8 @@ pub struct Settings<'a> {
     /// GPU memory in GiB (`node.gpu_memory_gib`): the controller has no NVML of the nodes'
     /// GPUs, so without it no job is added to an open GPU by dispatch.
     pub gpu_memory_gib: Option<f64>,
+    /// `selection.refill`: offer held jobs to open GPUs.
+    pub fill_open: bool,
 }
 
 impl<'a> Settings<'a> {
@@ -51,6 +53,7 @@ impl<'a> Settings<'a> {
             policy: config.policy(),
             database: &config.database.path,
             gpu_memory_gib: config.node.gpu_memory_gib,
+            fill_open: config.selection.refill,
         }
     }
 }
@@ -356,7 +359,7 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
 
     // 2. Open GPUs first: a GPU already running kace jobs gains most from a joiner.
     for slot in slots.iter_mut() {
-        if !slot.open(limit) {
+        if !s.fill_open || !slot.open(limit) {
             continue;
         }
         let cands: Vec<usize> = (0..held.len()).filter(|i| !taken.contains(i)).collect();

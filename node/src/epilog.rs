@@ -216,7 +216,7 @@ fn finish_on_gpu(
         }
     }
     let mut refill = None;
-    if me.is_some() && !running.is_empty() {
+    if me.is_some() && !running.is_empty() && n.config.selection.refill {
         // The GPU's type (joiners are pinned to it) comes from the node's configuration.
         let at = GpuAt { node: env.node.clone(), index: gpu, kind: None };
         let timings = crate::fill::Timings::default();

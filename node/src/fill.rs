@@ -289,7 +289,7 @@ pub fn fill(
             }
             Err(e) => {
                 timings.db = t.elapsed();
-                log(&format!("couldn't choose a joiner: {e}; none is released"));
+                log(&format!("couldn't choose a partner: {e}; none is released"));
                 for &i in &spec_of {
                     records[i].rejected = Some(format!("not evaluated: {e}"));
                 }
@@ -382,10 +382,14 @@ pub fn fill(
     };
     let group: Vec<String> =
         running.iter().map(|r| format!("{} ({})", r.job, r.workload)).collect();
+    let whose = match (trigger, running.as_slice()) {
+        (Trigger::Start, [only]) if only.job == trigger_job => {
+            format!("lead {} on GPU {}", only.workload, gpu.index.0)
+        }
+        _ => format!("GPU {} with {}", gpu.index.0, group.join(", ")),
+    };
     log(&format!(
-        "GPU {} with {}: {what}, of {} held kace job(s); timing: slurm={:.2}ms db={:.2}ms predict={:.2}ms total={:.2}ms",
-        gpu.index.0,
-        group.join(", "),
+        "{whose}: {what}, of {} held kace job(s); timing: slurm={:.2}ms db={:.2}ms predict={:.2}ms total={:.2}ms",
         held.len(),
         ms(timings.slurm),
         ms(timings.db),

@@ -117,7 +117,8 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
     if !others.is_empty() {
         // A joiner: when the GPU may hold more, it fills the next place itself (this is how a
         // GPU grows to `max_jobs_per_gpu`, one decision at a time).
-        let partner = if others.len() + 1 < n.config.selection.max_jobs_per_gpu {
+        let room = others.len() + 1 < n.config.selection.max_jobs_per_gpu;
+        let partner = if room && n.config.selection.refill {
             fill::fill(n, &lock, &at, asker, timings, started).partner
         } else {
             None

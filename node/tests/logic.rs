@@ -425,7 +425,7 @@ fn without_a_database_the_lead_runs_alone_and_says_why() {
     );
     assert!(!w.slurm.calls.borrow().iter().any(|c| c.starts_with("release")));
     assert!(
-        w.logs.borrow().iter().any(|l| l.contains("couldn't choose a joiner")),
+        w.logs.borrow().iter().any(|l| l.contains("couldn't choose a partner")),
         "{:?}",
         w.logs.borrow()
     );
