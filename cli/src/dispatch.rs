@@ -3,12 +3,15 @@
 //! (`packaging/kace-dispatch.service`): it passes once a second while kace jobs are held, and
 //! every `--idle` seconds otherwise, so a kace job on an idle cluster starts about as soon as a
 //! plain one would. EpilogSlurmctld and the timer stay as backstops; one pass runs at a time
-//! (the dispatch lock), a second one returns at once.
+//! (the dispatch lock), a second one returns at once. What it released and the problems it met
+//! also go to syslog ([`kace_log`]): run by the timer or the service, its output is otherwise
+//! only in the unit's journal.
 
 use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::Args;
+use kace_log::Logger;
 use kace_node::{Clock, SystemClock};
 use serde_json::json;
 
@@ -50,11 +53,23 @@ pub fn run(args: DispatchArgs, ctx: &Ctx) -> Result<()> {
 /// One pass; returns whether kace jobs are still held.
 fn pass(ctx: &Ctx) -> Result<bool> {
     let max_hold = ctx.config.dispatch.max_hold_s;
-    let Some(r) = kace_node::dispatch::run_configured(&ctx.config, SystemClock.now())? else {
-        ctx.info(&format!(
-            "dispatch: another dispatch holds {}; nothing done",
+    // stdout and stderr are for the person or unit running it; syslog gets every event once.
+    let syslog = Logger::new(ctx.config.log.socket()).without_stderr();
+    let r = match kace_node::dispatch::run_configured(&ctx.config, SystemClock.now()) {
+        Ok(r) => r,
+        Err(e) => {
+            syslog.line(&format!("kace: dispatch: couldn't dispatch: {e}"));
+            return Err(e.into());
+        }
+    };
+    for line in r.iter().flat_map(|r| kace_node::dispatch::report_lines(r, max_hold)) {
+        syslog.line(&line);
+    }
+    let Some(r) = r else {
+        eprintln!(
+            "kace: dispatch: another dispatch holds {}; nothing done",
             ctx.config.dispatch.lock.display()
-        ));
+        );
         return Ok(true);
     };
     for p in &r.problems {

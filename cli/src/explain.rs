@@ -8,7 +8,7 @@ use kace_sql::{DecisionCandidate, NewDecision};
 use serde_json::json;
 
 use crate::context::{num, print_json, Ctx};
-use crate::output::table;
+use crate::output::{printable, table};
 
 /// Decisions read from the database at most (newest first).
 const MAX_DECISIONS: usize = 100_000;
@@ -46,7 +46,11 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
             Ok(d) => {
                 all.push(Found { decision: d.decision, created_at: d.created_at, source: "spool" })
             }
-            Err(why) => eprintln!("kace: explain: skipping {}: {why}", path.display()),
+            Err(why) => eprintln!(
+                "kace: explain: skipping {}: {}",
+                printable(&path.display().to_string()),
+                printable(&why)
+            ),
         }
     }
     all.sort_by(|a, b| a.created_at.total_cmp(&b.created_at));
@@ -61,6 +65,7 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
         })
         .collect();
 
+    let job = printable(job);
     if ctx.json() {
         let led: Vec<_> = led
             .iter()
@@ -92,8 +97,9 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
         let model =
             d.model_version.map(|v| format!("model version {v}")).unwrap_or("no model".into());
         println!(
-            "job {job} ({}) led its GPU and {chosen} among {} held kace job(s), {model} [{}]",
-            d.lead_workload,
+            "job {job} ({}) led its GPU and {} among {} held kace job(s), {model} [{}]",
+            printable(&d.lead_workload),
+            printable(&chosen),
             d.candidates.len(),
             f.source
         );
@@ -116,10 +122,10 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
     for (f, c) in &seen {
         println!(
             "job {job} ({}) was held when job {} ({}) chose a partner: {} [{}]",
-            c.workload,
-            f.decision.lead_job.as_deref().unwrap_or("?"),
-            f.decision.lead_workload,
-            verdict(&f.decision, c),
+            printable(&c.workload),
+            printable(f.decision.lead_job.as_deref().unwrap_or("?")),
+            printable(&f.decision.lead_workload),
+            printable(&verdict(&f.decision, c)),
             f.source
         );
     }

@@ -39,6 +39,9 @@ pub fn warn(r: &spool::IngestReport) {
     for p in &r.stale_temp_files {
         eprintln!("kace: ingest: {} is an abandoned write (older than an hour)", p.display());
     }
+    for p in &r.requeued {
+        eprintln!("kace: ingest: {} now parses; taken back from quarantine", p.display());
+    }
 }
 
 /// Runs `kace ingest`.
@@ -57,6 +60,7 @@ pub fn run(args: IngestArgs, ctx: &Ctx) -> Result<()> {
             "quarantined": q,
             "vanished": r.vanished,
             "stale_temp_files": r.stale_temp_files,
+            "requeued": r.requeued,
             "decisions": {
                 "inserted": d.inserted,
                 "duplicates": d.duplicates,

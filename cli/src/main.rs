@@ -1,11 +1,13 @@
 //! `kace`, the admin command: parses arguments, runs one subcommand, maps errors to exit codes.
 //!
 //! Exit codes: 0 success; 1 failure; 2 bad usage; 3 the database is missing, damaged or of the
-//! wrong schema version; 4 `kace db check` found problems.
+//! wrong schema version; 4 `kace db check` found problems; 5 `kace doctor` found warnings (and
+//! no failures); 6 `kace doctor` found failures.
 
 mod context;
 mod db_cmd;
 mod dispatch;
+mod doctor;
 mod eval;
 mod explain;
 mod ingest;
@@ -14,7 +16,6 @@ mod model;
 mod observations;
 mod output;
 mod profile;
-mod prune;
 mod retrain;
 mod select;
 mod simulate;
@@ -73,6 +74,8 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// Release held kace jobs: leads onto free GPUs, and any held longer than max_hold.
     Dispatch(dispatch::DispatchArgs),
+    /// Check this host's kace setup (node, controller or both): each check ok, warn or fail.
+    Doctor(doctor::DoctorArgs),
     /// Why a job was or was not paired, from the prolog's decisions.
     Explain(explain::ExplainArgs),
     /// Write the man pages into DIR (used by packaging).
@@ -81,6 +84,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    output::exit_quietly_when_stdout_closes();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -96,6 +100,9 @@ fn exit_code(err: &anyhow::Error) -> u8 {
     for cause in err.chain() {
         if cause.downcast_ref::<db_cmd::ProblemsFound>().is_some() {
             return 4;
+        }
+        if let Some(doctor::Unhealthy(worst)) = cause.downcast_ref::<doctor::Unhealthy>() {
+            return if *worst == kace_node::doctor::Status::Fail { 6 } else { 5 };
         }
         if let Some(e) = cause.downcast_ref::<kace_sql::Error>() {
             use kace_sql::Error as E;
@@ -132,6 +139,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dispatch(args) => {
             dispatch::run(args, &ctx().context("config")?).context("dispatch")
         }
+        Command::Doctor(args) => doctor::run(args, &ctx().context("config")?).context("doctor"),
         Command::Explain(args) => explain::run(args, &ctx().context("config")?).context("explain"),
         Command::GenerateMan(args) => man::run(args),
     }

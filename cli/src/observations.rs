@@ -1,12 +1,13 @@
-//! `kace observations import|list`: bring measured colocations in without the spool (the
-//! artifact's pair table, or kace observation JSON files) and look at what is stored.
+//! `kace observations import|list|remove|quarantine`: bring measured colocations in without the
+//! spool (the artifact's pair table, or kace observation JSON files), look at what is stored,
+//! and take bad ones out of training (a poisoned progress file, a broken node).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context, Result};
 use clap::{Args, Subcommand};
 use kace_selector::dataset::read_colocations;
-use kace_sql::{Observation, Partner};
+use kace_sql::{Observation, ObservationFilter, Partner};
 use serde_json::json;
 
 use crate::context::{num, print_json, Ctx};
@@ -29,12 +30,43 @@ enum ObsCommand {
         #[arg(value_name = "FILE")]
         file: PathBuf,
     },
-    /// List stored observations.
+    /// List stored observations (quarantined ones are counted, not listed).
     List {
         /// Show at most this many.
         #[arg(long, default_value_t = 50)]
         limit: usize,
     },
+    /// Delete the stored observations that match every option given.
+    Remove(Which),
+    /// Keep the matching observations for inspection, but out of training and listings.
+    Quarantine {
+        #[command(flatten)]
+        which: Which,
+        /// Why (shown by `kace db check` and kept with the rows).
+        #[arg(long, default_value = "quarantined by an admin")]
+        reason: String,
+    },
+}
+
+/// Which observations: at least one of these.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = true)]
+struct Which {
+    /// The observation's key.
+    #[arg(long)]
+    key: Option<String>,
+    /// The Slurm job id.
+    #[arg(long)]
+    job: Option<String>,
+    /// The node it came from (`imported` for `observations import`).
+    #[arg(long)]
+    node: Option<String>,
+}
+
+impl Which {
+    fn filter(self) -> ObservationFilter {
+        ObservationFilter { key: self.key, job: self.job, node: self.node }
+    }
 }
 
 /// Runs `kace observations …`.
@@ -42,6 +74,23 @@ pub fn run(args: ObservationsArgs, ctx: &Ctx) -> Result<()> {
     match args.command {
         ObsCommand::Import { file } => import(ctx, &file),
         ObsCommand::List { limit } => list(ctx, limit),
+        ObsCommand::Remove(which) => {
+            let n = ctx.open()?.remove_observations(&which.filter())?;
+            report(ctx, "removed", n)
+        }
+        ObsCommand::Quarantine { which, reason } => {
+            let n = ctx.open()?.quarantine_observations(&which.filter(), &reason)?;
+            report(ctx, "quarantined", n)
+        }
+    }
+}
+
+fn report(ctx: &Ctx, verb: &str, n: usize) -> Result<()> {
+    if ctx.json() {
+        print_json(&json!({ verb: n }))
+    } else {
+        println!("{verb} {n} observation(s)");
+        Ok(())
     }
 }
 
@@ -106,9 +155,12 @@ fn import(ctx: &Ctx, file: &Path) -> Result<()> {
 fn list(ctx: &Ctx, limit: usize) -> Result<()> {
     let db = ctx.open_read_only()?;
     let all = db.observations()?;
+    let quarantined = db.quarantined_observations()?.len();
     let shown = &all[..all.len().min(limit)];
     if ctx.json() {
-        return print_json(&json!({ "total": all.len(), "observations": shown }));
+        return print_json(
+            &json!({ "total": all.len(), "quarantined": quarantined, "observations": shown }),
+        );
     }
     let rows: Vec<Vec<String>> = shown
         .iter()
@@ -123,6 +175,6 @@ fn list(ctx: &Ctx, limit: usize) -> Result<()> {
         })
         .collect();
     print!("{}", table(&["key", "workload", "partners", "throughput"], &rows));
-    println!("{} of {} observation(s)", shown.len(), all.len());
+    println!("{} of {} observation(s); {quarantined} quarantined", shown.len(), all.len());
     Ok(())
 }

@@ -15,8 +15,8 @@ use kace_sql::spool;
 use serde_json::json;
 
 use crate::context::{num, Ctx};
-use crate::train::{NotEnoughGroups, Trained};
-use crate::{ingest, prune, train};
+use crate::train::{NotEnoughGroups, Trained, UnchangedData};
+use crate::{ingest, train};
 
 /// `kace retrain`
 #[derive(Debug, Args)]
@@ -35,6 +35,7 @@ pub struct RetrainArgs {
 enum ModelOutcome {
     Trained(Trained),
     NotEnough(NotEnoughGroups),
+    Unchanged(UnchangedData),
 }
 
 /// Runs `kace retrain`.
@@ -49,16 +50,17 @@ pub fn run(args: RetrainArgs, ctx: &Ctx) -> Result<()> {
     ingest::warn(&decisions);
     let model = match train::train(&args.train, ctx, &mut db) {
         Ok(t) => ModelOutcome::Trained(t),
-        Err(e) => match e.downcast_ref::<NotEnoughGroups>() {
-            Some(n) => ModelOutcome::NotEnough(*n),
-            None => return Err(e.context("train")),
+        Err(e) => match (e.downcast_ref::<NotEnoughGroups>(), e.downcast_ref::<UnchangedData>()) {
+            (Some(n), _) => ModelOutcome::NotEnough(*n),
+            (_, Some(u)) => ModelOutcome::Unchanged(*u),
+            _ => return Err(e.context("train")),
         },
     };
     let pruned = if args.keep_days == 0 {
-        prune::PruneReport::default()
+        spool::PruneReport::default()
     } else {
         let keep = Duration::from_secs(args.keep_days.saturating_mul(86_400));
-        prune::prune(&spool_dir, &qdir, keep, SystemTime::now())
+        spool::prune(&spool_dir, &qdir, keep, SystemTime::now())
     };
     for p in &pruned.removed {
         ctx.info(&format!("retrain: pruned {}", p.display()));
@@ -78,7 +80,7 @@ pub fn run(args: RetrainArgs, ctx: &Ctx) -> Result<()> {
 fn summary_line(
     i: &spool::IngestReport,
     model: &ModelOutcome,
-    p: &prune::PruneReport,
+    p: &spool::PruneReport,
     keep_days: u64,
 ) -> String {
     let ingest = format!(
@@ -105,6 +107,7 @@ fn summary_line(
         ModelOutcome::NotEnough(n) => {
             format!("model unchanged: {} usable observed group(s), {} needed", n.usable, n.needed)
         }
+        ModelOutcome::Unchanged(u) => format!("model unchanged: {u}"),
     };
     let prune = match (keep_days, p.failed.len()) {
         (0, _) => "pruning off".to_string(),
@@ -120,7 +123,7 @@ fn summary_line(
 fn summary_json(
     i: &spool::IngestReport,
     model: &ModelOutcome,
-    p: &prune::PruneReport,
+    p: &spool::PruneReport,
 ) -> serde_json::Value {
     let model = match model {
         ModelOutcome::Trained(t) => json!({
@@ -133,6 +136,11 @@ fn summary_json(
             "activated": false,
             "usable_pairs": n.usable,
             "needed_pairs": n.needed,
+        }),
+        ModelOutcome::Unchanged(u) => json!({
+            "version": null,
+            "activated": false,
+            "unchanged_since": u.version,
         }),
     };
     json!({

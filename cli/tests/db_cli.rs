@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use kace_selector::dataset::read_colocations;
+use kace_selector::training::holdout_split;
 use kace_selector::{select, Candidate, LinearModel, Member, Model, Profile, SelectionRules};
-use kace_sql::decide::holdout_split;
 use kace_sql::spool::{record_file_name, write_record};
 use kace_sql::{Observation, Partner};
 use kace_test_support::{artifact, shared_file, TempDir};

@@ -111,3 +111,54 @@ fn dispatch_without_slurm_fails_clearly_and_one_runs_at_a_time() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("another dispatch holds"));
 }
+
+/// The audit's terminal-escape injection: a user's `--comment` reached a decision's rejection
+/// reason, and `kace explain` printed it raw to the admin's terminal.
+#[test]
+fn explain_escapes_control_characters_from_decisions() {
+    let e = Env::new("escapes");
+    let evil = "chosen, but no longer held (\u{1b}]0;owned-title\u{7}\u{1b}[2J\nforged line)";
+    let d = SpooledDecision {
+        key: "c/20/decision".into(),
+        created_at: 1000.0,
+        decision: NewDecision {
+            lead_job: Some("20".into()),
+            lead_workload: "bert".into(),
+            chosen_workload: None,
+            chosen_job: None,
+            model_version: None,
+            candidates: vec![cand("21", "lstm", None, Some(evil))],
+        },
+    };
+    write_decision(&e.dir.join("spool"), &d).unwrap();
+    for job in ["20", "21"] {
+        let out = e.ok(&["explain", job]);
+        assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out:?}");
+        assert!(!out.contains("\nforged line"), "{out:?}");
+    }
+    let out = e.ok(&["explain", "21"]);
+    assert!(out.contains("\\u{1b}]0;owned-title\\u{7}"), "{out}");
+}
+
+/// `kace … | head`: once the reader has gone, kace stops quietly with exit 0 (it was a
+/// broken-pipe panic, exit 101).
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    let e = Env::new("pipe");
+    e.ok(&["db", "init"]);
+    for args in [&["db", "check"][..], &["explain", "1"], &["model", "list"]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kace"))
+            .env("KACE_CONFIG", e.dir.join("kace.conf"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader goes away before kace writes anything.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

@@ -1,4 +1,5 @@
-//! Where kace's per-GPU MPS directories and per-job progress files live. Pure and dependency-free,
+//! Where kace's per-GPU MPS directories and per-job progress files live. Dependency-free and pure
+//! except for [`trusted_dir`], which checks that such a directory is root's,
 //! shared so that the prolog (which starts the MPS control daemon) and the epilog (which reads
 //! progress) compute exactly the paths the SPANK plugin gives the job's tasks.
 //!
@@ -8,10 +9,15 @@
 //! /run/kace/mps/<gpu>/log             CUDA_MPS_LOG_DIRECTORY of that daemon
 //! /var/spool/kace/progress/<job>.progress   KACE_PROGRESS_FILE of job <job>
 //! ```
+//! It also holds the workload-name rule ([`workload_name`]), which every part of kace shares.
+//!
 //! `<gpu>` is the node-global GPU index (the first entry of `SLURM_JOB_GPUS`, which Slurm gives
 //! in host numbering both to the prolog and to the job, falling back to `CUDA_VISIBLE_DEVICES`).
 
 use std::path::{Path, PathBuf};
+
+pub mod trusted_dir;
+pub mod workload_name;
 
 /// Default MPS root: a tmpfs, since MPS pipes must not outlive a reboot.
 pub const DEFAULT_MPS_ROOT: &str = "/run/kace/mps";

@@ -121,6 +121,16 @@ impl Report {
     }
 }
 
+/// The log lines of one dispatch pass, one per event and problem, as `kace-dispatch` and
+/// `kace dispatch` send them to the log.
+pub fn report_lines(r: &Report, max_hold_s: u64) -> Vec<String> {
+    r.lines(max_hold_s)
+        .into_iter()
+        .chain(r.problems.iter().cloned())
+        .map(|l| format!("kace: dispatch: {l}"))
+        .collect()
+}
+
 /// A GPU as dispatch sees it.
 #[derive(Debug, Clone)]
 struct Slot {
@@ -146,7 +156,12 @@ impl Slot {
 pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
     let mut report = Report::default();
     let queue = slurm.kace_queue()?;
-    let held: Vec<&QueuedJob> = queue.iter().filter(|j| j.held() && j.shards().is_some()).collect();
+    // A job Slurm would not start yet (unmet dependency, --begin ahead) is neither offered nor
+    // released for max_hold: its hold counts from when it may start.
+    let held: Vec<&QueuedJob> = queue
+        .iter()
+        .filter(|j| j.held() && j.shards().is_some() && j.blocked(now).is_none())
+        .collect();
     if held.is_empty() {
         return Ok(report);
     }
@@ -188,18 +203,11 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
     for r in &running {
         seen.entry(r.node.clone()).or_default().push((r.id, r.state.clone()));
     }
+    let workload_of: BTreeMap<u32, &str> =
+        queue.iter().map(|j| (j.id, j.workload.as_str())).collect();
     for r in running {
-        let d = match slurm.job(r.id) {
-            Ok(d) => d,
-            Err(e) => {
-                report.problems.push(format!("couldn't read running job {}: {e}", r.id));
-                continue;
-            }
-        };
-        let workload = d.workload().unwrap_or("").to_string();
         let settled = r.state == "R" && !starting.contains(&r.id);
-        let placed = d.gres.iter().any(|g| g.count > 0 && g.index.is_some());
-        if !settled && !placed {
+        if !settled && r.gpus.is_empty() {
             // A starting or completing job's hook may be filling its GPU, and Slurm does not
             // say which GPU that is: its whole node is left alone this pass.
             for slot in slots.iter_mut().filter(|x| x.at.node == r.node) {
@@ -207,13 +215,16 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
             }
             continue;
         }
-        for g in d.gres.iter().filter(|g| g.count > 0) {
-            let Some(k) = g.index.and_then(|i| slot_of(&slots, &r.node, i)) else { continue };
+        let workload = workload_of.get(&r.id).copied().unwrap_or("").to_string();
+        for &i in &r.gpus {
+            let Some(k) = slot_of(&slots, &r.node, i) else { continue };
             let slot = &mut slots[k];
-            if settled {
+            if settled && !workload.is_empty() {
                 let user = user_of.get(&r.id).copied().unwrap_or("").to_string();
                 slot.jobs.push((r.id, workload.clone(), user));
             } else {
+                // Starting or completing (its hook fills it), or not in the queue listing yet
+                // (its workload unknown): left alone this pass.
                 slot.busy = true;
             }
         }
@@ -325,7 +336,7 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
 
     // 1. Nothing waits forever, and nothing expired is crowded onto a full GPU.
     let expired: Vec<usize> = (0..held.len())
-        .filter(|&i| held[i].submitted.is_some_and(|t| now - t >= s.max_hold_s as f64))
+        .filter(|&i| held[i].hold_started().is_some_and(|t| now - t >= s.max_hold_s as f64))
         .collect();
     // Fitting is all that counts for a job that waited this long: no gain threshold.
     let fit_only = Policy {

@@ -278,6 +278,7 @@ fn observe(
         log(&format!("whole run: {:.3} steps/s", t.steps_per_second));
     }
     let mut out = Vec::new();
+    let mut unspooled = 0;
     for (i, seg) in segments(me.start, end, history).iter().enumerate() {
         let Some((thr, steps)) = throughput_within(&prog.points, seg.start, seg.end, warmup) else {
             continue;
@@ -287,7 +288,7 @@ fn observe(
             continue;
         }
         let obs = Observation {
-            key: format!("{}/{}/{i}", env.cluster, env.job),
+            key: kace_sql::spool::observation_key(&env.cluster, &env.job.to_string(), me.start, i),
             job: env.job.to_string(),
             workload: me.workload.clone(),
             partners: seg
@@ -305,10 +306,24 @@ fn observe(
         };
         match write_record(&n.config.spool.dir, &obs) {
             Ok(_) => out.push(obs),
-            Err(e) => log(&format!("couldn't spool observation {}: {e}", obs.key)),
+            Err(e) => {
+                log(&format!("couldn't spool observation {}: {e}", obs.key));
+                unspooled += 1;
+            }
         }
     }
-    if out.is_empty() && !prog.points.is_empty() {
+    if unspooled > 0 {
+        // A full spool must not also cost the raw data: keep the progress file, renamed so that
+        // the caller's clean-up passes it by (a rename needs no free space).
+        let kept = path.with_extension("progress.unspooled");
+        match std::fs::rename(path, &kept) {
+            Ok(()) => log(&format!(
+                "kept the progress file as {}: {unspooled} observation(s) could not be spooled",
+                kept.display()
+            )),
+            Err(e) => log(&format!("couldn't keep the progress file {}: {e}", path.display())),
+        }
+    } else if out.is_empty() && !prog.points.is_empty() {
         log("too few progress lines inside any interval; no observation");
     }
     out

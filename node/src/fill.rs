@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use kace_layout::GpuIndex;
 use kace_sql::decide::{decide, JobSpec};
-use kace_sql::spool::{write_decision, SpooledDecision};
+use kace_sql::spool::{decision_key, write_decision, SpooledDecision};
 use kace_sql::{DecisionCandidate, NewDecision};
 
 use crate::slurm::{QueuedJob, Target};
@@ -230,8 +230,11 @@ pub fn fill(
         .collect();
     let mut specs = Vec::new();
     let mut spec_of = Vec::new(); // index into `held` of each spec
+    let now = n.clock.now();
     for (i, j) in held.iter().enumerate() {
-        if j.shards().is_none() {
+        if let Some(why) = j.blocked(now) {
+            records[i].rejected = Some(format!("{why}, so it would not start beside them"));
+        } else if j.shards().is_none() {
             records[i].rejected = Some("asks for no shard, so it cannot share a GPU".into());
         } else if kace_sql::validate_workload_name(&j.workload).is_err() {
             records[i].rejected = Some("its workload name is not valid".into());
@@ -362,8 +365,14 @@ pub fn fill(
 
     let chosen = partner.and_then(|p| held.iter().find(|j| j.id == p));
     let decision = SpooledDecision {
-        key: format!("{cluster}/{trigger_job}/{}", trigger.key()),
-        created_at: n.clock.now(),
+        key: {
+            let key = decision_key(cluster, &trigger_job.to_string(), &gpu.node, now);
+            match key.strip_suffix("decision") {
+                Some(stem) => format!("{stem}{}", trigger.key()),
+                None => key,
+            }
+        },
+        created_at: now,
         decision: NewDecision {
             lead_job: Some(lead.job.to_string()),
             lead_workload: lead.workload.clone(),

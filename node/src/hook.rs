@@ -1,13 +1,15 @@
 //! The shared shell of `kace-prolog` and `kace-epilog`: environment and configuration in, the
 //! real Slurm/MPS/NVML behind the traits, a watchdog that ends the process at the budget, a
-//! panic guard, and exit 0 whatever happened. Every line it logs starts `kace: <phase>:`.
+//! panic guard, and exit 0 whatever happened. Every line it logs starts `kace: <phase>:` and goes
+//! to stderr and syslog ([`kace_log::Logger`], the socket from `[log]` in kace.conf).
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kace_config::Config;
+use kace_log::Logger;
 
 use crate::env::JobEnv;
 use crate::gpu::Nvml;
@@ -40,18 +42,24 @@ const WATCHDOG_GRACE: Duration = Duration::from_millis(500);
 pub fn main(phase: Phase) -> ExitCode {
     let started = Instant::now();
     let name = phase.name();
-    if std::panic::catch_unwind(|| body(phase, started)).is_err() {
-        eprintln!("kace: {name}: couldn't finish: internal error (see the panic above); the job is not affected");
+    // Until the configuration names another socket, the system's.
+    let early = Logger::system();
+    if std::panic::catch_unwind(|| body(phase, started, &early)).is_err() {
+        early.line(&format!(
+            "kace: {name}: couldn't finish: internal error (see the panic above); the job is not affected"
+        ));
     }
     ExitCode::SUCCESS
 }
 
-fn body(phase: Phase, started: Instant) {
+fn body(phase: Phase, started: Instant, early: &Logger) {
     let name = phase.name();
     let env = match JobEnv::read(|k| std::env::var(k).ok()) {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("kace: {name}: couldn't read the job's environment: {e}; nothing done");
+            early.line(&format!(
+                "kace: {name}: couldn't read the job's environment: {e}; nothing done"
+            ));
             return;
         }
     };
@@ -66,10 +74,19 @@ fn body(phase: Phase, started: Instant) {
     let default_budget = kace_config::Node::default().prolog_budget_ms;
     let limit_ms = Arc::new(AtomicU64::new(default_budget));
     let watched = Arc::clone(&limit_ms);
+    // The system's syslog until the configuration names another socket.
+    let watchdog_log = Arc::new(Mutex::new(early.clone()));
+    let watchdog = Arc::clone(&watchdog_log);
     std::thread::spawn(move || loop {
         let limit = Duration::from_millis(watched.load(Ordering::Relaxed));
         if started.elapsed() >= limit + WATCHDOG_GRACE {
-            eprintln!("kace: {name}: job {job}: couldn't finish within {limit:?}; stopped, the job is not affected");
+            let line = format!(
+                "kace: {name}: job {job}: couldn't finish within {limit:?}; stopped, the job is not affected"
+            );
+            match watchdog.lock() {
+                Ok(l) => l.line(&line),
+                Err(_) => eprintln!("{line}"),
+            }
             std::process::exit(0);
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -77,13 +94,17 @@ fn body(phase: Phase, started: Instant) {
     let config = match Config::load(None) {
         Ok((c, _)) => c,
         Err(e) => {
-            eprintln!(
+            early.line(&format!(
                 "kace: {name}: job {}: couldn't load the configuration: {e}; nothing done",
                 env.job
-            );
+            ));
             return;
         }
     };
+    let logger = Logger::new(config.log.socket());
+    if let Ok(mut l) = watchdog_log.lock() {
+        *l = logger.clone();
+    }
     limit_ms.store(config.node.prolog_budget_ms, Ordering::Relaxed);
     let budget = Duration::from_millis(config.node.prolog_budget_ms);
     let deadline = started + budget;
@@ -97,7 +118,7 @@ fn body(phase: Phase, started: Instant) {
     };
     let mps =
         NvidiaMps { program: config.node.mps_control.clone(), timeout, deadline: Some(deadline) };
-    let log = |m: &str| eprintln!("{m}");
+    let log = |m: &str| logger.line(m);
     let node = Node {
         config: &config,
         slurm: &slurm,

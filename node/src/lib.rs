@@ -5,27 +5,33 @@
 //! # Layout
 //! - [`exec`]: running a program by absolute path with a timeout (kills its process group).
 //! - [`slurm`]: the [`slurm::Slurm`] trait, the real commands and the parsers of their output.
+//! - [`slurm_json`]: Slurm's JSON job records, read across releases.
+//! - [`gres`]: the one parser of Slurm's GRES text (requests, allocations, node GPUs).
 //! - [`mps`]: the [`mps::MpsControl`] trait and `nvidia-cuda-mps-control`.
 //! - [`gpu`]: GPU memory from NVML or the configuration.
 //! - [`state`]: per-GPU locks and the record of kace jobs on each GPU.
 //! - [`env`]: the job facts in a prolog/epilog environment.
 //! - [`fill`]: filling one GPU by one joiner on its node (the prolog's and epilog's decision).
 //! - [`prolog`], [`epilog`], [`dispatch`]: the three programs' logic.
+//! - [`doctor`]: `kace doctor`'s checks of a node's or the controller's setup.
 //!
 //! Everything here returns errors; the binaries log them and still exit 0, because a non-zero
 //! prolog or epilog drains the node.
 
 pub mod dispatch;
+pub mod doctor;
 pub mod env;
 pub mod epilog;
 pub mod error;
 pub mod exec;
 pub mod fill;
 pub mod gpu;
+pub mod gres;
 pub mod hook;
 pub mod mps;
 pub mod prolog;
 pub mod slurm;
+pub mod slurm_json;
 pub mod state;
 
 use std::time::Instant;

@@ -1,7 +1,15 @@
 //! What kace asks of Slurm, behind the [`Slurm`] trait: list pending kace jobs (one `squeue`),
-//! read one job's allocation (`scontrol -o show job -d`), pin a held job to a node and GPU, and
-//! release it. [`Commands`] runs the real programs by absolute path with a timeout each; the
-//! parsers are pure and tested on the text Slurm 22.05 prints.
+//! read one job's allocation, pin a held job to a node and GPU, and release it. [`Commands`]
+//! runs the real programs by absolute path with a timeout each; the parsers are pure and tested
+//! on what Slurm 22.05, 25.11 and 26.05 print (`node/tests/fixtures/`).
+//!
+//! Nothing kace reads can be written by a job's user. The pending-queue listing asks `squeue -O`
+//! only for fields users cannot set (ids, the admin-only AdminComment, Slurm's own state, reason,
+//! GRES, dependency and time fields) and reads each line strictly: the field count and a
+//! numeric id, or the line is skipped and logged (a newline in one job's AdminComment must not
+//! make the whole queue unreadable). Job details (state, allocation) come from JSON
+//! ([`crate::slurm_json`]), never from `scontrol show job`, whose one-line text mixes user text
+//! (`JobName=`, `Comment=`, and from 25.11 `SubmitLine=`) with the admin fields.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -9,13 +17,24 @@ use std::time::{Duration, Instant};
 
 use crate::error::{short, Error, Result};
 use crate::exec::{self, Invocation};
+use crate::gres;
+pub use crate::gres::GresAlloc;
+use crate::slurm_json;
 
 /// `admin_comment` prefix the gate (job_submit.lua) gives kace jobs; only root can set it.
 pub const MARK: &str = "kace:";
 
-/// The `squeue -O` format kace reads its jobs with (8–14 ms for 1 000 pending jobs).
+/// The `squeue -O` format kace reads its jobs with: only fields no user can write.
 pub const QUEUE_FORMAT: &str = "JobID:|,admin_comment:|,UserName:|,Reason:|,tres-per-node:|,\
-                                SubmitTime:|,ReqNodes:|,StateCompact:|";
+                                SubmitTime:|,ReqNodes:|,StateCompact:|,Dependency:|,EligibleTime:|";
+
+/// The number of fields in [`QUEUE_FORMAT`].
+const QUEUE_FIELDS: usize = 10;
+
+/// The reason Slurm gives a job held with priority 0 by its submitter's side: here always the
+/// gate, which refuses a user's own `--hold` and `scontrol hold` on kace jobs. An admin's hold
+/// is `JobHeldAdmin`, which kace never releases.
+pub const GATE_HOLD_REASON: &str = "JobHeldUser";
 
 /// The states kace lists: pending (candidates, released partners), starting (other leads
 /// whose prolog runs now; Slurm shows them configuring, or running with reason `Prolog`) and
@@ -23,7 +42,7 @@ pub const QUEUE_FORMAT: &str = "JobID:|,admin_comment:|,UserName:|,Reason:|,tres
 pub const QUEUE_STATES: &str = "PD,CF,R,CG";
 
 /// One kace job in the queue (pending or starting), as `squeue` shows it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct QueuedJob {
     /// Job id.
     pub id: u32,
@@ -33,7 +52,7 @@ pub struct QueuedJob {
     pub user: String,
     /// Slurm's pending reason (`JobHeldUser`, `Resources`, …).
     pub reason: String,
-    /// Its GRES request (`gres:shard:1`, `gres:shard:g1:1`, or empty).
+    /// Its GRES request (`gres/shard:1`, `gres:shard:g1:1`, or empty).
     pub tres_per_node: String,
     /// Submission time, Unix seconds (`None` when unreadable).
     pub submitted: Option<f64>,
@@ -41,6 +60,11 @@ pub struct QueuedJob {
     pub req_nodes: String,
     /// Compact state: `PD`, `CF`, `R`.
     pub state: String,
+    /// Its dependencies as Slurm prints them (`afterok:12(unfulfilled)`), empty when none.
+    pub dependency: String,
+    /// When it may start at the earliest (`--begin`), Unix seconds; `None` when Slurm gives
+    /// none (a held job without `--begin`).
+    pub eligible: Option<f64>,
 }
 
 impl QueuedJob {
@@ -49,9 +73,33 @@ impl QueuedJob {
         self.state == "PD"
     }
 
-    /// Whether it is still held (by the gate or by an admin), i.e. waiting for kace.
+    /// Whether it is held by the gate, i.e. waiting for kace. An admin's hold (`JobHeldAdmin`)
+    /// is not: kace never releases that.
     pub fn held(&self) -> bool {
-        self.pending() && self.reason.starts_with("JobHeld")
+        self.pending() && self.reason == GATE_HOLD_REASON
+    }
+
+    /// Why Slurm would not start it at `now` even once released: an unmet dependency or a
+    /// `--begin` time still ahead. kace releases such a job neither as a lead nor as a partner
+    /// (it would not start where it was put), nor for `max_hold` until it is free.
+    pub fn blocked(&self, now: f64) -> Option<String> {
+        if !dependency_met(&self.dependency) {
+            return Some(format!("waits for its dependency ({})", self.dependency));
+        }
+        match self.eligible {
+            Some(t) if t > now => {
+                Some(format!("may not start for another {:.0} s (--begin)", t - now))
+            }
+            _ => None,
+        }
+    }
+
+    /// When its time in kace's hold started counting: submission, or its `--begin` time.
+    pub fn hold_started(&self) -> Option<f64> {
+        match (self.submitted, self.eligible) {
+            (Some(s), Some(e)) => Some(s.max(e)),
+            (s, _) => s,
+        }
     }
 
     /// Whether it is starting: allocated, its prolog not finished.
@@ -71,31 +119,33 @@ impl QueuedJob {
 
     /// The number of shards it asks for, when it asks for shards.
     pub fn shards(&self) -> Option<u32> {
-        gres_request_count(&self.tres_per_node, "shard")
+        gres::request_count(&self.tres_per_node, "shard")
     }
 }
 
-/// One allocated GRES entry of a running job (`shard:g1:1(IDX:1)`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GresAlloc {
-    /// `gpu`, `shard`, `mps`.
-    pub name: String,
-    /// The GPU type when the node's GPUs are typed (`g1`).
-    pub kind: Option<String>,
-    /// How many.
-    pub count: u32,
-    /// Node-global index of the first GPU it is on.
-    pub index: Option<u32>,
+/// Whether a dependency list as Slurm prints it is met: empty, or every `,` part (any `?` part)
+/// `(fulfilled)`. Anything else (`unfulfilled`, `failed`, unreadable) is not.
+pub fn dependency_met(dep: &str) -> bool {
+    let dep = dep.trim();
+    if dep.is_empty() || dep == "(null)" || dep == "N/A" {
+        return true;
+    }
+    let done = |p: &str| p.trim().ends_with("(fulfilled)");
+    if dep.contains('?') {
+        dep.split('?').any(done)
+    } else {
+        dep.split(',').all(done)
+    }
 }
 
-/// What `scontrol -o show job -d` says about one job.
+/// What Slurm says about one job (from its JSON record).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobDetail {
     /// Job id.
     pub id: u32,
-    /// `JobState`.
+    /// The base state (`PENDING`, `RUNNING`, …).
     pub state: String,
-    /// `Reason` (`JobHeldUser` while held).
+    /// The reason (`JobHeldUser` while held by the gate).
     pub reason: String,
     /// `AdminComment` (empty when unset).
     pub admin_comment: String,
@@ -106,9 +156,9 @@ pub struct JobDetail {
 }
 
 impl JobDetail {
-    /// Whether it is pending and held (waiting for kace).
+    /// Whether it is pending and held by the gate (waiting for kace).
     pub fn held(&self) -> bool {
-        self.state == "PENDING" && self.reason.starts_with("JobHeld")
+        self.state == "PENDING" && self.reason == GATE_HOLD_REASON
     }
 
     /// The kace workload, when the gate marked this job.
@@ -116,9 +166,9 @@ impl JobDetail {
         self.admin_comment.strip_prefix(MARK).filter(|w| !w.is_empty())
     }
 
-    /// The allocation on `gpu`: the shard (or gpu) entry whose index is that GPU.
+    /// The allocation on `gpu`: the shard (or gpu) entry whose indices include that GPU.
     pub fn on_gpu(&self, gpu: u32) -> Option<&GresAlloc> {
-        self.gres.iter().find(|g| g.count > 0 && g.index == Some(gpu))
+        self.gres.iter().find(|g| g.count > 0 && g.indices.contains(&gpu))
     }
 }
 
@@ -140,7 +190,9 @@ pub struct RunningJob {
     pub id: u32,
     /// Its node.
     pub node: String,
-    /// Compact state: `R`, `CF` or `CG` (its epilog runs: it may be refilling its GPU).
+    /// The node-local indices of the GPUs it holds shards (or GPUs) of.
+    pub gpus: Vec<u32>,
+    /// Compact state: `R`, `CF`, or `CG` (its epilog runs: it may be refilling its GPU).
     pub state: String,
 }
 
@@ -166,7 +218,8 @@ pub trait Slurm {
     fn pin(&self, id: u32, target: &Target, shards: u32) -> Result<()>;
     /// Releases a held job.
     fn release(&self, id: u32) -> Result<()>;
-    /// Running, configuring or completing kace jobs (for dispatch).
+    /// Running, configuring or completing kace jobs and the GPUs they hold (for dispatch; one
+    /// `squeue`).
     fn running_kace_jobs(&self) -> Result<Vec<RunningJob>>;
     /// The cluster's nodes and their GPUs (for dispatch).
     fn nodes(&self) -> Result<Vec<NodeGpus>>;
@@ -199,42 +252,73 @@ impl Commands {
             }
             timeout = timeout.min(left);
         }
-        // UTC so that times parse without a time-zone database.
-        let inv = Invocation::new(program, args.iter().copied()).env("TZ", "UTC");
+        // UTC and Slurm's standard time format, whatever the caller's environment says, so
+        // that times parse without a time-zone database.
+        let inv = Invocation::new(program, args.iter().copied())
+            .env("TZ", "UTC")
+            .env("SLURM_TIME_FORMAT", "standard");
         Ok(exec::run_ok(&inv, timeout)?)
     }
 
     fn scontrol(&self, args: &[&str]) -> Result<String> {
         self.call(&self.scontrol, args)
     }
+
+    /// `squeue --json` with `args`, every readable record. Slurm 22.05 ignores `-j` and `-t`
+    /// with `--json`, so callers filter what comes back themselves.
+    fn json_jobs(&self, args: &[&str]) -> Result<Vec<slurm_json::JsonJob>> {
+        let mut full = vec!["--json"];
+        full.extend_from_slice(args);
+        let out = self.call(&self.squeue, &full)?;
+        let (jobs, skipped) = slurm_json::jobs(&out)?;
+        if skipped > 0 {
+            eprintln!(
+                "kace: slurm: couldn't read {skipped} job record(s) of squeue --json; skipped them"
+            );
+        }
+        Ok(jobs)
+    }
 }
 
 impl Slurm for Commands {
     fn kace_queue(&self) -> Result<Vec<QueuedJob>> {
         let out = self.call(&self.squeue, &["-h", "-t", QUEUE_STATES, "-O", QUEUE_FORMAT])?;
-        parse_queue(&out)
+        let (jobs, unreadable) = parse_queue(&out);
+        for line in unreadable {
+            eprintln!(
+                "kace: slurm: couldn't read a line of squeue's queue listing, skipped it: {line:?}"
+            );
+        }
+        Ok(jobs)
     }
 
     fn job(&self, id: u32) -> Result<JobDetail> {
-        let out = self.scontrol(&["-o", "-d", "show", "job", &id.to_string()])?;
-        parse_job(&out)
+        let jobs = self.json_jobs(&["-j", &id.to_string()])?;
+        let j = jobs.into_iter().find(|j| j.id == id).ok_or_else(|| Error::Parse {
+            what: format!("job {id} from squeue --json"),
+            text: "it is not listed".into(),
+        })?;
+        Ok(JobDetail {
+            id: j.id,
+            state: j.state,
+            reason: j.reason,
+            admin_comment: j.admin_comment,
+            nodes: j.nodes,
+            gres: j.gres,
+        })
     }
 
     fn jobs_on_node(&self, node: &str) -> Result<Vec<u32>> {
-        let out = self.call(&self.squeue, &["-h", "-w", node, "-o", "%i"])?;
-        out.split_whitespace()
-            .map(|w| {
-                w.parse().map_err(|_| Error::Parse { what: "job ids".into(), text: short(&out) })
-            })
-            .collect()
+        let out = self.call(&self.squeue, &["-h", "-w", node, "-O", "JobID:|"])?;
+        Ok(parse_ids(&out))
     }
 
     fn pin(&self, id: u32, target: &Target, shards: u32) -> Result<()> {
         let job = format!("jobid={id}");
         let nodes = format!("NodeList={}", target.node);
         match &target.kind {
-            // Slurm refuses a direct untyped→typed GRES change; clearing TresPerNode first
-            // works (shared/reference/slurm-lab-2.md §2).
+            // Slurm up to 25.05 refuses a direct untyped→typed GRES change; clearing
+            // TresPerNode first works on every release (shared/reference/slurm-lab-2.md §2).
             Some(kind) => {
                 self.scontrol(&["update", &job, "TresPerNode="])?;
                 let gres = format!("Gres=shard:{kind}:{shards}");
@@ -252,11 +336,8 @@ impl Slurm for Commands {
     }
 
     fn running_kace_jobs(&self) -> Result<Vec<RunningJob>> {
-        let out = self.call(
-            &self.squeue,
-            &["-h", "-t", "R,CF,CG", "-O", "JobID:|,admin_comment:|,NodeList:|,StateCompact:|"],
-        )?;
-        Ok(parse_running(&out))
+        let jobs = self.json_jobs(&["-t", "R,CF,CG"])?;
+        Ok(running_kace_jobs(jobs))
     }
 
     fn nodes(&self) -> Result<Vec<NodeGpus>> {
@@ -265,57 +346,84 @@ impl Slurm for Commands {
     }
 }
 
-fn fields(line: &str) -> Vec<&str> {
-    line.split('|').map(str::trim).collect()
+/// The fields of one `-O` line whose every field ends in `|`: exactly `n` of them, or `None`.
+fn strict_fields(line: &str, n: usize) -> Option<Vec<&str>> {
+    let body = line.strip_suffix('|')?;
+    let f: Vec<&str> = body.split('|').map(str::trim).collect();
+    (f.len() == n).then_some(f)
 }
 
-/// Parses `squeue -h -O` [`QUEUE_FORMAT`] output, keeping kace jobs, oldest first.
-pub fn parse_queue(out: &str) -> Result<Vec<QueuedJob>> {
+/// Parses `squeue -h -O` [`QUEUE_FORMAT`] output: kace jobs, oldest first, and the lines that
+/// could not be read (wrong field count or id; e.g. the pieces of a job whose AdminComment
+/// holds a newline). Jobs that are not kace's are left out silently.
+pub fn parse_queue(out: &str) -> (Vec<QueuedJob>, Vec<String>) {
     let mut jobs = Vec::new();
+    let mut unreadable = Vec::new();
     for line in out.lines().filter(|l| !l.trim().is_empty()) {
-        let f = fields(line);
-        if f.len() < 8 {
-            return Err(Error::Parse { what: "squeue's pending jobs".into(), text: short(line) });
-        }
+        let Some(f) = strict_fields(line, QUEUE_FIELDS) else {
+            unreadable.push(short(line));
+            continue;
+        };
+        let Ok(id) = f[0].parse::<u32>() else {
+            unreadable.push(short(line));
+            continue;
+        };
         let Some(workload) = f[1].strip_prefix(MARK) else { continue };
-        // Array and het jobs print ids like 12_3 or 12+1: kace never marks those as workloads
-        // it can move, so they are skipped rather than misread.
-        let Ok(id) = f[0].parse::<u32>() else { continue };
+        let none =
+            |v: &str| if matches!(v, "N/A" | "(null)") { String::new() } else { v.to_string() };
         jobs.push(QueuedJob {
             id,
             workload: workload.to_string(),
             user: f[2].to_string(),
             reason: f[3].to_string(),
-            tres_per_node: if f[4] == "N/A" { String::new() } else { f[4].to_string() },
+            tres_per_node: none(f[4]),
             submitted: parse_utc(f[5]),
-            req_nodes: if f[6] == "(null)" { String::new() } else { f[6].to_string() },
+            req_nodes: none(f[6]),
             state: f[7].to_string(),
+            dependency: none(f[8]),
+            eligible: parse_utc(f[9]),
         });
     }
     jobs.sort_by_key(|j| j.id);
-    Ok(jobs)
+    (jobs, unreadable)
 }
 
-/// Parses `squeue -O JobID:|,admin_comment:|,NodeList:|,StateCompact:|`, keeping kace jobs.
-pub fn parse_running(out: &str) -> Vec<RunningJob> {
-    out.lines()
-        .filter_map(|line| {
-            let f = fields(line);
-            if f.len() < 3 || !f[1].starts_with(MARK) {
-                return None;
-            }
-            let state = f.get(3).copied().unwrap_or("R").to_string();
-            Some(RunningJob { id: f[0].parse().ok()?, node: f[2].to_string(), state })
+/// The running, configuring or completing kace jobs among JSON records, with the GPUs each
+/// holds.
+pub fn running_kace_jobs(jobs: Vec<slurm_json::JsonJob>) -> Vec<RunningJob> {
+    jobs.into_iter()
+        .filter(|j| matches!(j.state.as_str(), "RUNNING" | "CONFIGURING" | "COMPLETING"))
+        .filter(|j| j.admin_comment.starts_with(MARK))
+        .map(|j| {
+            let mut gpus: Vec<u32> = j
+                .gres
+                .iter()
+                .filter(|g| g.count > 0)
+                .flat_map(|g| g.indices.iter().copied())
+                .collect();
+            gpus.sort_unstable();
+            gpus.dedup();
+            let state = match j.state.as_str() {
+                "CONFIGURING" => "CF",
+                "COMPLETING" => "CG",
+                _ => "R",
+            };
+            RunningJob { id: j.id, node: j.nodes, gpus, state: state.to_string() }
         })
         .collect()
+}
+
+/// Numeric job ids, one per line (`squeue -O JobID:|`); anything else is left out.
+pub fn parse_ids(out: &str) -> Vec<u32> {
+    out.lines().filter_map(|l| l.trim().trim_end_matches('|').trim().parse().ok()).collect()
 }
 
 /// Parses `sinfo -h -N -O NodeList:|,Gres:|,StateLong:|`.
 pub fn parse_nodes(out: &str) -> Vec<NodeGpus> {
     let mut nodes: BTreeMap<String, NodeGpus> = BTreeMap::new();
     for line in out.lines() {
-        let f = fields(line);
-        if f.len() < 3 || f[0].is_empty() {
+        let Some(f) = strict_fields(line, 3) else { continue };
+        if f[0].is_empty() {
             continue;
         }
         let state = f[2].to_ascii_lowercase();
@@ -323,102 +431,10 @@ pub fn parse_nodes(out: &str) -> Vec<NodeGpus> {
             .iter()
             .any(|s| state.contains(s))
             && !state.ends_with('*');
-        let mut gpus = Vec::new();
-        for entry in split_gres(f[1]) {
-            let spec = entry.split('(').next().unwrap_or("");
-            let parts: Vec<&str> = spec.split(':').collect();
-            match parts.as_slice() {
-                ["gpu", n] => gpus.extend((0..n.parse::<u32>().unwrap_or(0)).map(|_| None)),
-                ["gpu", kind, n] => {
-                    gpus.extend((0..n.parse::<u32>().unwrap_or(0)).map(|_| Some(kind.to_string())))
-                }
-                _ => {}
-            }
-        }
+        let gpus = gres::node_gpus(f[1]);
         nodes.insert(f[0].to_string(), NodeGpus { name: f[0].to_string(), gpus, usable });
     }
     nodes.into_values().collect()
-}
-
-/// Splits a GRES list at the commas that are not inside parentheses (`gpu:2(IDX:0,1),shard:4`).
-fn split_gres(s: &str) -> Vec<&str> {
-    let (mut out, mut depth, mut start) = (Vec::new(), 0i32, 0);
-    for (i, c) in s.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' if depth <= 0 => {
-                out.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&s[start..]);
-    out.into_iter().map(str::trim).filter(|e| !e.is_empty() && *e != "(null)").collect()
-}
-
-/// The count of `name` in a request like `gres:shard:2` or `gres:shard:g1:1`.
-pub fn gres_request_count(tres_per_node: &str, name: &str) -> Option<u32> {
-    split_gres(tres_per_node).into_iter().find_map(|e| {
-        let e = e.strip_prefix("gres:").unwrap_or(e);
-        let parts: Vec<&str> = e.split(':').collect();
-        match parts.as_slice() {
-            [n, c] if *n == name => c.parse().ok(),
-            [n, _, c] if *n == name => c.parse().ok(),
-            [n] if *n == name => Some(1),
-            _ => None,
-        }
-    })
-}
-
-/// Parses one `GRES=` entry list of `scontrol -d` (`shard:g0:0(IDX:),shard:g1:1(IDX:1)`).
-pub fn parse_gres_alloc(s: &str) -> Vec<GresAlloc> {
-    split_gres(s)
-        .into_iter()
-        .filter_map(|e| {
-            let (spec, rest) = e.split_once('(').unwrap_or((e, ""));
-            let parts: Vec<&str> = spec.split(':').collect();
-            let (name, kind, count) = match parts.as_slice() {
-                [n, c] => (*n, None, c.parse().ok()?),
-                [n, k, c] => (*n, Some(k.to_string()), c.parse().ok()?),
-                _ => return None,
-            };
-            let index = rest
-                .strip_prefix("IDX:")
-                .map(|r| r.trim_end_matches(')'))
-                .and_then(|r| r.split([',', '-']).next())
-                .and_then(|i| i.parse().ok());
-            Some(GresAlloc { name: name.to_string(), kind, count, index })
-        })
-        .collect()
-}
-
-/// Parses `scontrol -o -d show job <id>` (one line of `Key=Value` words).
-pub fn parse_job(out: &str) -> Result<JobDetail> {
-    let line = out.lines().find(|l| l.contains("JobId=")).unwrap_or("");
-    let mut id = None;
-    let (mut state, mut admin_comment, mut nodes) = (String::new(), String::new(), String::new());
-    let mut reason = String::new();
-    let mut gres = Vec::new();
-    for word in line.split_whitespace() {
-        let Some((k, v)) = word.split_once('=') else { continue };
-        match k {
-            "JobId" => id = v.parse().ok(),
-            "JobState" => state = v.to_string(),
-            "Reason" => reason = v.to_string(),
-            "AdminComment" => admin_comment = v.to_string(),
-            "NodeList" => nodes = v.to_string(),
-            // Per-node detail lines (`-d`); `JOB_GRES=` is the request, not the placement.
-            "GRES" => gres.extend(parse_gres_alloc(v)),
-            _ => {}
-        }
-    }
-    let id = id.ok_or_else(|| Error::Parse { what: "scontrol's job".into(), text: short(out) })?;
-    if admin_comment == "(null)" {
-        admin_comment.clear();
-    }
-    Ok(JobDetail { id, state, reason, admin_comment, nodes, gres })
 }
 
 /// Parses Slurm's `YYYY-MM-DDTHH:MM:SS` (printed in UTC: kace runs Slurm commands with TZ=UTC).
@@ -447,47 +463,58 @@ mod tests {
 
     #[test]
     fn pending_kace_jobs_are_read_and_others_skipped() {
-        let out = "12|kace:bert|alice|JobHeldUser|gres:shard:1|2026-11-29T06:58:46|(null)|PD|\n\
-                   11|(null)|bob|Resources|N/A|2026-11-29T06:58:40||PD|\n\
-                   10|kace:lstm|alice|None|gres:shard:g1:2|2026-11-29T06:58:00|n1|PD|\n\
-                   14|kace:wav|alice|Prolog|gres:shard:1|2026-11-29T06:58:00|n2|R|\n\
-                   13_2|kace:x|alice|JobHeldUser|gres:shard:1|2026-11-29T06:58:00||PD|\n";
-        let jobs = parse_queue(out).unwrap();
+        let out = "12|kace:bert|alice|JobHeldUser|gres:shard:1|2026-11-29T06:58:46|(null)|PD|(null)|N/A|\n\
+                   11|(null)|bob|Resources|N/A|2026-11-29T06:58:40||PD|(null)|N/A|\n\
+                   10|kace:lstm|alice|None|gres/shard:g1:2|2026-11-29T06:58:00|n1|PD|(null)|2026-11-29T06:58:00|\n\
+                   14|kace:wav|alice|Prolog|gres/shard:1|2026-11-29T06:58:00|n2|R|(null)|N/A|\n";
+        let (jobs, bad) = parse_queue(out);
+        assert!(bad.is_empty(), "{bad:?}");
         assert_eq!(jobs.len(), 3);
         assert!(jobs[2].starting() && !jobs[2].pending());
         assert_eq!((jobs[0].id, jobs[0].workload.as_str(), jobs[0].held()), (10, "lstm", false));
         assert_eq!((jobs[0].req_nodes.as_str(), jobs[0].shards()), ("n1", Some(2)));
         assert_eq!((jobs[1].id, jobs[1].held(), jobs[1].shards()), (12, true, Some(1)));
         assert_eq!(jobs[1].submitted, Some(1_795_935_526.0));
-        assert!(parse_queue("garbage line\n").is_err());
+        assert_eq!(jobs[1].req_nodes, "");
     }
 
     #[test]
-    fn job_detail_gives_the_gpu_of_typed_and_untyped_shards() {
-        let typed = "JobId=7 JobName=wrap UserId=root(0) JobState=RUNNING Reason=None \
-                     AdminComment=kace:bert NodeList=n1 JOB_GRES=shard:g1:1 \
-                     Nodes=n1 CPU_IDs=0 Mem=0 GRES=shard:g0:0(IDX:),shard:g1:1(IDX:1)\n";
-        let j = parse_job(typed).unwrap();
-        assert_eq!((j.id, j.workload(), j.nodes.as_str()), (7, Some("bert"), "n1"));
-        assert!(!j.held());
-        let on = j.on_gpu(1).unwrap();
-        assert_eq!((on.kind.as_deref(), on.count), (Some("g1"), 1));
-        assert!(j.on_gpu(0).is_none());
-        let plain = "JobId=8 JobState=RUNNING AdminComment=(null) NodeList=n2 \
-                     Nodes=n2 CPU_IDs=0 Mem=0 GRES=shard:1(IDX:0)";
-        let j = parse_job(plain).unwrap();
-        assert_eq!((j.workload(), j.on_gpu(0).map(|g| g.kind.clone())), (None, Some(None)));
-        assert!(parse_job("slurm_load_jobs error: Invalid job id specified").is_err());
+    fn a_newline_in_one_admin_comment_skips_only_its_pieces() {
+        // 26.05.3, root: scontrol update jobid=8 AdminComment=$'line1\nline2|x'.
+        let out = "8|line1\n\
+                   line2|x|root|None|gres/shard:1|2026-12-01T01:12:57||PD|(null)|2026-12-01T01:12:57|\n\
+                   5|kace:bert|root|JobHeldUser|gres/shard:1|2026-12-01T01:12:56||PD|(null)|N/A|\n\
+                   garbage\n";
+        let (jobs, bad) = parse_queue(out);
+        assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![5]);
+        assert_eq!(bad.len(), 3, "{bad:?}");
     }
 
     #[test]
-    fn gres_requests_and_lists() {
-        assert_eq!(gres_request_count("gres:shard:3", "shard"), Some(3));
-        assert_eq!(gres_request_count("gres:shard:g0:1", "shard"), Some(1));
-        assert_eq!(gres_request_count("gres:gpu:1", "shard"), None);
-        assert_eq!(gres_request_count("", "shard"), None);
-        let a = parse_gres_alloc("gpu:2(IDX:0-1),shard:1(IDX:3)");
-        assert_eq!((a[0].index, a[1].index), (Some(0), Some(3)));
+    fn admin_holds_dependencies_and_begin_times_are_not_the_gates_hold() {
+        let job = |reason: &str, dep: &str, eligible: Option<f64>| QueuedJob {
+            id: 1,
+            workload: "w".into(),
+            reason: reason.into(),
+            state: "PD".into(),
+            dependency: dep.into(),
+            submitted: Some(100.0),
+            eligible,
+            ..QueuedJob::default()
+        };
+        assert!(job("JobHeldUser", "", None).held());
+        assert!(!job("JobHeldAdmin", "", None).held());
+        assert_eq!(job("JobHeldUser", "", None).blocked(1000.0), None);
+        assert!(job("JobHeldUser", "afterok:2(unfulfilled)", None).blocked(1000.0).is_some());
+        assert!(job("JobHeldUser", "afterok:2(fulfilled)", None).blocked(1000.0).is_none());
+        assert!(job("JobHeldUser", "", Some(2000.0)).blocked(1000.0).is_some());
+        assert!(job("JobHeldUser", "", Some(2000.0)).blocked(2001.0).is_none());
+        assert_eq!(job("JobHeldUser", "", Some(2000.0)).hold_started(), Some(2000.0));
+        assert_eq!(job("JobHeldUser", "", None).hold_started(), Some(100.0));
+        assert!(dependency_met("afterok:2(failed)?afterany:3(fulfilled)"));
+        assert!(!dependency_met("afterok:2(fulfilled),afterany:3(unfulfilled)"));
+        assert!(!dependency_met("singleton(unfulfilled)"));
+        assert!(dependency_met("(null)"));
     }
 
     #[test]
@@ -502,10 +529,16 @@ mod tests {
     }
 
     #[test]
+    fn job_ids_skip_array_and_het_forms() {
+        assert_eq!(parse_ids("7|\n12_3|\n9|\n4+1|\n"), vec![7, 9]);
+    }
+
+    #[test]
     fn utc_times() {
         assert_eq!(parse_utc("1970-01-01T00:00:00"), Some(0.0));
         assert_eq!(parse_utc("2000-03-01T12:30:05"), Some(951_913_805.0));
         assert_eq!(parse_utc("Unknown"), None);
+        assert_eq!(parse_utc("N/A"), None);
         assert_eq!(parse_utc("2026-13-01T00:00:00"), None);
     }
 }

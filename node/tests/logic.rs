@@ -211,6 +211,7 @@ fn held(id: u32, w: &str, user: &str, gres: &str) -> QueuedJob {
         submitted: Some(1000.0 + f64::from(id)),
         req_nodes: String::new(),
         state: "PD".into(),
+        ..QueuedJob::default()
     }
 }
 
@@ -225,7 +226,7 @@ fn running_detail(id: u32, w: &str, gpu: u32, kind: Option<&str>) -> JobDetail {
             name: "shard".into(),
             kind: kind.map(str::to_string),
             count: 1,
-            index: Some(gpu),
+            indices: vec![gpu],
         }],
     }
 }
@@ -490,10 +491,11 @@ fn epilogs_observe_each_interval_and_the_last_one_stops_mps() {
     let lines = |from: u32, to: u32, rate: f64| -> String {
         (from..=to).map(|t| format!("{t} {}\n", (f64::from(t - from) * rate) as u64)).collect()
     };
-    // 10 steps/s alone, 5 steps/s shared.
-    let mut p10 = lines(2000, 2010, 10.0);
+    // 4 steps/s alone, 2 steps/s shared (alpha's exclusive throughput is 2: ingest refuses
+    // more than twice that as implausible).
+    let mut p10 = lines(2000, 2010, 4.0);
     p10.push_str(
-        &(2011..=2030).map(|t| format!("{t} {}\n", 100 + (t - 2010) * 5)).collect::<String>(),
+        &(2011..=2030).map(|t| format!("{t} {}\n", 40 + (t - 2010) * 2)).collect::<String>(),
     );
     std::fs::write(w.config.node.progress_root.join("10.progress"), p10).unwrap();
     std::fs::write(w.config.node.progress_root.join("11.progress"), lines(2010, 2040, 4.0))
@@ -505,10 +507,10 @@ fn epilogs_observe_each_interval_and_the_last_one_stops_mps() {
     assert!(!stopped_mps, "job 11 still runs");
     assert_eq!(observations.len(), 2, "{observations:#?}");
     assert!(observations[0].partners.is_empty());
-    assert!((observations[0].throughput - 10.0).abs() < 1e-9);
+    assert!((observations[0].throughput - 4.0).abs() < 1e-9);
     assert_eq!(observations[1].partners[0].job, "11");
     assert_eq!(observations[1].partners[0].workload, "beta");
-    assert!((observations[1].throughput - 5.0).abs() < 1e-9);
+    assert!((observations[1].throughput - 2.0).abs() < 1e-9);
     assert!(!w.config.node.progress_root.join("10.progress").exists());
 
     *w.slurm.on_node.borrow_mut() = vec![11];
@@ -551,8 +553,8 @@ fn dispatch_releases_leads_onto_free_gpus_and_places_expired_holds() {
     ];
     // GPU g0 is full (two kace jobs), g1 is free.
     *s.running.borrow_mut() = vec![
-        RunningJob { id: 1, node: "n1".into(), state: "R".into() },
-        RunningJob { id: 2, node: "n1".into(), state: "R".into() },
+        RunningJob { id: 1, node: "n1".into(), gpus: vec![0], state: "R".into() },
+        RunningJob { id: 2, node: "n1".into(), gpus: vec![0], state: "R".into() },
     ];
     s.details.borrow_mut().insert(1, running_detail(1, "zeta", 0, Some("g0")));
     s.details.borrow_mut().insert(2, running_detail(2, "beta", 0, Some("g0")));
@@ -595,7 +597,13 @@ fn dispatch_fills_open_gpus_before_free_ones() {
         gpus: vec![Some("g0".into()), Some("g1".into())],
         usable: true,
     }];
-    *s.running.borrow_mut() = vec![RunningJob { id: 10, node: "n1".into(), state: "R".into() }];
+    *s.running.borrow_mut() =
+        vec![RunningJob { id: 10, node: "n1".into(), gpus: vec![1], state: "R".into() }];
+    // The running job is in the queue listing too (squeue lists running kace jobs).
+    let mut me = held(10, "alpha", "alice", "gres:shard:g1:1");
+    me.state = "R".into();
+    me.reason = "None".into();
+    s.pending.borrow_mut().push(me);
     let w = World::new("open", s);
     let expected = w
         .expected_choice(
@@ -621,7 +629,8 @@ fn dispatch_fills_open_gpus_before_free_ones() {
     s2.details.borrow_mut().insert(10, running_detail(10, "alpha", 1, Some("g1")));
     s2.nodes =
         vec![NodeGpus { name: "n1".into(), gpus: vec![None, Some("g1".into())], usable: true }];
-    *s2.running.borrow_mut() = vec![RunningJob { id: 10, node: "n1".into(), state: "CG".into() }];
+    *s2.running.borrow_mut() =
+        vec![RunningJob { id: 10, node: "n1".into(), gpus: vec![1], state: "CG".into() }];
     let w2 = World { slurm: s2, ..w2 };
     let r = dispatch::run(&w2.slurm, &dispatch_settings(&w2), 1100.0).unwrap();
     assert!(r.joiners.is_empty(), "{r:?}");
@@ -695,7 +704,7 @@ fn a_survivor_gets_a_new_partner_from_the_leaving_jobs_epilog() {
     let refill = spooled
         .iter()
         .filter_map(|(_, d)| d.as_ref().ok())
-        .find(|d| d.key == "c/9/refill")
+        .find(|d| d.key.starts_with("c/9/") && d.key.ends_with("/refill"))
         .expect("the refill is spooled");
     assert_eq!(refill.decision.lead_job.as_deref(), Some("10"));
     assert_eq!(refill.decision.chosen_job, Some(expected.to_string()));
@@ -751,4 +760,83 @@ fn an_epilog_without_gpu_variables_uses_the_record_and_stale_records_are_ended()
     );
     let logs = w.logs.borrow().join("\n");
     assert!(logs.contains("kace's record puts it on GPU 0"), "{logs}");
+}
+
+/// The audit's full spool: the observation could not be written, and the epilog deleted the
+/// progress file anyway (and blamed "too few progress lines"). The raw data are kept now.
+#[test]
+fn a_full_spool_keeps_the_progress_file() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    *s.on_node.borrow_mut() = vec![10];
+    let mut w = World::new("full-spool", s);
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    let progress = w.config.node.progress_root.join("10.progress");
+    let text: String = (2000..=2010).map(|t| format!("{t} {}\n", (t - 2000) * 2)).collect();
+    std::fs::write(&progress, text).unwrap();
+    // A spool that cannot take a file: a regular file where the directory should be.
+    let blocked = w.dir.join("blocked-spool");
+    std::fs::write(&blocked, "").unwrap();
+    w.config.spool.dir = blocked;
+    *w.clock.0.borrow_mut() = 2010.0;
+    let out = w.with(|n| epilog::run(n, &job_env(10, 0)));
+    let epilog::Outcome::Done { observations, .. } = out else { panic!("{out:?}") };
+    assert!(observations.is_empty());
+    let kept = w.config.node.progress_root.join("10.progress.unspooled");
+    assert!(kept.is_file(), "the progress file was not kept");
+    let logs = w.logs.borrow().join("\n");
+    assert!(logs.contains("kept the progress file"), "{logs}");
+    assert!(!logs.contains("too few progress lines"), "{logs}");
+}
+
+/// The audit's requeue: a job id that runs twice kept only one run's observation (the second
+/// run's spool file replaced the first's, or was dropped as "already stored" after an ingest).
+#[test]
+fn a_requeued_job_keeps_both_runs_observations() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    *s.on_node.borrow_mut() = vec![10];
+    let w = World::new("requeue", s);
+    let mut db = Db::open(&w.config.database.path).unwrap();
+    for (start, rate) in [(2000u32, 2u32), (3000, 3)] {
+        *w.clock.0.borrow_mut() = f64::from(start);
+        assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+        let text: String =
+            (start..=start + 10).map(|t| format!("{t} {}\n", (t - start) * rate)).collect();
+        std::fs::write(w.config.node.progress_root.join("10.progress"), text).unwrap();
+        *w.clock.0.borrow_mut() = f64::from(start + 10);
+        let out = w.with(|n| epilog::run(n, &job_env(10, 0)));
+        let epilog::Outcome::Done { observations, .. } = out else { panic!("{out:?}") };
+        assert_eq!(observations.len(), 1);
+        // The first run is ingested before the second ends.
+        kace_sql::spool::ingest(&mut db, &w.config.spool.dir, &w.dir.join("q")).unwrap();
+    }
+    let stored = db.observations().unwrap();
+    let mut rates: Vec<f64> = stored.iter().map(|o| o.throughput).collect();
+    rates.sort_by(f64::total_cmp);
+    assert_eq!(rates, vec![2.0, 3.0], "{stored:#?}");
+}
+
+/// The audit's poisoned progress file: a user's two jobs wrote 1.5e308 steps/s, which passed
+/// every check into the spool, the database and the retrained model. The epilog still spools
+/// what the file says (it cannot know better), but ingest quarantines it against the workload's
+/// exclusive throughput, so nothing absurd reaches training.
+#[test]
+fn a_poisoned_progress_file_never_reaches_the_database() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    *s.on_node.borrow_mut() = vec![10];
+    let w = World::new("poison", s);
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    std::fs::write(w.config.node.progress_root.join("10.progress"), "2001 0\n2002 1.5e308\n")
+        .unwrap();
+    *w.clock.0.borrow_mut() = 2010.0;
+    let out = w.with(|n| epilog::run(n, &job_env(10, 0)));
+    let epilog::Outcome::Done { observations, .. } = out else { panic!("{out:?}") };
+    assert_eq!(observations.len(), 1);
+    let mut db = Db::open(&w.config.database.path).unwrap();
+    let r = kace_sql::spool::ingest(&mut db, &w.config.spool.dir, &w.dir.join("q")).unwrap();
+    assert_eq!((r.inserted, r.quarantined.len()), (0, 1), "{r:?}");
+    assert!(r.quarantined[0].1.contains("exclusive throughput"), "{r:?}");
+    assert_eq!(db.observation_count().unwrap(), 0);
 }

@@ -11,6 +11,8 @@
 //! - [`slowdown`], [`model`]: kace's per-job slowdown model, and the deployable [`Model`].
 //! - [`selection`]: the filters and the choice among candidates.
 //! - [`decision`]: the one decision for a GPU (job limit, users), which every caller makes.
+//! - [`tuning`]: settings chosen by cross-validation inside the training data.
+//! - [`training`]: the fit / validate / activate policy of `kace train`.
 //! - [`dataset`]: the artifact's `wN_` tables and split files.
 //! - [`eval`]: scoring against the oracle; the paper's exact protocol and kace's general one.
 //! - [`numpy_rng`]: NumPy-compatible permutations, to re-derive the paper's splits.
@@ -26,6 +28,8 @@ pub mod numpy_rng;
 pub mod policy;
 pub mod selection;
 pub mod slowdown;
+pub mod training;
+pub mod tuning;
 pub mod zscore;
 
 pub use error::{DataError, SelectorError};

@@ -9,6 +9,13 @@ use crate::slowdown::Member;
 pub trait Predictor {
     /// The predicted objective of the group, in the objective's own units (NaN: no answer).
     fn predict(&self, members: &[Member<'_>], objective: Objective) -> f64;
+
+    /// The gain in normalised progress (Σ colocated / exclusive) over the running jobs that the
+    /// predictor wants to see before it trusts a group: larger for groups it knows less about.
+    /// Only [`SelectionRules::refuse_likely_harm`] asks for it.
+    fn required_gain(&self, _members: &[Member<'_>]) -> f64 {
+        0.0
+    }
 }
 
 /// The filters and thresholds of a choice.
@@ -25,6 +32,11 @@ pub struct SelectionRules {
     pub min_gain: f64,
     /// What the prediction and the baseline are measured in.
     pub objective: Objective,
+    /// Refuse a candidate unless the group's predicted normalised progress beats the running
+    /// jobs' by the predictor's [`Predictor::required_gain`]: a pair slower together than one
+    /// after the other (Σ colocated / exclusive < 1) is worse than no partner. Skipped for a
+    /// predictor that cannot predict normalised progress (NaN).
+    pub refuse_likely_harm: bool,
 }
 
 impl Default for SelectionRules {
@@ -35,6 +47,7 @@ impl Default for SelectionRules {
             require_same_user: true,
             min_gain: 0.0,
             objective: Objective::ThroughputSum,
+            refuse_likely_harm: false,
         }
     }
 }
@@ -71,6 +84,14 @@ pub enum Rejection {
         /// The limit.
         limit: usize,
     },
+    /// The group is predicted to progress no better than its jobs one after the other, by the
+    /// predictor's margin for doubt.
+    LikelyHarmful {
+        /// Predicted normalised progress of the group.
+        predicted: f64,
+        /// What it had to exceed.
+        required: f64,
+    },
     /// The predicted gain over the running jobs alone is below the threshold.
     BelowGainThreshold {
         /// Predicted group objective.
@@ -90,6 +111,9 @@ impl std::fmt::Display for Rejection {
             Rejection::DifferentUser => write!(f, "different user (MPS would serialise)"),
             Rejection::GpuFull { running, limit } => {
                 write!(f, "the GPU is full ({running} kace jobs, at most {limit})")
+            }
+            Rejection::LikelyHarmful { predicted, required } => {
+                write!(f, "likely harmful (predicted progress {predicted:.3} ≤ {required:.3})")
             }
             Rejection::BelowGainThreshold { predicted, required } => {
                 write!(f, "below gain threshold (predicted {predicted:.3} < {required:.3})")
@@ -137,6 +161,11 @@ pub fn select(
         _ => predictor.predict(running, rules.objective),
     };
     let required = baseline * (1.0 + rules.min_gain);
+    // Normalised progress of the running jobs without a partner: one job alone progresses at 1.
+    let baseline_progress = || match running {
+        [_] => 1.0,
+        _ => predictor.predict(running, Objective::NormalisedProgress),
+    };
     let running_mem: f64 = running.iter().map(|m| m.profile.memcap()).sum();
     let usable = rules.gpu_memory_gib.map(|m| m * (1.0 - rules.memory_margin));
     let mut group: Vec<Member<'_>> = running.to_vec();
@@ -165,6 +194,21 @@ pub fn select(
                     prediction: Some(predicted),
                     rejection: Some(Rejection::BelowGainThreshold { predicted, required }),
                 };
+            }
+            if rules.refuse_likely_harm {
+                group.push(Member { profile: p, workload: c.workload });
+                let progress = predictor.predict(&group, Objective::NormalisedProgress);
+                let needed = baseline_progress() + predictor.required_gain(&group);
+                group.pop();
+                if !progress.is_nan() && !needed.is_nan() && progress <= needed {
+                    return Verdict {
+                        prediction: Some(predicted),
+                        rejection: Some(Rejection::LikelyHarmful {
+                            predicted: progress,
+                            required: needed,
+                        }),
+                    };
+                }
             }
             if chosen.is_none_or(|(_, best)| predicted > best) {
                 chosen = Some((i, predicted));

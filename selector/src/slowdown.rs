@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::dataset::Group;
 use crate::error::SelectorError;
 use crate::features::{combine, Profile, FEATURE_COUNT};
-use crate::linear::ridge_with_intercept;
+use crate::linear::{ridge_with_intercept, weighted_ridge_with_intercept};
 use crate::zscore::ZScore;
 
 /// The ceiling on the predicted slowdown (colocated / exclusive throughput) of a workload never
@@ -38,7 +38,20 @@ pub const MAX_SLOWDOWN: f64 = 1.0;
 /// Width of the profile part of a job's feature vector: own, partners', and their product.
 pub const PROFILE_WIDTH: usize = 3 * FEATURE_COUNT;
 
-/// Training settings of a [`SlowdownModel`], chosen by the evaluation in `docs/models.md`.
+/// Huber threshold of the robust fit, in robust standard deviations of the residuals (the
+/// usual 95 %-efficiency constant): a sample further out than this counts linearly, not
+/// quadratically, so one absurd observation cannot pull the fit towards itself.
+pub const HUBER_K: f64 = 1.345;
+
+/// Iterations of reweighted ridge in the robust fit (each is one closed-form solve).
+const HUBER_ITERATIONS: usize = 3;
+
+/// A sample further than this many robust standard deviations from the fit does not raise its
+/// workload's ceiling: a ceiling is the largest *plausible* measured ratio.
+const CEILING_OUTLIER_K: f64 = 4.0;
+
+/// Training settings of a [`SlowdownModel`]. The defaults are the centre of the grid that
+/// [`crate::tuning`] chooses from by cross-validation on the training data.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SlowdownParams {
     /// Ridge strength on every coefficient (the features are z-scored, ddof = 0).
@@ -46,11 +59,15 @@ pub struct SlowdownParams {
     /// Value of a workload's indicator column; larger means its per-workload terms are
     /// penalised less (effective strength α / scale²).
     pub workload_scale: f64,
+    /// Fit with the Huber loss (threshold [`HUBER_K`]) instead of squared error. Absent in
+    /// models stored before it existed: those were fitted without it.
+    #[serde(default)]
+    pub robust: bool,
 }
 
 impl Default for SlowdownParams {
     fn default() -> Self {
-        SlowdownParams { alpha: 1.0, workload_scale: 1.0 }
+        SlowdownParams { alpha: 1.0, workload_scale: 1.0, robust: true }
     }
 }
 
@@ -95,6 +112,16 @@ pub struct SlowdownModel {
     /// existed, or a workload never trained on): [`MAX_SLOWDOWN`].
     #[serde(default)]
     pub ceiling: BTreeMap<String, f64>,
+    /// Per-workload spread of the fit: the root-mean-square residual of the workload's own
+    /// log slowdowns in training. The gain rule asks a doubtful pair for a larger predicted
+    /// gain ([`SlowdownModel::doubt`]). Empty in models stored before it existed.
+    #[serde(default)]
+    pub spread: BTreeMap<String, f64>,
+    /// How many [`SlowdownModel::doubt`]s of predicted gain a group must show before the gain
+    /// rule forms it (`κ`), chosen by cross-validation in training ([`crate::tuning`]). 0 in
+    /// models stored before it existed, and straight after [`SlowdownModel::fit`].
+    #[serde(default)]
+    pub doubt_weight: f64,
 }
 
 fn profile_part(own: &LogProfile, others: &LogProfile, out: &mut [f64]) {
@@ -110,6 +137,58 @@ fn others_of(group: &[Profile], i: usize) -> Profile {
     Profile::new(combine(group.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, p)| p)))
 }
 
+fn residuals_of(rows: &[Vec<f64>], y: &[f64], intercept: f64, coef: &[f64]) -> Vec<f64> {
+    rows.iter()
+        .zip(y)
+        .map(|(r, t)| t - intercept - r.iter().zip(coef).map(|(a, b)| a * b).sum::<f64>())
+        .collect()
+}
+
+/// The median absolute deviation of residuals around their median, scaled to a standard
+/// deviation under normal errors.
+pub(crate) fn robust_scale(residuals: &[f64]) -> f64 {
+    fn median(v: &mut [f64]) -> f64 {
+        if v.is_empty() {
+            return 0.0;
+        }
+        v.sort_unstable_by(f64::total_cmp);
+        let m = v.len() / 2;
+        if v.len() % 2 == 1 {
+            v[m]
+        } else {
+            (v[m - 1] + v[m]) / 2.0
+        }
+    }
+    let mut r = residuals.to_vec();
+    let mid = median(&mut r);
+    let mut dev: Vec<f64> = residuals.iter().map(|v| (v - mid).abs()).collect();
+    1.4826 * median(&mut dev)
+}
+
+/// Ridge with the Huber loss, by iteratively reweighted closed-form solves: a sample whose
+/// residual exceeds [`HUBER_K`] robust standard deviations gets weight `k·s / |r|`.
+/// Returns the intercept, the coefficients and the final residuals.
+fn huber_ridge(
+    rows: &[Vec<f64>],
+    y: &[f64],
+    alpha: f64,
+) -> Result<(f64, Vec<f64>, Vec<f64>), SelectorError> {
+    let (mut b, mut c) = ridge_with_intercept(rows, y, alpha)?;
+    let mut r = residuals_of(rows, y, b, &c);
+    for _ in 0..HUBER_ITERATIONS {
+        let s = robust_scale(&r);
+        if !(s > 1e-9) {
+            break;
+        }
+        let cut = HUBER_K * s;
+        let w: Vec<f64> =
+            r.iter().map(|v| if v.abs() <= cut { 1.0 } else { cut / v.abs() }).collect();
+        (b, c) = weighted_ridge_with_intercept(rows, y, &w, alpha)?;
+        r = residuals_of(rows, y, b, &c);
+    }
+    Ok((b, c, r))
+}
+
 impl SlowdownModel {
     /// Fits on measured groups of any size k ≥ 2: one sample per member, target
     /// `ln(colocated / exclusive throughput)`.
@@ -122,7 +201,7 @@ impl SlowdownModel {
         let mut profile_rows: Vec<[f64; PROFILE_WIDTH]> = Vec::new();
         let mut owners: Vec<(usize, Vec<usize>)> = Vec::new();
         let mut y = Vec::new();
-        let mut ceiling: BTreeMap<String, f64> = BTreeMap::new();
+        let mut own_ratio: Vec<(&str, f64)> = Vec::new();
         for g in groups {
             if g.k() < 2 {
                 continue;
@@ -145,8 +224,7 @@ impl SlowdownModel {
                     (0..g.k()).filter(|j| *j != i).filter_map(|j| index(&g.workloads[j])).collect();
                 owners.push((own, partners));
                 y.push((thr / excl).ln());
-                let c = ceiling.entry(g.workloads[i].clone()).or_insert(MAX_SLOWDOWN);
-                *c = c.max(thr / excl);
+                own_ratio.push((g.workloads[i].as_str(), thr / excl));
             }
         }
         if y.is_empty() {
@@ -168,7 +246,32 @@ impl SlowdownModel {
                 row
             })
             .collect();
-        let (intercept, coef) = ridge_with_intercept(&rows, &y, params.alpha)?;
+        let (intercept, coef, residuals) = if params.robust {
+            huber_ridge(&rows, &y, params.alpha)?
+        } else {
+            let (b, c) = ridge_with_intercept(&rows, &y, params.alpha)?;
+            let r = residuals_of(&rows, &y, b, &c);
+            (b, c, r)
+        };
+        // The ceilings and spreads come from the residuals, so that an absurd observation
+        // neither lifts its workload's ceiling nor hides in an average.
+        let cut = if params.robust {
+            CEILING_OUTLIER_K * robust_scale(&residuals).max(1e-9)
+        } else {
+            f64::INFINITY
+        };
+        let mut ceiling: BTreeMap<String, f64> = BTreeMap::new();
+        let mut sq: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+        for ((name, ratio), r) in own_ratio.iter().zip(&residuals) {
+            let c = ceiling.entry(name.to_string()).or_insert(MAX_SLOWDOWN);
+            if r.abs() <= cut {
+                *c = c.max(*ratio);
+            }
+            let e = sq.entry(name.to_string()).or_insert((0.0, 0));
+            e.0 += r * r;
+            e.1 += 1;
+        }
+        let spread = sq.into_iter().map(|(w, (s, n))| (w, (s / n as f64).sqrt())).collect();
         let term = |offset: usize| -> BTreeMap<String, f64> {
             names
                 .iter()
@@ -184,7 +287,27 @@ impl SlowdownModel {
             sensitivity: term(PROFILE_WIDTH),
             pressure: term(PROFILE_WIDTH + w),
             ceiling,
+            spread,
+            doubt_weight: 0.0,
         })
+    }
+
+    /// The predicted gain in normalised progress a group needs before the gain rule forms it:
+    /// [`SlowdownModel::doubt_weight`] × [`SlowdownModel::doubt`].
+    pub fn required_gain(&self, members: &[Member<'_>]) -> f64 {
+        self.doubt_weight * self.doubt(members)
+    }
+
+    /// How doubtful the model is about a group: the root-sum-square of its members' spreads
+    /// (log units; a workload never trained on gets the largest spread the model has).
+    pub fn doubt(&self, members: &[Member<'_>]) -> f64 {
+        let widest = self.spread.values().copied().fold(0.0, f64::max);
+        members
+            .iter()
+            .map(|m| m.workload.and_then(|w| self.spread.get(w)).copied().unwrap_or(widest))
+            .map(|s| s * s)
+            .sum::<f64>()
+            .sqrt()
     }
 
     /// Predicted log slowdown of a job with log profile `own` beside partners whose combined
@@ -321,8 +444,11 @@ mod tests {
             }
         }
         let refs: Vec<&Group> = groups.iter().collect();
-        let m =
-            SlowdownModel::fit(&refs, SlowdownParams { alpha: 1e-3, workload_scale: 1.0 }).unwrap();
+        let m = SlowdownModel::fit(
+            &refs,
+            SlowdownParams { alpha: 1e-3, workload_scale: 1.0, robust: false },
+        )
+        .unwrap();
         for g in &groups {
             let members: Vec<Member> = g
                 .profiles
@@ -374,7 +500,7 @@ mod tests {
             }
         }
         let refs: Vec<&Group> = groups.iter().collect();
-        let p = SlowdownParams { alpha: 1e-3, workload_scale: 1.0 };
+        let p = SlowdownParams { alpha: 1e-3, workload_scale: 1.0, robust: false };
         let mut m = SlowdownModel::fit(&refs, p).unwrap();
         assert!((m.ceiling["w0"] - 1.5).abs() < 1e-12);
         assert!(m.ceiling.iter().filter(|(w, _)| *w != "w0").all(|(_, c)| *c == MAX_SLOWDOWN));

@@ -1,13 +1,7 @@
 //! The `--kace-colocate[=WORKLOAD]` value: what the option's raw argument means, and the rule a
-//! workload name must follow. Pure; the gate (`packaging/job_submit.lua`) applies the same rule.
+//! workload name must follow (kace_layout::workload_name, which the gate mirrors).
 
-use std::fmt;
-
-/// Longest workload name accepted, in bytes.
-pub const MAX_LEN: usize = 128;
-
-/// The rule, as users are told it.
-pub const RULE: &str = "a workload name is 1 to 128 of A-Z a-z 0-9 . _ + -";
+pub use kace_layout::workload_name::{WorkloadNameError as WorkloadError, MAX_LEN, RULE};
 
 /// Longest part of a rejected value quoted back in a message, in bytes.
 const PREVIEW_LEN: usize = 40;
@@ -44,43 +38,10 @@ impl Request {
     }
 }
 
-/// Why a value is not a workload name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WorkloadError {
-    /// Empty, where a name is required.
-    Empty,
-    /// Longer than [`MAX_LEN`] bytes; `len` is its length.
-    TooLong { len: usize },
-    /// Contains `byte` (at byte offset `at`), which is outside `[A-Za-z0-9._+-]`.
-    BadByte { byte: u8, at: usize },
-}
-
-impl fmt::Display for WorkloadError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            WorkloadError::Empty => write!(f, "it is empty; {RULE}"),
-            WorkloadError::TooLong { len } => write!(f, "it is {len} bytes long; {RULE}"),
-            WorkloadError::BadByte { byte, at } => {
-                write!(f, "byte {at} is {}; {RULE}", quote(std::slice::from_ref(byte)))
-            }
-        }
-    }
-}
-
-impl std::error::Error for WorkloadError {}
-
 /// Checks `raw` against the workload rule. Looks at no more than `MAX_LEN + 1` bytes before
 /// deciding, so a hostile megabyte-long value costs nothing.
 pub fn validate(raw: &[u8]) -> Result<Workload, WorkloadError> {
-    if raw.is_empty() {
-        return Err(WorkloadError::Empty);
-    }
-    if raw.len() > MAX_LEN {
-        return Err(WorkloadError::TooLong { len: raw.len() });
-    }
-    if let Some(at) = raw.iter().position(|b| !is_allowed(*b)) {
-        return Err(WorkloadError::BadByte { byte: raw[at], at });
-    }
+    kace_layout::workload_name::check(raw)?;
     // Every allowed byte is ASCII, so this is valid UTF-8.
     Ok(Workload(raw.iter().map(|&b| b as char).collect()))
 }
@@ -96,10 +57,6 @@ pub fn parse_option(raw: Option<&[u8]>) -> Result<Request, WorkloadError> {
         None | Some(b"") | Some(b"(null)") => Ok(Request::FromJobName),
         Some(v) => validate(v).map(Request::Named),
     }
-}
-
-fn is_allowed(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'+' | b'-')
 }
 
 /// A short, printable rendering of an untrusted value for log and user messages: control and
@@ -175,7 +132,7 @@ mod tests {
     #[test]
     fn message_says_what_is_allowed() {
         let msg = validate(b"a b").unwrap_err().to_string();
-        assert_eq!(msg, "byte 1 is \" \"; a workload name is 1 to 128 of A-Z a-z 0-9 . _ + -");
+        assert_eq!(msg, format!("byte 1 is \" \"; {RULE}"));
         let msg = validate(&[b'a'; 200]).unwrap_err().to_string();
         assert!(msg.starts_with("it is 200 bytes long; "), "{msg}");
     }

@@ -10,8 +10,9 @@ use rusqlite::{params, params_from_iter, Connection, OpenFlags, OptionalExtensio
 use crate::error::{sql, Error, Result};
 use crate::schema::{CURRENT_VERSION, MIGRATIONS};
 use crate::types::{
-    feature_value_problem, DecisionRecord, ModelRecord, NewDecision, NewModel, NewProfile,
-    Observation, ObservedGroup, ObservedMember, Partner, Profile, FEATURE_COLUMNS, FEATURE_COUNT,
+    feature_value_problem, implausibility, DecisionRecord, ModelRecord, NewDecision, NewModel,
+    NewProfile, Observation, ObservationFilter, ObservedGroup, ObservedMember, Partner, Profile,
+    FEATURE_COLUMNS, FEATURE_COUNT,
 };
 
 /// How long a connection waits for another process's lock before giving up. The nightly
@@ -57,6 +58,25 @@ pub struct InsertCount {
     pub inserted: usize,
     /// Keys that were already stored (nothing changed for them).
     pub duplicates: usize,
+}
+
+/// The WHERE clause selecting what `f` names, with numbered placeholders from `?first`, and
+/// their values. Refuses an empty filter: removing every observation takes `kace db init`.
+fn filter_sql(f: &ObservationFilter, first: usize) -> Result<(String, Vec<String>)> {
+    let mut parts = Vec::new();
+    let mut binds = Vec::new();
+    for (col, v) in [("key", &f.key), ("job", &f.job), ("node", &f.node)] {
+        if let Some(v) = v {
+            binds.push(v.clone());
+            parts.push(format!("{col} = ?{}", first + binds.len() - 1));
+        }
+    }
+    if parts.is_empty() {
+        return Err(Error::Invalid {
+            reason: "name the observations: a key, a job or a node".into(),
+        });
+    }
+    Ok((parts.join(" AND "), binds))
 }
 
 pub(crate) fn now() -> f64 {
@@ -286,20 +306,39 @@ impl Db {
         let mut stmt = self
             .conn
             .prepare(
-                "SELECT key, partners, exclusive, start_time, end_time, throughput \
-                 FROM observations",
+                "SELECT o.key, o.partners, o.exclusive, o.start_time, o.end_time, o.throughput, \
+                 w.name FROM observations o JOIN workloads w ON w.id = o.workload_id \
+                 WHERE o.quarantined IS NULL",
             )
             .map_err(sql("check observations", p))?;
+        let exclusive = self.exclusive_throughputs()?;
         let mut rows = stmt.query([]).map_err(sql("check observations", p))?;
         while let Some(row) = rows.next().map_err(sql("check observations", p))? {
-            let get =
-                |r: &rusqlite::Row<'_>| -> rusqlite::Result<(String, String, bool, f64, f64, f64)> {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
-                };
-            let (key, partners, exclusive, start, end, thr) =
+            type Row = (String, String, bool, f64, f64, f64, String);
+            let get = |r: &rusqlite::Row<'_>| -> rusqlite::Result<Row> {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?))
+            };
+            let (key, partners, alone, start, end, thr, workload) =
                 get(row).map_err(sql("check observations", p))?;
+            let excl = exclusive.get(&workload).copied();
+            let probe = Observation {
+                key: key.clone(),
+                job: String::new(),
+                workload,
+                partners: Vec::new(),
+                node: String::new(),
+                gpu: String::new(),
+                mps_share: None,
+                start,
+                end,
+                steps: None,
+                throughput: thr,
+            };
+            if let Some(why) = implausibility(&probe, excl) {
+                report.problems.push(format!("{why} (kace observations quarantine --key {key})"));
+            }
             match serde_json::from_str::<Vec<Partner>>(&partners) {
-                Ok(list) if list.is_empty() != exclusive => report
+                Ok(list) if list.is_empty() != alone => report
                     .problems
                     .push(format!("observation {key}: exclusive flag disagrees with partners")),
                 Ok(_) => {}
@@ -320,6 +359,16 @@ impl Db {
         for m in &models {
             if m.model.features.is_empty() {
                 report.problems.push(format!("model {}: no features", m.version));
+            }
+            // JSON has no inf or NaN: serde_json writes them as null.
+            if let Some(v) = m.model.metrics.get("holdout_mse") {
+                if !v.as_f64().is_some_and(f64::is_finite) {
+                    report.problems.push(format!(
+                        "model {}{}: held-out MSE is not a finite number ({v})",
+                        m.version,
+                        if m.active { " (active)" } else { "" }
+                    ));
+                }
             }
             // The prolog must be able to use the active model; an old version of an unknown
             // kind is history, not a problem.
@@ -358,17 +407,45 @@ impl Db {
 
     // ---- profiles --------------------------------------------------------------------------
 
-    /// Stores profile measurements, all or none.
-    pub fn insert_profiles(&mut self, profiles: &[NewProfile]) -> Result<usize> {
+    /// Stores profile measurements, all or none. One identical to its workload's newest
+    /// measurement (same GPU model, source and values) is not stored again but counted as a
+    /// duplicate, so importing a file twice changes nothing.
+    pub fn insert_profiles(&mut self, profiles: &[NewProfile]) -> Result<InsertCount> {
         for pr in profiles {
             pr.validate()?;
         }
         let path = self.path.clone();
         let tx = self.conn.transaction().map_err(sql("begin profile import", &path))?;
         let t = now();
+        let mut count = InsertCount::default();
+        let cols = FEATURE_COLUMNS.join(", ");
         for pr in profiles {
             let wid = Db::workload_id(&tx, &path, &pr.workload)?;
-            let cols = FEATURE_COLUMNS.join(", ");
+            // The same measurement as the workload's newest one is the same file imported
+            // again: storing it would change nothing but the row count.
+            let newest = tx
+                .query_row(
+                    &format!(
+                        "SELECT gpu_model, source, {cols} FROM profiles WHERE workload_id = ?1 \
+                         ORDER BY created_at DESC, id DESC LIMIT 1"
+                    ),
+                    [wid],
+                    |r| {
+                        let mut values = [None; FEATURE_COUNT];
+                        for (i, v) in values.iter_mut().enumerate() {
+                            *v = r.get::<_, Option<f64>>(i + 2)?;
+                        }
+                        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, values))
+                    },
+                )
+                .optional()
+                .map_err(sql("look up profile", &path))?;
+            if newest.is_some_and(|(g, s, v)| g == pr.gpu_model && s == pr.source && v == pr.values)
+            {
+                count.duplicates += 1;
+                continue;
+            }
+            count.inserted += 1;
             let sqltext = format!(
                 "INSERT INTO profiles (workload_id, gpu_model, source, created_at, {cols}) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
@@ -394,7 +471,7 @@ impl Db {
             .map_err(sql("store profile", &path))?;
         }
         tx.commit().map_err(sql("commit profile import", &path))?;
-        Ok(profiles.len())
+        Ok(count)
     }
 
     /// The current profile of each named workload that has one (others are simply absent from
@@ -471,10 +548,24 @@ impl Db {
 
     // ---- observations ----------------------------------------------------------------------
 
-    /// Stores observations in one transaction; a key already stored is left as it is.
+    /// Stores observations in one transaction; a key already stored is left as it is. Fails,
+    /// storing nothing, when one is invalid or implausible (see [`Db::implausible`]) or when
+    /// one file names a key twice with different content.
     pub fn insert_observations(&mut self, obs: &[Observation]) -> Result<InsertCount> {
+        let exclusive = self.exclusive_throughputs()?;
+        let mut seen: HashMap<&str, &Observation> = HashMap::new();
         for o in obs {
             o.validate()?;
+            if let Some(why) = implausibility(o, exclusive.get(&o.workload).copied()) {
+                return Err(Error::Invalid { reason: why });
+            }
+            if let Some(prev) = seen.insert(&o.key, o) {
+                if prev != o {
+                    return Err(Error::Invalid {
+                        reason: format!("observation key {} given twice, differently", o.key),
+                    });
+                }
+            }
         }
         let path = self.path.clone();
         let tx = self.conn.transaction().map_err(sql("begin observation insert", &path))?;
@@ -521,6 +612,77 @@ impl Db {
         Ok(count)
     }
 
+    /// Each profiled workload's exclusive throughput (its newest measured value).
+    pub fn exclusive_throughputs(&self) -> Result<HashMap<String, f64>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT w.name, p.exclusive_throughput FROM profiles p \
+                 JOIN workloads w ON w.id = p.workload_id \
+                 WHERE p.exclusive_throughput IS NOT NULL ORDER BY p.created_at, p.id",
+            )
+            .map_err(sql("load exclusive throughputs", p))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?)))
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(sql("load exclusive throughputs", p))?;
+        // Later rows are newer: the last value per workload wins.
+        Ok(rows.into_iter().collect())
+    }
+
+    /// Why `o` is implausible against its workload's stored exclusive throughput, if it is.
+    pub fn implausible(&self, o: &Observation) -> Result<Option<String>> {
+        let e = self.exclusive_throughputs()?;
+        Ok(implausibility(o, e.get(&o.workload).copied()))
+    }
+
+    /// Deletes the stored observations `which` selects; returns how many.
+    pub fn remove_observations(&mut self, which: &ObservationFilter) -> Result<usize> {
+        let (clause, binds) = filter_sql(which, 1)?;
+        self.conn
+            .execute(&format!("DELETE FROM observations WHERE {clause}"), params_from_iter(binds))
+            .map_err(sql("remove observations", &self.path))
+    }
+
+    /// Quarantines the stored observations `which` selects, with `reason`: they stay in the
+    /// database for inspection but leave training and listings. Returns how many.
+    pub fn quarantine_observations(
+        &mut self,
+        which: &ObservationFilter,
+        reason: &str,
+    ) -> Result<usize> {
+        // The reason is ?1, the filter's values follow.
+        let (clause, mut binds) = filter_sql(which, 2)?;
+        binds.insert(0, reason.to_string());
+        self.conn
+            .execute(
+                &format!(
+                    "UPDATE observations SET quarantined = ?1 WHERE quarantined IS NULL AND \
+                     ({clause})"
+                ),
+                params_from_iter(binds),
+            )
+            .map_err(sql("quarantine observations", &self.path))
+    }
+
+    /// The quarantined observations' keys and reasons, in key order.
+    pub fn quarantined_observations(&self) -> Result<Vec<(String, String)>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT key, quarantined FROM observations WHERE quarantined IS NOT NULL \
+                 ORDER BY key",
+            )
+            .map_err(sql("load quarantined observations", p))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .and_then(|rows| rows.collect())
+            .map_err(sql("load quarantined observations", p));
+        rows
+    }
+
     /// Whether an observation with this key is stored.
     pub fn has_observation(&self, key: &str) -> Result<bool> {
         self.conn
@@ -537,7 +699,7 @@ impl Db {
             .map_err(sql("count observations", &self.path))
     }
 
-    /// Every stored observation, in key order.
+    /// Every stored observation that is not quarantined, in key order.
     pub fn observations(&self) -> Result<Vec<Observation>> {
         let p = &self.path;
         let mut stmt = self
@@ -545,7 +707,8 @@ impl Db {
             .prepare(
                 "SELECT o.key, o.job, w.name, o.partners, o.node, o.gpu, o.mps_share, \
                  o.start_time, o.end_time, o.steps, o.throughput FROM observations o \
-                 JOIN workloads w ON w.id = o.workload_id ORDER BY o.key",
+                 JOIN workloads w ON w.id = o.workload_id WHERE o.quarantined IS NULL \
+                 ORDER BY o.key",
             )
             .map_err(sql("load observations", p))?;
         let mut rows = stmt.query([]).map_err(sql("load observations", p))?;
@@ -772,14 +935,20 @@ impl Db {
 
     /// Records a partner choice made now.
     pub fn insert_decision(&mut self, d: &NewDecision) -> Result<i64> {
-        self.insert_decision_at(d, now())
+        // Without a key there is no conflict: the row is always inserted.
+        self.insert_decision_at(None, d, now())?.ok_or_else(|| Error::Invalid {
+            reason: "decision without a key was not stored".into(),
+        })
     }
 
-    /// Records a partner choice made at `created_at` (Unix seconds), unless a decision for the
-    /// same lead job at the same time is already stored: that is the same spooled record
-    /// ingested again. Returns the row id, or `None` for such a duplicate.
+    /// Records a spooled partner choice made at `created_at` (Unix seconds) under its spool
+    /// `key`, unless that key is stored already: the same record ingested again, or by another
+    /// ingest at the same moment (the key is UNIQUE, so the database, not a check before the
+    /// insert, decides). A record from before keys (a NULL key) counts as the same when its
+    /// lead job and time match. Returns the row id, or `None` for a duplicate.
     pub fn insert_spooled_decision(
         &mut self,
+        key: &str,
         d: &NewDecision,
         created_at: f64,
     ) -> Result<Option<i64>> {
@@ -787,7 +956,8 @@ impl Db {
         let seen: bool = self
             .conn
             .query_row(
-                "SELECT EXISTS (SELECT 1 FROM decisions WHERE lead_job IS ?1 AND created_at = ?2)",
+                "SELECT EXISTS (SELECT 1 FROM decisions WHERE key IS NULL AND lead_job IS ?1 \
+                 AND created_at = ?2)",
                 params![d.lead_job, created_at],
                 |r| r.get(0),
             )
@@ -795,16 +965,24 @@ impl Db {
         if seen {
             return Ok(None);
         }
-        self.insert_decision_at(d, created_at).map(Some)
+        self.insert_decision_at(Some(key), d, created_at)
     }
 
-    fn insert_decision_at(&mut self, d: &NewDecision, created_at: f64) -> Result<i64> {
+    fn insert_decision_at(
+        &mut self,
+        key: Option<&str>,
+        d: &NewDecision,
+        created_at: f64,
+    ) -> Result<Option<i64>> {
         crate::types::validate_workload_name(&d.lead_workload)?;
-        self.conn
+        let n = self
+            .conn
             .execute(
-                "INSERT INTO decisions (lead_job, lead_workload, chosen_workload, chosen_job, \
-                 model_version, candidates, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                "INSERT INTO decisions (key, lead_job, lead_workload, chosen_workload, \
+                 chosen_job, model_version, candidates, created_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(key) DO NOTHING",
                 params![
+                    key,
                     d.lead_job,
                     d.lead_workload,
                     d.chosen_workload,
@@ -815,7 +993,7 @@ impl Db {
                 ],
             )
             .map_err(sql("store decision", &self.path))?;
-        Ok(self.conn.last_insert_rowid())
+        Ok((n == 1).then(|| self.conn.last_insert_rowid()))
     }
 
     /// The newest `limit` decisions, newest first.

@@ -85,4 +85,12 @@ CREATE TABLE decisions (
     created_at       REAL NOT NULL
 );
 "#,
+    // 2: decisions stored once per spool key (a UNIQUE key, so two ingests at once cannot both
+    // insert one; rows from before have no key), and observations that can be quarantined:
+    // kept for inspection, but out of training and out of `observations list`.
+    r#"
+ALTER TABLE decisions ADD COLUMN key TEXT;
+CREATE UNIQUE INDEX decisions_by_key ON decisions(key);
+ALTER TABLE observations ADD COLUMN quarantined TEXT;
+"#,
 ];

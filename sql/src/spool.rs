@@ -9,21 +9,60 @@
 //!
 //! The prolog's partner decisions travel the same way, in the `decisions/` sub-directory (the
 //! prolog opens the database read-only): [`write_decision`] and [`ingest_decisions`]. A
-//! decision is stored once per (lead job, time), so re-ingesting changes nothing either.
+//! decision is stored once per key, so re-ingesting changes nothing either.
+//!
+//! This module owns the spool's whole life cycle, for both record kinds: keys
+//! ([`observation_key`], [`decision_key`]), writing, listing and reading, ingest, quarantine
+//! (and taking back a quarantined file that was only half copied), and [`prune`].
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::db::Db;
 use crate::error::{Error, Result};
-use crate::types::{NewDecision, Observation};
+use crate::types::{implausibility, NewDecision, Observation};
 
 /// Suffix of a complete spool record.
 pub const RECORD_SUFFIX: &str = ".json";
 
-/// Largest spool file accepted; a real record is a few hundred bytes.
+/// Largest observation file accepted; a real record is a few hundred bytes.
 pub const MAX_RECORD_BYTES: u64 = 64 * 1024;
+
+/// Largest decision file accepted and written. A decision lists every held candidate (about 90
+/// bytes each, compact), so a lead with thousands of held jobs writes a large one; beyond this
+/// the candidates that were not evaluated are left out of the record (see [`write_decision`]).
+pub const MAX_DECISION_BYTES: u64 = 1024 * 1024;
+
+/// The key of one observation: `<cluster>/<job>/<run>/<segment>`, where `<run>` is the run's
+/// start in Unix milliseconds. A job id that recurs (`scontrol requeue`, a reset id counter)
+/// therefore keeps every run's observations instead of the later run replacing the earlier.
+pub fn observation_key(cluster: &str, job: &str, run_start: f64, segment: usize) -> String {
+    format!("{cluster}/{job}/{}/{segment}", run_millis(run_start))
+}
+
+/// The key of a lead's decision: `<cluster>/<job>/<run>/<node>/decision` (see
+/// [`observation_key`]; the node tells apart the prologs of a multi-node job).
+pub fn decision_key(cluster: &str, job: &str, node: &str, run_start: f64) -> String {
+    format!("{cluster}/{job}/{}/{node}/decision", run_millis(run_start))
+}
+
+fn run_millis(t: f64) -> i64 {
+    // `as` saturates; a non-finite start (never written by kace) becomes 0.
+    if t.is_finite() {
+        (t * 1000.0).round() as i64
+    } else {
+        0
+    }
+}
+
+/// Mode of spool, decision and quarantine files: they name users' jobs and workloads, which
+/// other users need not see (root and the admin group read them).
+pub const FILE_MODE: u32 = 0o640;
+
+/// Mode of the directories the spool creates (`decisions/`, the quarantine).
+pub const DIR_MODE: u32 = 0o750;
 
 /// Records stored per transaction: large enough to amortise the commit's fsyncs, small enough
 /// that a prolog waiting for the lock is not held up for long.
@@ -61,6 +100,7 @@ fn sync_dir(dir: &Path) -> Result<()> {
 /// Writing the same key again replaces the file with identical content.
 pub fn write_record(dir: &Path, obs: &Observation) -> Result<PathBuf> {
     obs.validate()?;
+    trusted(dir)?;
     let body = serde_json::to_vec_pretty(obs)
         .map_err(|source| Error::Json { what: format!("observation {}", obs.key), source })?;
     write_atomic(dir, &record_file_name(&obs.key), &body)
@@ -81,17 +121,54 @@ pub struct SpooledDecision {
     pub decision: NewDecision,
 }
 
-/// Writes a decision record into `<spool>/decisions/` atomically, creating that directory.
-pub fn write_decision(spool: &Path, d: &SpooledDecision) -> Result<PathBuf> {
+/// Checks what ingest will check of a decision record.
+fn validate_decision(d: &SpooledDecision) -> Result<()> {
     crate::types::validate_workload_name(&d.decision.lead_workload)?;
     if d.key.is_empty() || d.key.len() > crate::types::MAX_KEY_LEN || !d.created_at.is_finite() {
         return Err(Error::Invalid { reason: format!("decision key {:?} or time is bad", d.key) });
     }
+    Ok(())
+}
+
+/// Writes a decision record into `<spool>/decisions/` atomically, creating that directory.
+///
+/// The record is compact JSON. One still larger than [`MAX_DECISION_BYTES`] (tens of thousands
+/// of held candidates) is stored compacted rather than lost: the chosen candidate and those with
+/// a prediction stay, and as many of the rest as fit; `kace explain` then finds the lead and the
+/// candidates kept.
+pub fn write_decision(spool: &Path, d: &SpooledDecision) -> Result<PathBuf> {
+    validate_decision(d)?;
     let dir = spool.join(DECISIONS_DIR);
-    fs::create_dir_all(&dir).map_err(io_err("create decision spool", &dir))?;
-    let body = serde_json::to_vec_pretty(d)
-        .map_err(|source| Error::Json { what: format!("decision {}", d.key), source })?;
+    create_dir(&dir).map_err(io_err("create decision spool", &dir))?;
+    trusted(&dir)?;
+    let body = compact_decision(d)?;
     write_atomic(&dir, &record_file_name(&d.key), &body)
+}
+
+fn compact_decision(d: &SpooledDecision) -> Result<Vec<u8>> {
+    let json = |d: &SpooledDecision| {
+        serde_json::to_vec(d)
+            .map_err(|source| Error::Json { what: format!("decision {}", d.key), source })
+    };
+    let body = json(d)?;
+    // The trailing newline write_atomic adds counts too.
+    if (body.len() as u64) < MAX_DECISION_BYTES {
+        return Ok(body);
+    }
+    let mut kept = d.clone();
+    let chosen = d.decision.chosen_job.as_deref();
+    kept.decision
+        .candidates
+        .sort_by_key(|c| (c.job.is_none() || c.job.as_deref() != chosen, c.prediction.is_none()));
+    let mut n = kept.decision.candidates.len();
+    loop {
+        n /= 2;
+        kept.decision.candidates.truncate(n.max(1));
+        let body = json(&kept)?;
+        if (body.len() as u64) < MAX_DECISION_BYTES || n <= 1 {
+            return Ok(body);
+        }
+    }
 }
 
 /// The decision records still in `<spool>/decisions/` (not yet ingested), in file-name order;
@@ -116,22 +193,50 @@ pub fn spooled_decisions(
     paths.sort();
     let mut out = Vec::new();
     for p in paths {
-        let read = match read_bounded(&p)? {
+        let read = match read_bounded(&p, MAX_DECISION_BYTES)? {
             None => continue,
             Some(Err(why)) => Err(why),
-            Some(Ok(buf)) => serde_json::from_slice::<SpooledDecision>(&buf)
-                .map_err(|e| format!("not a valid decision record: {e}")),
+            Some(Ok(buf)) => parse_decision(&buf),
         };
         out.push((p, read));
     }
     Ok(out)
 }
 
-/// Moves the decision records of `<spool>/decisions/` into `db` (see [`ingest`]).
+/// A decision record that parses and passes the checks ingest makes, or why not.
+fn parse_decision(buf: &[u8]) -> std::result::Result<SpooledDecision, String> {
+    let d = serde_json::from_slice::<SpooledDecision>(buf)
+        .map_err(|e| format!("not a valid decision record: {e}"))?;
+    validate_decision(&d).map_err(|e| e.to_string())?;
+    Ok(d)
+}
+
+/// Moves the decision records of `<spool>/decisions/` into `db` (see [`ingest`]). A record
+/// that cannot be stored (one that parses but fails validation, say from another kace version)
+/// is quarantined like one that does not parse: it never blocks the records after it.
 pub fn ingest_decisions(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<IngestReport> {
     let mut report = IngestReport::default();
+    let dir = spool.join(DECISIONS_DIR);
+    if dir.is_dir() {
+        trusted(&dir)?;
+        for entry in fs::read_dir(&dir).map_err(io_err("read decision spool", &dir))?.flatten() {
+            if is_stale_temp(&entry) {
+                report.stale_temp_files.push(entry.path());
+            }
+        }
+        report.stale_temp_files.sort();
+    }
     for (path, read) in spooled_decisions(spool)? {
-        match read {
+        let stored = match read {
+            Err(why) => Err(why),
+            Ok(d) => match db.insert_spooled_decision(&d.key, &d.decision, d.created_at) {
+                Ok(inserted) => Ok(inserted),
+                Err(Error::Invalid { reason }) => Err(reason),
+                // The database, not the record, failed: keep the file for the next run.
+                Err(e) => return Err(e),
+            },
+        };
+        match stored {
             Err(reason) => {
                 if quarantine(&path, quarantine_dir, &reason)? {
                     report.quarantined.push((path, reason));
@@ -139,10 +244,11 @@ pub fn ingest_decisions(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Res
                     report.vanished += 1;
                 }
             }
-            Ok(d) => {
-                match db.insert_spooled_decision(&d.decision, d.created_at)? {
-                    Some(_) => report.inserted += 1,
-                    None => report.duplicates += 1,
+            Ok(inserted) => {
+                if inserted.is_some() {
+                    report.inserted += 1;
+                } else {
+                    report.duplicates += 1;
                 }
                 remove_ingested(&[path])?;
             }
@@ -153,7 +259,7 @@ pub fn ingest_decisions(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Res
 
 /// Reads at most [`MAX_RECORD_BYTES`] of a regular file without following a symlink. `None`
 /// when it vanished; `Some(Err)` when it is not something to read.
-fn read_bounded(path: &Path) -> Result<Option<std::result::Result<Vec<u8>, String>>> {
+fn read_bounded(path: &Path, limit: u64) -> Result<Option<std::result::Result<Vec<u8>, String>>> {
     let meta = match fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
@@ -169,11 +275,11 @@ fn read_bounded(path: &Path) -> Result<Option<std::result::Result<Vec<u8>, Strin
     };
     let mut buf = Vec::new();
     Read::by_ref(&mut f)
-        .take(MAX_RECORD_BYTES + 1)
+        .take(limit + 1)
         .read_to_end(&mut buf)
         .map_err(io_err("read spool record", path))?;
-    if buf.len() as u64 > MAX_RECORD_BYTES {
-        return Ok(Some(Err(format!("larger than {MAX_RECORD_BYTES} bytes"))));
+    if buf.len() as u64 > limit {
+        return Ok(Some(Err(format!("larger than {limit} bytes"))));
     }
     Ok(Some(Ok(buf)))
 }
@@ -183,7 +289,7 @@ fn write_atomic(dir: &Path, name: &str, body: &[u8]) -> Result<PathBuf> {
     let tmp = dir.join(format!(".tmp.{}.{name}", std::process::id()));
     let dest = dir.join(name);
     let write = || -> std::io::Result<()> {
-        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        let mut f = OpenOptions::new().write(true).create_new(true).mode(FILE_MODE).open(&tmp)?;
         f.write_all(body)?;
         f.write_all(b"\n")?;
         f.sync_all()
@@ -211,10 +317,20 @@ pub struct IngestReport {
     /// Temporary files older than [`STALE_TEMP`]: writes that never completed (the writer
     /// died before its rename). They are left for the admin to inspect.
     pub stale_temp_files: Vec<PathBuf>,
+    /// Files quarantined unparsed earlier that parse now (a copy that was not complete yet),
+    /// moved back into the spool to be ingested.
+    pub requeued: Vec<PathBuf>,
 }
 
 /// Age after which a `.tmp.*` file in the spool is reported as an abandoned write.
 pub const STALE_TEMP: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Whether a spool entry is a `.tmp.*` write older than [`STALE_TEMP`]: its writer died before
+/// the rename.
+fn is_stale_temp(entry: &fs::DirEntry) -> bool {
+    let age = entry.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
+    entry.file_name().to_string_lossy().starts_with(".tmp.") && age.is_some_and(|a| a > STALE_TEMP)
+}
 
 enum Read1 {
     Record(Box<Observation>),
@@ -247,15 +363,36 @@ fn read_record(path: &Path) -> Result<Read1> {
     Ok(Read1::Record(Box::new(obs)))
 }
 
+/// Refuses, when running as root, a directory that someone other than root could change:
+/// root creates, renames and removes files there.
+fn trusted(dir: &Path) -> Result<()> {
+    if kace_layout::trusted_dir::running_as_root() {
+        kace_layout::trusted_dir::check_trusted_dir(dir).map_err(Error::UntrustedDir)?;
+    }
+    Ok(())
+}
+
+/// Creates `dir` and its missing parents with [`DIR_MODE`].
+fn create_dir(dir: &Path) -> std::io::Result<()> {
+    fs::DirBuilder::new().recursive(true).mode(DIR_MODE).create(dir)
+}
+
 fn quarantine(path: &Path, qdir: &Path, reason: &str) -> Result<bool> {
-    fs::create_dir_all(qdir).map_err(io_err("create quarantine directory", qdir))?;
+    create_dir(qdir).map_err(io_err("create quarantine directory", qdir))?;
+    trusted(qdir)?;
     let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     let dest = qdir.join(&name);
     let mut reason_name = name;
     reason_name.push(".reason");
     let reason_path = qdir.join(reason_name);
     // The reason goes first so that a file in quarantine always has one.
-    fs::write(&reason_path, format!("{reason}\n"))
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(FILE_MODE)
+        .open(&reason_path)
+        .and_then(|mut f| f.write_all(format!("{reason}\n").as_bytes()))
         .map_err(io_err("write quarantine reason", &reason_path))?;
     match fs::rename(path, &dest) {
         Ok(()) => Ok(true),
@@ -263,6 +400,60 @@ fn quarantine(path: &Path, qdir: &Path, reason: &str) -> Result<bool> {
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
         Err(e) => Err(io_err("move file to quarantine", path)(e)),
     }
+}
+
+/// Reason prefixes of records quarantined because they did not parse. Such a file may have been
+/// caught while it was still being copied in; once it parses, it goes back to the spool.
+const UNPARSED: [&str; 2] = ["not a valid observation record", "not a valid decision record"];
+
+/// Moves quarantined files that were quarantined unparsed and now parse back into the spool
+/// (observations) or its `decisions/` directory, with their `.reason` removed: a half-copied
+/// file completes inside the quarantine, and would otherwise never be ingested.
+fn requeue_completed(spool: &Path, qdir: &Path, report: &mut IngestReport) -> Result<()> {
+    let entries = match fs::read_dir(qdir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err("read quarantine directory", qdir)(e)),
+    };
+    let mut names: Vec<PathBuf> = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(io_err("read quarantine directory", qdir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(RECORD_SUFFIX) && !name.starts_with('.') {
+            names.push(entry.path());
+        }
+    }
+    names.sort();
+    for path in names {
+        let mut reason_path = path.clone().into_os_string();
+        reason_path.push(".reason");
+        let reason_path = PathBuf::from(reason_path);
+        let Ok(reason) = fs::read_to_string(&reason_path) else { continue };
+        if !UNPARSED.iter().any(|p| reason.starts_with(p)) {
+            continue;
+        }
+        let Some(Ok(buf)) = read_bounded(&path, MAX_DECISION_BYTES)? else { continue };
+        let dest_dir = if serde_json::from_slice::<Observation>(&buf)
+            .is_ok_and(|o| o.validate().is_ok() && buf.len() as u64 <= MAX_RECORD_BYTES)
+        {
+            spool.to_path_buf()
+        } else if parse_decision(&buf).is_ok() {
+            spool.join(DECISIONS_DIR)
+        } else {
+            continue;
+        };
+        create_dir(&dest_dir).map_err(io_err("create spool directory", &dest_dir))?;
+        let dest = dest_dir.join(path.file_name().unwrap_or_default());
+        match fs::rename(&path, &dest) {
+            Ok(()) => {
+                let _ = fs::remove_file(&reason_path);
+                report.requeued.push(dest);
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("move file back from quarantine", &path)(e)),
+        }
+    }
+    Ok(())
 }
 
 fn remove_ingested(paths: &[PathBuf]) -> Result<()> {
@@ -303,6 +494,10 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
     // (path, is a regular file)
     let mut entries: Vec<(PathBuf, bool)> = Vec::new();
     let mut report = IngestReport::default();
+    trusted(spool)?;
+    requeue_completed(spool, quarantine_dir, &mut report)?;
+    // Plausibility is judged against the profiles as they are when the ingest starts.
+    let exclusive = db.exclusive_throughputs()?;
     for entry in fs::read_dir(spool).map_err(io_err("read spool directory", spool))? {
         let entry = entry.map_err(io_err("read spool directory", spool))?;
         let ft = match entry.file_type() {
@@ -315,12 +510,7 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
             continue;
         }
         if name.starts_with('.') {
-            let age = entry
-                .metadata()
-                .ok()
-                .and_then(|m| m.modified().ok())
-                .and_then(|t| t.elapsed().ok());
-            if name.starts_with(".tmp.") && age.is_some_and(|a| a > STALE_TEMP) {
+            if is_stale_temp(&entry) {
                 report.stale_temp_files.push(entry.path());
             }
             continue;
@@ -351,6 +541,14 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
                 }
             }
             Read1::Record(obs) => {
+                if let Some(reason) = implausibility(&obs, exclusive.get(&obs.workload).copied()) {
+                    if quarantine(&path, quarantine_dir, &reason)? {
+                        report.quarantined.push((path, reason));
+                    } else {
+                        report.vanished += 1;
+                    }
+                    continue;
+                }
                 batch.push((path, *obs));
                 if batch.len() >= BATCH {
                     flush(db, &mut batch, &mut report)?;
@@ -360,4 +558,133 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
     }
     flush(db, &mut batch, &mut report)?;
     Ok(report)
+}
+
+// ---- pruning --------------------------------------------------------------------------------
+
+/// What one prune did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PruneReport {
+    /// Files removed.
+    pub removed: Vec<PathBuf>,
+    /// Files that were old enough but could not be removed, with the reason. Reported, not
+    /// fatal: a file left behind costs disk space, not correctness.
+    pub failed: Vec<(PathBuf, String)>,
+}
+
+/// Which files may go, by directory: in the quarantine everything, in the spool and its
+/// `decisions/` only the abandoned temporary writes (`.tmp.<pid>.<name>`, see [`write_atomic`]).
+#[derive(Debug, Clone, Copy)]
+enum Keep {
+    Nothing,
+    RecordsAndLiveWrites,
+}
+
+/// Removes files older than `keep` (by modification time, relative to `now`) from `quarantine`
+/// and abandoned writes from `spool` and its `decisions/` (of both record kinds). Quarantined
+/// files (each with its `.reason`) are kept that long for the admin to look at; records waiting
+/// to be ingested are never touched. A missing directory has nothing to prune.
+pub fn prune(
+    spool: &Path,
+    quarantine: &Path,
+    keep: std::time::Duration,
+    now: std::time::SystemTime,
+) -> PruneReport {
+    let mut report = PruneReport::default();
+    let cutoff = now.checked_sub(keep).unwrap_or(std::time::SystemTime::UNIX_EPOCH);
+    prune_dir(quarantine, Keep::Nothing, cutoff, &mut report);
+    prune_dir(spool, Keep::RecordsAndLiveWrites, cutoff, &mut report);
+    prune_dir(&spool.join(DECISIONS_DIR), Keep::RecordsAndLiveWrites, cutoff, &mut report);
+    report.removed.sort();
+    report
+}
+
+fn prune_dir(dir: &Path, keep: Keep, cutoff: std::time::SystemTime, report: &mut PruneReport) {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return,
+        Err(e) => {
+            report.failed.push((dir.to_path_buf(), format!("couldn't list it: {e}")));
+            return;
+        }
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if matches!(keep, Keep::RecordsAndLiveWrites) && !name.starts_with(".tmp.") {
+            continue;
+        }
+        // Only plain files: a sub-directory or link here was put by someone else, for a reason.
+        let Ok(meta) = entry.path().symlink_metadata() else { continue };
+        if !meta.file_type().is_file() {
+            continue;
+        }
+        let Ok(mtime) = meta.modified() else { continue };
+        if mtime >= cutoff {
+            continue;
+        }
+        let path = entry.path();
+        match fs::remove_file(&path) {
+            Ok(()) => report.removed.push(path),
+            // Another prune or an admin got there first.
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => report.failed.push((path, e.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod prune_tests {
+    use super::*;
+    use std::fs::File;
+    use std::time::{Duration, SystemTime};
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    fn file(dir: &Path, name: &str, age: Duration, now: SystemTime) -> PathBuf {
+        let p = dir.join(name);
+        fs::write(&p, "x").unwrap();
+        File::options().write(true).open(&p).unwrap().set_modified(now - age).unwrap();
+        p
+    }
+
+    #[test]
+    fn removes_old_quarantine_and_abandoned_writes_only() {
+        let root = kace_test_support::TempDir::new("prune");
+        let (spool, q) = (root.join("spool"), root.join("q"));
+        fs::create_dir_all(&spool).unwrap();
+        fs::create_dir_all(q.join("sub")).unwrap();
+        let now = SystemTime::now();
+        let old_q = file(&q, "a.json", 40 * DAY, now);
+        let old_reason = file(&q, "a.json.reason", 40 * DAY, now);
+        let new_q = file(&q, "b.json", DAY, now);
+        let old_tmp = file(&spool, ".tmp.12.c.json", 40 * DAY, now);
+        let new_tmp = file(&spool, ".tmp.13.d.json", DAY, now);
+        // An abandoned decision write is pruned too.
+        fs::create_dir_all(spool.join(DECISIONS_DIR)).unwrap();
+        let old_decision_tmp = file(&spool.join(DECISIONS_DIR), ".tmp.14.f.json", 40 * DAY, now);
+        // An old record not yet ingested is data, never pruned.
+        let old_record = file(&spool, "e.json", 40 * DAY, now);
+
+        let r = prune(&spool, &q, 30 * DAY, now);
+        assert_eq!(r.failed, vec![]);
+        let mut want =
+            vec![old_q.clone(), old_reason.clone(), old_tmp.clone(), old_decision_tmp.clone()];
+        want.sort();
+        let mut got = r.removed.clone();
+        got.sort();
+        assert_eq!(got, want);
+        for p in [&old_q, &old_reason, &old_tmp] {
+            assert!(!p.exists(), "{} should be gone", p.display());
+        }
+        for p in [&new_q, &new_tmp, &old_record] {
+            assert!(p.exists(), "{} should stay", p.display());
+        }
+        assert!(q.join("sub").is_dir());
+    }
+
+    #[test]
+    fn missing_directories_have_nothing_to_prune() {
+        let none = Path::new("/nonexistent/kace-prune");
+        assert_eq!(prune(none, none, DAY, SystemTime::now()), PruneReport::default());
+    }
 }

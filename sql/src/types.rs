@@ -30,27 +30,29 @@ pub const FIRST_SYSTEM_FEATURE: usize = 6;
 pub const MEMCAP: usize = 9;
 
 /// Longest workload name accepted (names come from users through `--kace-colocate`).
-pub const MAX_NAME_LEN: usize = 128;
+pub const MAX_NAME_LEN: usize = kace_layout::workload_name::MAX_LEN;
 
-/// Checks a workload name: 1–128 characters from `[A-Za-z0-9._+-]`, not starting with `.` or `-`.
+/// Checks a workload name against kace's one rule ([`kace_layout::workload_name`]): 1–128
+/// characters from `[A-Za-z0-9._+-]`, not starting with `.` or `-`.
 ///
-/// The same rule is enforced at the SPANK option; repeating it here keeps junk out of the DB
-/// whatever path a name arrives by (spool files are written by root, but from user input).
+/// The same rule is enforced at the SPANK option and the gate; checking it here keeps junk out
+/// of the DB whatever path a name arrives by (spool files are written by root, but from user
+/// input).
 pub fn validate_workload_name(name: &str) -> Result<()> {
-    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '+' | '-');
-    if name.is_empty()
-        || name.len() > MAX_NAME_LEN
-        || name.starts_with(['.', '-'])
-        || !name.chars().all(ok_char)
-    {
-        return Err(Error::Invalid {
-            reason: format!(
-                "invalid workload name {name:?}: use 1–{MAX_NAME_LEN} characters from \
-                 [A-Za-z0-9._+-], not starting with '.' or '-'"
-            ),
-        });
+    kace_layout::workload_name::check(name.as_bytes()).map_err(|e| Error::Invalid {
+        reason: format!("invalid workload name {}: {e}", quote_untrusted(name)),
+    })
+}
+
+/// An untrusted value made printable and short for a message: control and non-ASCII characters
+/// escaped, cut after 40 characters with the length noted.
+pub fn quote_untrusted(s: &str) -> String {
+    let shown: String = s.chars().take(40).flat_map(char::escape_debug).collect();
+    if s.chars().count() > 40 {
+        format!("\"{shown}\"... ({} bytes)", s.len())
+    } else {
+        format!("\"{shown}\"")
     }
-    Ok(())
 }
 
 /// One measurement of a workload's profile. Any feature may be absent: ncu gives the six kernel
@@ -76,6 +78,18 @@ impl NewProfile {
                 reason: format!("profile of {}: empty GPU model or source", self.workload),
             });
         }
+        if self.gpu_model.len() > MAX_KEY_LEN
+            || self.gpu_model.chars().any(char::is_control)
+            || self.source.chars().any(char::is_control)
+        {
+            return Err(Error::Invalid {
+                reason: format!(
+                    "profile of {}: GPU model {} is too long or has control characters",
+                    self.workload,
+                    quote_untrusted(&self.gpu_model)
+                ),
+            });
+        }
         if self.values.iter().all(Option::is_none) {
             return Err(Error::Invalid {
                 reason: format!("profile of {}: no feature values", self.workload),
@@ -86,8 +100,10 @@ impl NewProfile {
                 if let Some(why) = feature_value_problem(i, *v) {
                     return Err(Error::Invalid {
                         reason: format!(
-                            "profile of {}: {} = {v}: {why}",
-                            self.workload, FEATURE_COLUMNS[i]
+                            "profile of {}: {} = {}: {why}",
+                            self.workload,
+                            FEATURE_COLUMNS[i],
+                            if v.abs() < 1e15 { v.to_string() } else { format!("{v:e}") }
                         ),
                     });
                 }
@@ -110,7 +126,17 @@ pub(crate) fn feature_value_problem(i: usize, v: f64) -> Option<&'static str> {
     if is_pct && v > 200.0 {
         return Some("a percentage above 200");
     }
-    None
+    // Far above anything measured (the artifact's largest: 1.2e7 threads, 2e8 registers, 74 KB
+    // of static shared memory, 430 steps/s, 21.5 GiB), so that an absurd value — which made
+    // its workload win every selection — is refused, not stored.
+    match i {
+        0 | 4 if v > 1e12 => Some("more than 1e12"),
+        5 if v > 1e9 => Some("more than 1e9 bytes"),
+        6 if v < 1e-9 => Some("an exclusive throughput must be above 0"),
+        6 if v > MAX_UNPROFILED_THROUGHPUT => Some("more than 1e9 steps per second"),
+        9 if v > 1e4 => Some("more than 10 000 GiB"),
+        _ => None,
+    }
 }
 
 /// A workload's current profile: per feature, the newest measured value.
@@ -191,6 +217,41 @@ pub struct Observation {
 /// Longest observation key and job id accepted.
 pub const MAX_KEY_LEN: usize = 256;
 
+/// Most partners one observation may name: far more jobs than MPS lets share one GPU.
+pub const MAX_PARTNERS: usize = 63;
+
+/// Latest interval end accepted, Unix seconds (the year 2286): a time beyond it is garbage.
+pub const MAX_TIME: f64 = 1e10;
+
+/// How many times its exclusive throughput (the profile's `exclusive_throughput`) an observed
+/// throughput may be. Sharing a GPU only slows a job down, so anything above 1 is measurement
+/// noise; 2 leaves room for a profile taken on a slower day. Above it an observation is
+/// implausible: a progress file that lies (the audit's 1.5e308 steps/s) or another workload's
+/// numbers, and it is kept out of training.
+pub const MAX_RATIO_TO_EXCLUSIVE: f64 = 2.0;
+
+/// Largest throughput accepted for a workload whose exclusive throughput is not known yet.
+pub const MAX_UNPROFILED_THROUGHPUT: f64 = 1e9;
+
+/// Why an observation is implausible for a workload whose exclusive throughput is `exclusive`
+/// (when known), or `None` when it is plausible. [`Observation::validate`] checks what an
+/// observation must be on its own; this checks it against what kace knows of the workload.
+pub fn implausibility(o: &Observation, exclusive: Option<f64>) -> Option<String> {
+    match exclusive.filter(|e| e.is_finite() && *e > 0.0) {
+        Some(e) if o.throughput > MAX_RATIO_TO_EXCLUSIVE * e => Some(format!(
+            "observation {}: throughput {} is more than {MAX_RATIO_TO_EXCLUSIVE} times {}'s \
+             exclusive throughput {e}",
+            o.key, o.throughput, o.workload
+        )),
+        None if o.throughput > MAX_UNPROFILED_THROUGHPUT => Some(format!(
+            "observation {}: throughput {} is above {MAX_UNPROFILED_THROUGHPUT}, and {} has no \
+             exclusive throughput to compare with",
+            o.key, o.throughput, o.workload
+        )),
+        _ => None,
+    }
+}
+
 impl Observation {
     /// Whether the job ran alone.
     pub fn exclusive(&self) -> bool {
@@ -200,8 +261,13 @@ impl Observation {
     /// Checks every field; the reason names the field so a quarantine note is useful.
     pub fn validate(&self) -> Result<()> {
         let bad = |reason: String| Err(Error::Invalid { reason });
+        // Bidirectional overrides are refused with the control characters: they make a
+        // listing lie about what it shows.
+        let hostile = |c: char| {
+            c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        };
         let printable =
-            |s: &str| !s.is_empty() && s.len() <= MAX_KEY_LEN && !s.chars().any(char::is_control);
+            |s: &str| !s.is_empty() && s.len() <= MAX_KEY_LEN && !s.chars().any(hostile);
         if !printable(&self.key) {
             return bad(format!(
                 "observation key {:?} is empty, too long or has control characters",
@@ -212,14 +278,32 @@ impl Observation {
             return bad(format!("observation {}: empty or bad job, node or gpu", self.key));
         }
         validate_workload_name(&self.workload)?;
-        for p in &self.partners {
+        if self.partners.len() > MAX_PARTNERS {
+            return bad(format!(
+                "observation {}: {} partners (at most {MAX_PARTNERS})",
+                self.key,
+                self.partners.len()
+            ));
+        }
+        for (i, p) in self.partners.iter().enumerate() {
             validate_workload_name(&p.workload)?;
             if !printable(&p.job) {
                 return bad(format!("observation {}: bad partner job id", self.key));
             }
+            if p.job == self.job || self.partners[..i].iter().any(|q| q.job == p.job) {
+                return bad(format!(
+                    "observation {}: partner job {} is the job itself or named twice",
+                    self.key, p.job
+                ));
+            }
         }
-        if !(self.start.is_finite() && self.end.is_finite() && self.end >= self.start) {
-            return bad(format!("observation {}: end is before start or not a number", self.key));
+        let time_ok = |t: f64| (0.0..=MAX_TIME).contains(&t);
+        if !(time_ok(self.start) && time_ok(self.end) && self.end >= self.start) {
+            return bad(format!(
+                "observation {}: start and end must be Unix times (0 to {MAX_TIME}), end not \
+                 before start",
+                self.key
+            ));
         }
         if !(self.throughput.is_finite() && self.throughput >= 0.0) {
             return bad(format!("observation {}: throughput must be a number ≥ 0", self.key));
@@ -236,6 +320,18 @@ impl Observation {
         }
         Ok(())
     }
+}
+
+/// Which stored observations `kace observations remove|quarantine` applies to: every field given
+/// must match, and at least one must be given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ObservationFilter {
+    /// The observation's key.
+    pub key: Option<String>,
+    /// The Slurm job id.
+    pub job: Option<String>,
+    /// The node it was measured on (its source: the epilog of that node, or `imported`).
+    pub node: Option<String>,
 }
 
 /// Observations of k ≥ 2 jobs that ran together, each naming all the others (and only them) as

@@ -3,8 +3,9 @@
 //! kace-prolog measures and logs them (median of 3 leads per size). Targets: database +
 //! prediction under 10 ms at 1 000 candidates, the whole prolog under 1 s.
 //!
-//! `cargo bench -p kace-e2e --bench prolog` as root, with Slurm installed and the KACE artifact
-//! at ../shared/data/kace-artifact (or $KACE_ARTIFACT_DIR); it says why when it cannot run.
+//! `cargo bench -p kace-e2e --bench prolog` as root with Slurm installed (the system's, or the
+//! one under `$KACE_SLURM_PREFIX`), trained on the repository's demo data; it says why when it
+//! cannot run.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -17,7 +18,6 @@ const SIZES: [usize; 3] = [10, 100, 1000];
 const REPS: usize = 3;
 
 fn main() {
-    let Some(art) = common::artifact() else { return };
     if kace_e2e::e2e_available("bench prolog").is_none() {
         return;
     }
@@ -28,7 +28,7 @@ fn main() {
         .slurm_conf_line("MaxJobCount=20000")
         .start()
         .unwrap();
-    common::prepare(&c, &art, 86_400);
+    common::prepare(&c, 86_400);
     let (lead, cands) = common::lead_with_candidates(&c.dir().join("kace.db"), 4);
     let log = c.dir().join("log/kace-kace-prolog.log");
 

@@ -15,10 +15,8 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use crate::conf::{self, Hooks, Layout, NodeSpec};
-use crate::{plugin, sys, HarnessError};
+use crate::{plugin, sys, HarnessError, SlurmInstall};
 
-/// PATH for every Slurm command the harness runs (Slurm's own hooks get none).
-const PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
 const POLL: Duration = Duration::from_millis(50);
 
 /// A prolog/epilog-type hook.
@@ -113,6 +111,7 @@ impl ClusterBuilder {
         let mut cluster = Cluster {
             conf: dir.join("etc/slurm.conf"),
             dir,
+            slurm: SlurmInstall::from_env(),
             nodes: Vec::new(),
             ctld: None,
             slurmds: Vec::new(),
@@ -160,6 +159,7 @@ impl ClusterBuilder {
         let layout = Layout {
             dir: dir.clone(),
             hostname: short_hostname()?,
+            plugin_dir: cluster.slurm.plugin_dir(),
             ctld_port: free_port()?,
             nodes,
             typed: self.typed,
@@ -251,6 +251,8 @@ pub struct Cluster {
     ctld: Option<Daemon>,
     slurmds: Vec<(String, Daemon)>,
     keep: bool,
+    /// The Slurm whose daemons and commands this cluster runs.
+    slurm: SlurmInstall,
 }
 
 /// `scontrol show job` fields of one job.
@@ -288,10 +290,19 @@ impl Cluster {
         &self.nodes
     }
 
-    /// A Slurm command set up for this cluster (`SLURM_CONF`, a PATH, cwd = the cluster dir).
+    /// The Slurm this cluster runs.
+    pub fn slurm(&self) -> &SlurmInstall {
+        &self.slurm
+    }
+
+    /// A Slurm command set up for this cluster (the install's program, `SLURM_CONF`, a PATH,
+    /// `TZ=UTC` as kace runs them, cwd = the cluster dir).
     pub fn command(&self, program: &str) -> Command {
-        let mut c = Command::new(program);
-        c.env("SLURM_CONF", &self.conf).env("PATH", PATH).current_dir(&self.dir);
+        let mut c = Command::new(self.slurm.program(program));
+        c.env("SLURM_CONF", &self.conf)
+            .env("PATH", self.slurm.path_var())
+            .env_remove("SLURM_TIME_FORMAT")
+            .current_dir(&self.dir);
         c
     }
 

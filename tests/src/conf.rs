@@ -45,6 +45,8 @@ pub struct Layout {
     pub dir: PathBuf,
     /// This host's short name: slurmctld acts as controller only under it.
     pub hostname: String,
+    /// `PluginDir=` (a Slurm installed under a prefix); `None` keeps the build's default.
+    pub plugin_dir: Option<PathBuf>,
     pub ctld_port: u16,
     /// Nodes with their slurmd ports.
     pub nodes: Vec<(NodeSpec, u16)>,
@@ -118,6 +120,9 @@ impl Layout {
             host = self.hostname,
             port = self.ctld_port,
         );
+        if let Some(p) = &self.plugin_dir {
+            let _ = writeln!(s, "PluginDir={}", p.display());
+        }
         if self.plugstack {
             let _ = writeln!(s, "PlugStackConfig={d}/etc/plugstack.conf");
         }
@@ -138,13 +143,16 @@ impl Layout {
         for line in &self.extra {
             let _ = writeln!(s, "{line}");
         }
+        // Each node is its own NodeHostname: a Slurm built without --enable-multiple-slurmd
+        // refuses two nodes on one hostname ("Duplicated NodeHostName"), and with it (Debian's
+        // build) this works as well; NodeAddr is where slurmctld reaches them.
         for (node, port) in &self.nodes {
             let _ = writeln!(
                 s,
                 "NodeName={} NodeHostname={} NodeAddr=127.0.0.1 Port={port} CPUs={} \
                  RealMemory=4000 Gres={} State=UNKNOWN",
                 node.name,
-                self.hostname,
+                node.name,
                 node.cpus,
                 self.node_gres(node)
             );
@@ -196,6 +204,7 @@ mod tests {
         Layout {
             dir: PathBuf::from("/tmp/c"),
             hostname: "vm".into(),
+            plugin_dir: None,
             ctld_port: 7000,
             nodes: vec![(NodeSpec::new("n1", 2), 7001), (NodeSpec::new("n2", 1), 7002)],
             typed,
@@ -210,7 +219,7 @@ mod tests {
     fn untyped_gres_counts_shards_per_node_and_numbers_devices_across_nodes() {
         let l = layout(false);
         let conf = l.slurm_conf();
-        assert!(conf.contains("NodeName=n1 NodeHostname=vm NodeAddr=127.0.0.1 Port=7001 CPUs=4 RealMemory=4000 Gres=gpu:2,shard:8 "));
+        assert!(conf.contains("NodeName=n1 NodeHostname=n1 NodeAddr=127.0.0.1 Port=7001 CPUs=4 RealMemory=4000 Gres=gpu:2,shard:8 "));
         assert!(conf.contains("Port=7002 CPUs=4 RealMemory=4000 Gres=gpu:1,shard:4 "));
         assert_eq!(
             l.gres_conf(),
@@ -241,8 +250,11 @@ mod tests {
         assert!(!conf.contains("EpilogSlurmctld="));
         assert!(conf.contains("JobSubmitPlugins=lua\n"));
         assert!(conf.contains("PlugStackConfig=/tmp/c/etc/plugstack.conf\n"));
+        assert!(!conf.contains("PluginDir="));
         l.gate = false;
         l.plugstack = false;
+        l.plugin_dir = Some("/opt/kace-slurm/26.05.3/lib/slurm".into());
+        assert!(l.slurm_conf().contains("PluginDir=/opt/kace-slurm/26.05.3/lib/slurm\n"));
         let conf = l.slurm_conf();
         assert!(!conf.contains("JobSubmitPlugins") && !conf.contains("PlugStackConfig"));
     }

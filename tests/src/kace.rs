@@ -8,12 +8,12 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::SystemTime;
 
-use crate::{HarnessError, Hook};
+use crate::{HarnessError, Hook, SlurmInstall};
 
 const BINS: [&str; 4] = ["kace", "kace-prolog", "kace-epilog", "kace-dispatch"];
 /// The crates the binaries are built from (for the staleness check).
-const CRATES: [&str; 8] =
-    ["node", "cli", "sql", "selector", "config", "layout", "profiling", "simulator"];
+const CRATES: [&str; 9] =
+    ["node", "cli", "sql", "selector", "config", "layout", "profiling", "simulator", "log"];
 
 /// The directory holding fresh `kace`, `kace-prolog` and `kace-epilog`: `$KACE_BIN_DIR` if set,
 /// else cargo's own output next to the test binary, else a build into `target/kace-e2e-plugin`.
@@ -126,15 +126,20 @@ pub fn hook(program: &str, args: &str) -> Result<Hook, HarnessError> {
     )))
 }
 
-/// The configuration the tests start from: everything under the cluster directory, the fake
-/// MPS control, a 32 GiB GPU (no NVML here), and `max_hold_s`.
+/// The configuration the tests start from: everything under the cluster directory, the Slurm
+/// commands of the install under test, the fake MPS control, a 32 GiB GPU (no NVML here), and
+/// `max_hold_s`.
 pub fn conf(dir: &Path, max_hold_s: u64) -> String {
     let d = dir.display();
+    let slurm = SlurmInstall::from_env();
+    let [scontrol, squeue, sinfo] =
+        ["scontrol", "squeue", "sinfo"].map(|p| slurm.program(p).display().to_string());
     format!(
         "[database]\npath = \"{d}/kace.db\"\n\
          [spool]\ndir = \"{d}/kace-spool\"\nquarantine = \"{d}/kace-quarantine\"\n\
          [profiling]\nwarmup_steps = 0\n\
-         [node]\nmps_control = \"{d}/fake-mps\"\ncommand_timeout_ms = 2000\n\
+         [node]\nscontrol = \"{scontrol}\"\nsqueue = \"{squeue}\"\nsinfo = \"{sinfo}\"\n\
+         mps_control = \"{d}/fake-mps\"\ncommand_timeout_ms = 2000\n\
          prolog_budget_ms = 5000\nmps_root = \"{d}/mps\"\nprogress_root = \"{d}/progress\"\n\
          state_dir = \"{d}/state\"\ngpu_memory_gib = 32.0\n\
          [dispatch]\nmax_hold_s = {max_hold_s}\nlock = \"{d}/run/dispatch.lock\"\n"

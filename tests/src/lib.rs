@@ -1,5 +1,6 @@
-//! Harness for kace's end-to-end tests: a real Slurm 22.05 cluster (Debian packages) started on
-//! localhost in a temporary directory, with fake GPUs, the kace SPANK plugin and the gate.
+//! Harness for kace's end-to-end tests: a real Slurm cluster started on localhost in a temporary
+//! directory, with fake GPUs, the kace SPANK plugin and the gate. The Slurm is the system's
+//! (Debian 12's 22.05) or the one under `$KACE_SLURM_PREFIX` (see [`SlurmInstall`]).
 //!
 //! ```no_run
 //! use kace_e2e::{Cluster, Hook};
@@ -12,17 +13,19 @@
 mod cluster;
 pub mod conf;
 pub mod demo;
+mod install;
 pub mod kace;
 mod plugin;
 mod sys;
 
 use std::fmt;
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 pub use cluster::{parse_fields, parse_job_id, Cluster, ClusterBuilder, Hook, JobInfo};
 pub use conf::NodeSpec;
+pub use install::{SlurmInstall, PREFIX_VAR};
 pub use plugin::plugin_path;
 
 /// What can go wrong setting up or driving a test cluster.
@@ -64,14 +67,7 @@ impl fmt::Display for HarnessError {
 impl std::error::Error for HarnessError {}
 
 /// The Slurm programs the harness needs.
-const PROGRAMS: [&str; 6] = [
-    "/usr/sbin/slurmctld",
-    "/usr/sbin/slurmd",
-    "/usr/bin/sbatch",
-    "/usr/bin/scontrol",
-    "/usr/bin/sinfo",
-    "/usr/bin/squeue",
-];
+const PROGRAMS: [&str; 6] = ["slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "squeue"];
 
 /// Whether end-to-end tests can run here. Prints why not and returns `None` when not root (Slurm's
 /// daemons need it), or when Slurm is not installed outside CI. Panics when Slurm is missing and
@@ -81,7 +77,9 @@ pub fn e2e_available(test: &str) -> Option<()> {
         eprintln!("SKIPPED {test}: end-to-end tests start Slurm daemons and must run as root");
         return None;
     }
-    let missing: Vec<&str> = PROGRAMS.iter().copied().filter(|p| !Path::new(p).exists()).collect();
+    let slurm = SlurmInstall::from_env();
+    let missing: Vec<PathBuf> =
+        PROGRAMS.iter().map(|p| slurm.program(p)).filter(|p| !p.exists()).collect();
     if !missing.is_empty() {
         let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
         assert!(!ci, "{test}: CI=true but Slurm is not installed (missing {missing:?}); run .ci/install-deps");

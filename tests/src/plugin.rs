@@ -1,17 +1,21 @@
 //! Finds the kace SPANK plugin (`libkace_spank.so`) for the test cluster, building it when it is
-//! missing or older than its sources, so `cargo test --workspace` works from a clean tree.
+//! missing or older than its sources, so `cargo test --workspace` works from a clean tree. A
+//! plugin loads only into the Slurm series whose headers it was built against, so for a Slurm
+//! under `$KACE_SLURM_PREFIX` it is always built against that prefix's `include/`, in a target
+//! directory of its own.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::SystemTime;
 
-use crate::HarnessError;
+use crate::{HarnessError, SlurmInstall};
 
 const SO: &str = "libkace_spank.so";
 
-/// The plugin to load: `$KACE_SPANK_SO` if set, else the `.so` cargo built next to the test
-/// binary (`target/<profile>/`), else one built into `target/kace-e2e-plugin/`.
+/// The plugin to load: `$KACE_SPANK_SO` if set; for a Slurm under `$KACE_SLURM_PREFIX` one built
+/// against its headers into `target/kace-e2e-plugin-<version>/`; else the `.so` cargo built next
+/// to the test binary (`target/<profile>/`), else one built into `target/kace-e2e-plugin/`.
 pub fn plugin_path() -> Result<PathBuf, HarnessError> {
     static FOUND: OnceLock<Result<PathBuf, HarnessError>> = OnceLock::new();
     FOUND.get_or_init(locate).clone()
@@ -26,24 +30,31 @@ fn locate() -> Result<PathBuf, HarnessError> {
             Err(HarnessError::Plugin(format!("KACE_SPANK_SO={} does not exist", p.display())))
         };
     }
+    let slurm = SlurmInstall::from_env();
     let sources = newest_source();
     let exe = std::env::current_exe()
         .map_err(|e| HarnessError::Plugin(format!("couldn't find the test binary: {e}")))?;
     // Test binaries live in target/<profile>/deps/, a program (kace-demo) in target/<profile>/.
     let deps = exe.parent().map(Path::to_path_buf);
     let profile = crate::kace::profile_dir(&exe);
-    for dir in [profile.clone(), deps].into_iter().flatten() {
-        let so = dir.join(SO);
-        if is_fresh(&so, sources) {
-            return Ok(so);
+    if slurm.prefix.is_none() {
+        for dir in [profile.clone(), deps].into_iter().flatten() {
+            let so = dir.join(SO);
+            if is_fresh(&so, sources) {
+                return Ok(so);
+            }
         }
     }
     // A separate target dir: the outer `cargo test` may still hold the lock on its own.
+    let name = match slurm.prefix {
+        Some(_) => format!("kace-e2e-plugin-{}", slurm.label()),
+        None => "kace-e2e-plugin".to_string(),
+    };
     let target = profile
         .as_deref()
         .and_then(Path::parent)
-        .map(|t| t.join("kace-e2e-plugin"))
-        .unwrap_or_else(|| std::env::temp_dir().join("kace-e2e-plugin"));
+        .map(|t| t.join(&name))
+        .unwrap_or_else(|| std::env::temp_dir().join(&name));
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
     let out = Command::new(cargo)
@@ -51,6 +62,8 @@ fn locate() -> Result<PathBuf, HarnessError> {
         .arg(&manifest)
         .arg("--target-dir")
         .arg(&target)
+        .env("SLURM_INCLUDE_DIR", slurm.include_dir())
+        .env_remove("KACE_SLURM_VERSION")
         .output()
         .map_err(|e| {
             HarnessError::Plugin(format!("couldn't run cargo build -p kace-spank: {e}"))

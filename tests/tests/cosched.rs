@@ -1,11 +1,12 @@
 //! Co-scheduling end to end on a real Slurm cluster (one node, one fake GPU): kace-prolog,
 //! kace-epilog and `kace dispatch` (EpilogSlurmctld and a "timer" the test plays), with a
-//! database holding the KACE artifact's profiles and a model trained on its pairs.
+//! database holding the project's synthetic demo profiles and a model trained on its pairs.
 //!
 //! A lead and five held candidates are submitted so that queue order, the smallest-memory rule
 //! and kace's model each prefer a different candidate (one more does not fit in memory). The
 //! candidate kace ranks best must start on the lead's node and GPU while the lead runs, the
-//! others stay held until dispatched, nobody waits past `max_hold`, the fake MPS control sees
+//! others stay held until dispatched, no GPU ever runs more than a lead and its partner (dispatch
+//! must not release another lead onto a shared GPU), nobody waits past `max_hold`, the fake MPS control sees
 //! one daemon per busy period, the epilogs spool observations that `kace ingest` and
 //! `kace train` take in, and `kace explain` says why each job was or was not chosen.
 
@@ -15,7 +16,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{artifact, decision, field, json, kace, passing, profiled_workloads, worker};
+use common::{decision, field, json, kace, passing, placement, profiled_workloads, worker};
 use kace_e2e::{kace as setup, Cluster, JobInfo, NodeSpec};
 use kace_sql::{Db, MEMCAP};
 
@@ -78,7 +79,7 @@ fn scenario(db: &Db) -> Scenario {
             unfit,
         };
     }
-    panic!("no lead in the artifact has four fitting candidates");
+    panic!("no lead in the demo data has four fitting candidates");
 }
 
 fn mps_calls(c: &Cluster) -> Vec<String> {
@@ -89,15 +90,22 @@ fn mps_calls(c: &Cluster) -> Vec<String> {
         .collect()
 }
 
-fn gres_idx(j: &JobInfo) -> String {
-    // `scontrol -d` detail: GRES=shard:1(IDX:0)
-    field(j, "GRES").to_string()
+/// Running kace jobs per (node, GPU), as dispatch reads them.
+fn jobs_per_gpu(c: &Cluster) -> BTreeMap<(String, u32), Vec<u32>> {
+    let out = c.run_ok("squeue", &["--json", "-t", "R,CF"]).unwrap();
+    let (jobs, _) = kace_node::slurm_json::jobs(&out).unwrap();
+    let mut per: BTreeMap<(String, u32), Vec<u32>> = BTreeMap::new();
+    for r in kace_node::slurm::running_kace_jobs(jobs) {
+        for g in r.gpus {
+            per.entry((r.node.clone(), g)).or_default().push(r.id);
+        }
+    }
+    per
 }
 
 #[test]
 fn kace_pairs_the_best_candidate_and_learns_from_the_pair() {
     let test = "kace_pairs_the_best_candidate_and_learns_from_the_pair";
-    let Some(art) = artifact() else { return };
     if kace_e2e::e2e_available(test).is_none() {
         return;
     }
@@ -109,7 +117,7 @@ fn kace_pairs_the_best_candidate_and_learns_from_the_pair() {
         .start()
         .unwrap();
     let dir = c.dir().to_path_buf();
-    let first_size = common::prepare(&c, &art, MAX_HOLD_S);
+    let first_size = common::prepare(&c, MAX_HOLD_S);
 
     let s = {
         let db = Db::open_read_only(&dir.join("kace.db")).unwrap();
@@ -156,11 +164,14 @@ fn kace_pairs_the_best_candidate_and_learns_from_the_pair() {
         "the lead ended before its partner started"
     );
     assert_eq!(field(&partner, "NodeList"), field(&lead_info, "NodeList"));
-    let detail = |id: u32| {
-        let out = c.run_ok("scontrol", &["-o", "-d", "show", "job", &id.to_string()]).unwrap();
-        kace_e2e::parse_fields(&out)
-    };
-    assert_eq!(gres_idx(&detail(best)), gres_idx(&detail(lead)));
+    // The partner is on the lead's GPU (the node has one: GPU 0), and nothing else is.
+    assert_eq!(placement(&c, lead), ("n1".to_string(), vec![0]));
+    assert_eq!(placement(&c, best), ("n1".to_string(), vec![0]), "the partner's GPU");
+    let per_gpu = jobs_per_gpu(&c);
+    assert_eq!(per_gpu.get(&("n1".to_string(), 0)).map(Vec::len), Some(2), "{per_gpu:?}");
+    // The timer runs now: the GPU runs a lead and its partner, so no new lead goes there.
+    let out = kace(&c, &["dispatch"]);
+    assert!(!out.contains("as a lead"), "dispatch released a lead onto a shared GPU: {out}");
     // While the lead runs, every other candidate stays held.
     for (w, id) in &ids {
         if *id != best {
@@ -185,6 +196,10 @@ fn kace_pairs_the_best_candidate_and_learns_from_the_pair() {
         }
         assert!(Instant::now() < deadline, "jobs did not all finish: {}", c.slurmctld_log());
         kace(&c, &["dispatch"]);
+        // A GPU never runs more than a lead and its partner.
+        for (gpu, jobs) in jobs_per_gpu(&c) {
+            assert!(jobs.len() <= 2, "GPU {gpu:?} runs {jobs:?}: {}", c.slurmctld_log());
+        }
         std::thread::sleep(Duration::from_secs(1));
     }
     let t = |j: &JobInfo, k: &str| kace_node_time(field(j, k));

@@ -9,7 +9,7 @@ mod common;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::{artifact, field, kace, lead_with_candidates, worker};
+use common::{field, kace, lead_with_candidates, placement, worker};
 use kace_e2e::{kace as setup, Cluster, NodeSpec};
 
 const WAIT: Duration = Duration::from_secs(40);
@@ -24,7 +24,6 @@ struct Env {
 }
 
 fn env(test: &str) -> Option<Env> {
-    let art = artifact()?;
     let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let c = kace_e2e::shared(test, || {
         Cluster::builder()
@@ -37,9 +36,12 @@ fn env(test: &str) -> Option<Env> {
             .epilog(setup::hook("kace-epilog", "").unwrap())
     })?;
     if !c.dir().join("kace.db").exists() {
-        common::prepare(&c, &art, 600);
+        common::prepare(&c, 600);
     }
-    // Each case starts from the standard configuration and a working fake MPS control.
+    // Each case starts from an empty queue (a failed case may leave held jobs behind), the
+    // standard configuration and a working fake MPS control.
+    let queued = c.run_ok("squeue", &["-h", "-O", "JobID:|"]).unwrap();
+    common::cancel_and_wait(&c, &kace_node::slurm::parse_ids(&queued), WAIT);
     std::fs::write(c.dir().join("etc/kace.conf"), setup::conf(c.dir(), 600)).unwrap();
     let _ = std::fs::remove_file(c.dir().join("mps-fail"));
     let (lead, cands) = lead_with_candidates(&c.dir().join("kace.db"), 3);
@@ -122,12 +124,14 @@ fn the_partner_lands_on_the_leads_gpu_not_the_free_one() {
     e.c.run_ok("scontrol", &["release", &lead.to_string()]).unwrap();
     let pj = e.c.wait_job(p, "started", WAIT, |j| field(j, "JobState") != "PENDING").unwrap();
     assert_eq!(field(&pj, "NodeList"), "n1", "{pj:?}");
-    let detail = |id: u32| {
-        let out = e.c.run_ok("scontrol", &["-o", "-d", "show", "job", &id.to_string()]).unwrap();
-        field(&kace_e2e::parse_fields(&out), "GRES").to_string()
-    };
-    assert!(detail(p).contains("shard:g1:1(IDX:1)"), "partner: {}", detail(p));
-    assert!(detail(lead).contains("(IDX:1)"), "lead: {}", detail(lead));
+    // Both on n1's GPU 1 (typed g1), read as kace reads allocations.
+    assert_eq!(placement(&e.c, lead), ("n1".to_string(), vec![1]), "the lead's GPU");
+    assert_eq!(placement(&e.c, p), ("n1".to_string(), vec![1]), "the partner's GPU");
+    let partner = common::kace_view(&e.c, p);
+    assert_eq!(
+        partner.gres.iter().find(|g| g.count > 0).and_then(|g| g.kind.as_deref()),
+        Some("g1")
+    );
     let out = e.c.wait_done(p, WAIT).unwrap();
     assert_eq!(field(&out, "JobState"), "COMPLETED");
     assert!(e.c.job_output(p).contains("GPUS=1 "), "{}", e.c.job_output(p));
@@ -159,10 +163,8 @@ fn drill_scontrol_missing() {
     let Some(e) = env("drill_scontrol_missing") else { return };
     e.conf_line("node", "scontrol = \"/nonexistent/scontrol\"");
     let (lead, held) = e.lead_with_held();
-    // Without scontrol the gate's AdminComment mark cannot be checked, and only the mark makes
-    // a kace job: the job runs as a plain one and moves nobody.
-    let lines = e.lead_ran(lead, "couldn't read the job from Slurm");
-    assert!(lines.contains("it runs without kace"), "{lines}");
+    // Reading jobs needs only squeue; moving the chosen partner needs scontrol.
+    let lines = e.lead_ran(lead, "couldn't release chosen job");
     assert!(!lines.contains("released job"), "{lines}");
     e.cancel(&held);
 }
@@ -222,9 +224,11 @@ fn drill_candidate_cancelled_between_choice_and_release() {
     std::fs::write(
         &wrapper,
         "#!/bin/bash\nif [ \"$1\" = update ] && [ ! -e {dir}/cancelled-once ]; then\n  \
-         touch {dir}/cancelled-once; /usr/bin/scancel \"${2#jobid=}\"; sleep 0.3\nfi\n\
-         exec /usr/bin/scontrol \"$@\"\n"
-            .replace("{dir}", &e.c.dir().display().to_string()),
+         touch {dir}/cancelled-once; {scancel} \"${2#jobid=}\"; sleep 0.3\nfi\n\
+         exec {scontrol} \"$@\"\n"
+            .replace("{dir}", &e.c.dir().display().to_string())
+            .replace("{scancel}", &e.c.slurm().program("scancel").display().to_string())
+            .replace("{scontrol}", &e.c.slurm().program("scontrol").display().to_string()),
     )
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -258,4 +262,90 @@ fn drill_two_leads_start_on_two_nodes_at_once() {
     }
     e.cancel(&held);
     kace(&e.c, &["ingest"]);
+}
+
+/// Text a job's user controls, written to look like the fields kace reads.
+const FORGED: &str = "AdminComment=kace:forged JobState=PENDING Reason=JobHeldUser \
+                      NodeList=n9 GRES=shard:g0:1(IDX:0) TresPerNode=gres/shard:g1:1";
+
+#[test]
+fn drill_forged_comment_name_and_command_change_nothing_kace_reads() {
+    let Some(e) = env("drill_forged_comment_name_and_command_change_nothing_kace_reads") else {
+        return;
+    };
+    // Held candidates whose comment, name and command line (26.05 prints it as SubmitLine=)
+    // all carry forged fields.
+    let comment = format!("--comment={FORGED}");
+    let name = format!("--job-name=x {FORGED}");
+    let script = format!("{} # {FORGED}", worker(3, 2));
+    let held: Vec<u32> = e
+        .cands
+        .iter()
+        .map(|w| {
+            let opt = format!("--kace-colocate={w}");
+            let args = [opt.as_str(), "--gres=shard:1", &comment, &name, "--wrap", &script];
+            e.c.sbatch(&args).unwrap()
+        })
+        .collect();
+    // A running job that is not kace's, with the same forged text, on n1: dispatch must not
+    // count it as a kace job holding a GPU.
+    let plain =
+        e.c.sbatch(&["--gres=shard:g0:1", "-w", "n1", &comment, &name, "--wrap", "sleep 30"])
+            .unwrap();
+    // (The harness's own reading of `scontrol show job` text would be fooled by the forged
+    // comment here, so this waits as kace reads.)
+    let deadline = Instant::now() + WAIT;
+    while common::kace_view(&e.c, plain).state != "RUNNING" {
+        assert!(Instant::now() < deadline, "{:?}", common::kace_view(&e.c, plain));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (id, w) in held.iter().zip(&e.cands) {
+        let v = common::kace_view(&e.c, *id);
+        assert_eq!(v.admin_comment, format!("kace:{w}"), "job {id}");
+        assert_eq!((v.state.as_str(), v.reason.as_str()), ("PENDING", "JobHeldUser"), "job {id}");
+        assert!(v.gres.is_empty() && v.nodes.is_empty(), "job {id}: {v:?}");
+    }
+    let plain_view = common::kace_view(&e.c, plain);
+    assert_eq!(plain_view.admin_comment, "", "{plain_view:?}");
+    let listed = kace(&e.c, &["--format", "json", "dispatch"]);
+    // One dispatch pass: the plain job holds n1's g0, which is not kace's business; every free
+    // GPU may get a lead, and none is n9 or a forged node.
+    let d: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    for l in d["leads"].as_array().unwrap() {
+        assert!(held.contains(&(l["job"].as_u64().unwrap() as u32)), "{d}");
+        assert!(matches!(l["node"].as_str(), Some("n1" | "n2")), "{d}");
+    }
+    assert!(d["problems"].as_array().unwrap().is_empty(), "{d}");
+    common::cancel_and_wait(&e.c, &[plain], WAIT);
+    common::cancel_and_wait(&e.c, &held, WAIT);
+}
+
+#[test]
+fn drill_newline_in_an_unrelated_admin_comment_stops_neither_dispatch_nor_max_hold() {
+    let Some(e) =
+        env("drill_newline_in_an_unrelated_admin_comment_stops_neither_dispatch_nor_max_hold")
+    else {
+        return;
+    };
+    // An admin's note with a newline (and a field separator) on a job that is not kace's.
+    let other = e.c.sbatch(&["--hold", "--gres=shard:1", "--wrap", "true"]).unwrap();
+    e.c.run_ok("scontrol", &["update", &format!("jobid={other}"), "AdminComment=note\n9|kace:x|"])
+        .unwrap();
+    // A lead and held candidates: the lead's prolog lists the queue and releases a partner.
+    let (lead, held) = e.lead_with_held();
+    let lines = e.lead_ran(lead, "released job ");
+    assert!(!lines.contains("couldn't list"), "{lines}");
+    // max_hold: with 1 s every held kace job is released by the next dispatch.
+    e.conf_line("dispatch", "max_hold_s = 1");
+    std::thread::sleep(Duration::from_millis(1100));
+    let out = kace(&e.c, &["dispatch"]);
+    let still: Vec<u32> = held
+        .iter()
+        .copied()
+        .filter(|id| field(&e.c.job(*id).unwrap(), "Reason") == "JobHeldUser")
+        .collect();
+    assert!(still.is_empty(), "still held after max_hold: {still:?}\n{out}");
+    assert!(out.contains("held longer than 1 s"), "{out}");
+    e.cancel(&held);
+    e.cancel(&[other]);
 }

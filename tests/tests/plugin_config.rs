@@ -17,7 +17,7 @@ fn unknown_plugin_argument_is_reported_at_slurmd_start() {
         Err(HarnessError::DaemonExited { daemon, log }) => {
             assert_eq!(daemon, "slurmd -N n1");
             let expected = "error: kace: slurmd: couldn't parse plugin arguments: \
-                            unknown key \"colour\" (known keys: mps_root, progress_root)";
+                            unknown key \"colour\" (known keys: mps_root, progress_root, python_hook)";
             assert!(log.contains(expected), "{log}");
         }
         Err(e) => panic!("expected slurmd to refuse the plugin, got: {e}"),

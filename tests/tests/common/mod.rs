@@ -1,27 +1,32 @@
-//! Shared by the co-scheduling tests: the artifact's location, running `kace` against a test
-//! cluster, a progress-writing job script, and a cluster's kace setup (config, fake MPS
-//! control, a database with the artifact's profiles and a model trained on its pairs).
+//! Shared by the co-scheduling tests: the project's synthetic training data
+//! (`packaging/demo/`, as the demo uses), running `kace` against a test cluster, a
+//! progress-writing job script, a cluster's kace setup (config, fake MPS control, a database
+//! with the demo profiles and a model trained on its pairs), and where a job landed, read
+//! through kace's own Slurm interface.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use kace_e2e::{kace as setup, Cluster, JobInfo};
+use kace_node::slurm_json::JsonJob;
 use kace_selector::decision::Policy;
 use kace_sql::decide::{decide, Decision, JobSpec};
 use kace_sql::Db;
 
-/// GPU memory the tests configure (no NVML here), as the artifact's V100.
+/// GPU memory the tests configure (no NVML here).
 pub const GPU_GIB: f64 = 32.0;
 
-pub fn artifact() -> Option<PathBuf> {
-    let dir = kace_test_support::artifact_dir();
-    if dir.join("pairs").is_dir() {
-        Some(dir)
-    } else {
-        eprintln!("SKIPPED: the KACE artifact is not at {} (set KACE_ARTIFACT_DIR)", dir.display());
-        None
-    }
+/// The profiles and pairs the tests train on: the repository's synthetic demo data, so a fresh
+/// checkout runs every co-scheduling test.
+pub struct TrainingData {
+    pub profiles: PathBuf,
+    pub pairs: PathBuf,
+}
+
+pub fn training_data() -> TrainingData {
+    let dir = kace_e2e::demo::data_dir();
+    TrainingData { profiles: dir.join("profiles.csv"), pairs: dir.join("pairs.csv") }
 }
 
 /// Runs `kace args` with the cluster's configuration; returns stdout, failing on error.
@@ -61,23 +66,40 @@ pub fn worker(seconds: u32, rate: u32) -> String {
     )
 }
 
-/// Writes the cluster's kace.conf and fake MPS control, and builds its database from the
-/// artifact; returns the number of pairs the first model was trained on.
-pub fn prepare(c: &Cluster, art: &Path, max_hold_s: u64) -> u64 {
+/// Writes the cluster's kace.conf and fake MPS control, and builds its database from the demo
+/// data; returns the number of pairs the first model was trained on.
+pub fn prepare(c: &Cluster, max_hold_s: u64) -> u64 {
     let dir = c.dir();
     std::fs::write(dir.join("etc/kace.conf"), setup::conf(dir, max_hold_s)).unwrap();
     let fake = dir.join("fake-mps");
     std::fs::write(&fake, setup::fake_mps_script(dir)).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let data = training_data();
     kace(c, &["db", "init"]);
-    let profiles = art.join("workload_profiles/derived_workload_profiles.csv");
-    kace(c, &["profile", "import", profiles.to_str().unwrap()]);
-    let pairs = art.join("pairs/MPS100_kernel_labels_targetMPS100.csv");
-    kace(c, &["observations", "import", pairs.to_str().unwrap()]);
+    kace(c, &["profile", "import", data.profiles.to_str().unwrap()]);
+    kace(c, &["observations", "import", data.pairs.to_str().unwrap()]);
     let first = json(c, &["train"]);
     first["metrics"]["fit_groups"].as_u64().unwrap()
         + first["metrics"]["holdout_groups"].as_u64().unwrap()
+}
+
+/// kace's own view of a job (state, node, allocation): `squeue --json` read by the parser the
+/// prolog and dispatch use.
+pub fn kace_view(c: &Cluster, id: u32) -> JsonJob {
+    let out = c.run_ok("squeue", &["--json", "-j", &id.to_string()]).unwrap();
+    let (jobs, _) = kace_node::slurm_json::jobs(&out).unwrap();
+    jobs.into_iter().find(|j| j.id == id).unwrap_or_else(|| panic!("job {id} is not listed"))
+}
+
+/// The node and GPU indices a running job holds shards of, as kace reads them.
+pub fn placement(c: &Cluster, id: u32) -> (String, Vec<u32>) {
+    let d = kace_view(c, id);
+    let mut gpus: Vec<u32> =
+        d.gres.iter().filter(|g| g.count > 0).flat_map(|g| g.indices.clone()).collect();
+    gpus.sort_unstable();
+    gpus.dedup();
+    (d.nodes, gpus)
 }
 
 /// The complete profiles' workloads in `db`, sorted.
@@ -122,4 +144,29 @@ pub fn lead_with_candidates(db_path: &Path, k: usize) -> (String, Vec<String>) {
         }
     }
     panic!("no lead with {k} fitting candidates");
+}
+
+/// Cancels `ids` and waits (up to `timeout`) until none is pending or running, reading states as
+/// kace does (the harness's `scontrol show job` text would be fooled by forged comments).
+pub fn cancel_and_wait(c: &Cluster, ids: &[u32], timeout: std::time::Duration) {
+    if ids.is_empty() {
+        return;
+    }
+    let list: Vec<String> = ids.iter().map(u32::to_string).collect();
+    let mut args = vec!["--quiet"];
+    args.extend(list.iter().map(String::as_str));
+    let _ = c.run("scancel", &args);
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        let Ok(out) = c.run_ok("squeue", &["--json"]) else { break };
+        let Ok((jobs, _)) = kace_node::slurm_json::jobs(&out) else { break };
+        let active = jobs.iter().any(|j| {
+            ids.contains(&j.id)
+                && matches!(j.state.as_str(), "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING")
+        });
+        if !active {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
