@@ -1,8 +1,8 @@
 //! `kace dispatch`: the controller side of co-scheduling (see `kace_node::dispatch` for what a
 //! pass does). `kace dispatch` runs one pass; `kace dispatch --watch` is the service
-//! (`packaging/kace-dispatch.service`): it passes once a second while kace jobs are held, and
-//! every `--idle` seconds otherwise, so a kace job on an idle cluster starts about as soon as a
-//! plain one would. EpilogSlurmctld and the timer stay as backstops; one pass runs at a time
+//! (`packaging/kace-dispatch-watch.service`): it passes once a second while held kace jobs fit
+//! nowhere, and every `--idle` milliseconds otherwise (one `squeue` when nothing waits), so a
+//! kace job on an idle cluster starts about as soon as a plain one would. EpilogSlurmctld and the timer stay as backstops; one pass runs at a time
 //! (the dispatch lock), a second one returns at once. What it released and the problems it met
 //! also go to syslog ([`kace_log`]): run by the timer or the service, its output is otherwise
 //! only in the unit's journal.
@@ -20,11 +20,13 @@ use crate::context::{print_json, Ctx};
 /// `kace dispatch`
 #[derive(Debug, Args)]
 pub struct DispatchArgs {
-    /// Keep passing: once a second while kace jobs are held, else every `--idle` seconds.
+    /// Keep passing: every `--idle` milliseconds while no kace job waits (such a pass is one
+    /// `squeue`), and once a second while held jobs fit nowhere.
     #[arg(long)]
     watch: bool,
-    /// With `--watch`: seconds between passes while no kace job is held.
-    #[arg(long, default_value_t = 5, value_name = "SECONDS")]
+    /// With `--watch`: milliseconds between passes while no kace job waits, so that a job
+    /// submitted to an idle cluster is released within this much of its submission.
+    #[arg(long, default_value_t = 250, value_name = "MS")]
     idle: u64,
 }
 
@@ -34,8 +36,8 @@ pub fn run(args: DispatchArgs, ctx: &Ctx) -> Result<()> {
         pass(ctx)?;
         return Ok(());
     }
-    if args.idle == 0 {
-        bail!("--idle 0: must be at least 1 second");
+    if !(10..=60_000).contains(&args.idle) {
+        bail!("--idle {}: must be between 10 and 60000 milliseconds", args.idle);
     }
     loop {
         // A failing pass (Slurm down, a command timing out) is logged; the loop goes on.
@@ -46,7 +48,11 @@ pub fn run(args: DispatchArgs, ctx: &Ctx) -> Result<()> {
                 false
             }
         };
-        std::thread::sleep(Duration::from_secs(if held { 1 } else { args.idle }));
+        std::thread::sleep(if held {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_millis(args.idle)
+        });
     }
 }
 
@@ -88,7 +94,7 @@ fn pass(ctx: &Ctx) -> Result<bool> {
             "still_held": r.still_held,
             "problems": r.problems,
         }))?;
-        return Ok(r.still_held);
+        return Ok(r.still_held && r.deferred.is_none());
     }
     if let Some(why) = &r.deferred {
         ctx.info(&format!("dispatch: released nothing: {why}; a prolog or epilog is choosing"));
@@ -100,5 +106,6 @@ fn pass(ctx: &Ctx) -> Result<bool> {
     if lines.is_empty() {
         ctx.info("dispatch: nothing to release");
     }
-    Ok(r.still_held)
+    // A pass that waited for a hook tries again soon; one whose jobs fit nowhere in a second.
+    Ok(r.still_held && r.deferred.is_none())
 }

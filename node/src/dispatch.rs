@@ -237,16 +237,22 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
     }
 
     let limit = s.policy.max_jobs_per_gpu;
-    let db = match kace_sql::Db::open_read_only(s.database) {
-        Ok(db) => Some(db),
-        Err(e) => {
-            report.problems.push(format!(
-                "couldn't open the database ({e}); no job is offered to an open GPU"
-            ));
-            None
+    // The database and the GPUs' memory matter only for GPUs that already run kace jobs.
+    let any_open = slots.iter().any(|x| x.open(limit));
+    let db = if any_open {
+        match kace_sql::Db::open_read_only(s.database) {
+            Ok(db) => Some(db),
+            Err(e) => {
+                report.problems.push(format!(
+                    "couldn't open the database ({e}); no job is offered to an open GPU"
+                ));
+                None
+            }
         }
+    } else {
+        None
     };
-    if s.gpu_memory_gib.is_none() {
+    if any_open && s.gpu_memory_gib.is_none() {
         report.problems.push(
             "couldn't check memory on the nodes' GPUs (node.gpu_memory_gib is not set); no job is offered to an open GPU"
                 .into(),

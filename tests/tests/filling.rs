@@ -206,7 +206,7 @@ fn an_idle_cluster_starts_a_kace_job_about_as_soon_as_a_plain_one() {
     let (lead_w, _) = lead_with_candidates(&c.dir().join("kace.db"), 1);
     let bin = setup::bin_dir().unwrap().join("kace");
     let mut watch = std::process::Command::new(&bin)
-        .args(["dispatch", "--watch", "--idle", "1"])
+        .args(["dispatch", "--watch"])
         .env("KACE_CONFIG", c.dir().join("etc/kace.conf"))
         .env("SLURM_CONF", c.conf())
         .stdout(std::process::Stdio::null())
@@ -334,7 +334,7 @@ fn race_drill_many_deciders_at_once() {
             .spawn()
             .unwrap()
     };
-    let mut watch = spawn("dispatch-watch", &["dispatch", "--watch", "--idle", "1"]);
+    let mut watch = spawn("dispatch-watch", &["dispatch", "--watch"]);
     let once: Vec<_> = (0..4).map(|i| spawn(&format!("dispatch-{i}"), &["dispatch"])).collect();
     for mut p in once {
         p.wait().unwrap();
@@ -459,7 +459,7 @@ fn saturated(jobs: usize, refill: bool) -> (f64, Vec<(String, f64, f64, f64)>) {
 
     let bin = setup::bin_dir().unwrap().join("kace");
     let mut watch = std::process::Command::new(&bin)
-        .args(["dispatch", "--watch", "--idle", "1"])
+        .args(["dispatch", "--watch"])
         .env("KACE_CONFIG", dir.join("etc/kace.conf"))
         .env("SLURM_CONF", c.conf())
         .stdout(std::process::Stdio::null())
