@@ -184,9 +184,11 @@ fn init_import_train_select_agrees_with_the_selector_in_memory() {
     }
     assert!(chosen_somewhere > 0, "no lead got a partner");
 
-    // A second training on the same data is not worse, so it becomes active; --activate and
-    // model activate switch back.
-    assert_eq!(env.json(&["train", "--kind", "linear"])["activated"], true);
+    // A second training on the same data stores nothing; one forced with --activate is a new
+    // version, active; model activate switches back.
+    let again = env.json(&["train", "--kind", "linear"]);
+    assert_eq!(again["unchanged_since"], 1, "{again}");
+    assert_eq!(env.json(&["train", "--kind", "linear", "--activate"])["activated"], true);
     env.ok(&["model", "activate", "1"]);
     assert_eq!(env.json(&["model", "show"])["version"], 1);
     let list = env.json(&["model", "list"]);

@@ -463,8 +463,8 @@ fn epilogs_observe_each_interval_and_the_last_one_stops_mps() {
     let lines = |from: u32, to: u32, rate: f64| -> String {
         (from..=to).map(|t| format!("{t} {}\n", (f64::from(t - from) * rate) as u64)).collect()
     };
-    // 4 steps/s alone, 2 steps/s shared (alpha's exclusive throughput is 2: ingest refuses
-    // more than twice that as implausible).
+    // 4 steps/s alone, 2 steps/s shared (alpha's exclusive throughput is 2; ingest refuses
+    // more than 10 times that as implausible).
     let mut p10 = lines(2000, 2010, 4.0);
     p10.push_str(
         &(2011..=2030).map(|t| format!("{t} {}\n", 40 + (t - 2010) * 2)).collect::<String>(),

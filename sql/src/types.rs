@@ -224,11 +224,13 @@ pub const MAX_PARTNERS: usize = 63;
 pub const MAX_TIME: f64 = 1e10;
 
 /// How many times its exclusive throughput (the profile's `exclusive_throughput`) an observed
-/// throughput may be. Sharing a GPU only slows a job down, so anything above 1 is measurement
-/// noise; 2 leaves room for a profile taken on a slower day. Above it an observation is
-/// implausible: a progress file that lies (the audit's 1.5e308 steps/s) or another workload's
-/// numbers, and it is kept out of training.
-pub const MAX_RATIO_TO_EXCLUSIVE: f64 = 2.0;
+/// throughput may be. Sharing a GPU mostly slows a job down, but not always by the profile's
+/// measure: in the KACE artifact's measured pairs a workload reaches up to 2.64 times its
+/// profiled exclusive throughput (wav2vec2-base-960h_batch2-inf). 10 leaves room for that and
+/// for a profile taken on a slow day, and still refuses what a lying progress file gives (the
+/// audit's 1.5e308 steps/s, or 1e30): such an observation is implausible and kept out of
+/// training.
+pub const MAX_RATIO_TO_EXCLUSIVE: f64 = 10.0;
 
 /// Largest throughput accepted for a workload whose exclusive throughput is not known yet.
 pub const MAX_UNPROFILED_THROUGHPUT: f64 = 1e9;
