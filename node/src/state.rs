@@ -58,6 +58,9 @@ pub fn lock_gpu(state_dir: &Path, node: &str, gpu: GpuIndex, deadline: Instant) 
     for sub in ["jobs", "ended"] {
         fs::create_dir_all(dir.join(sub)).map_err(io("create state directory", &dir))?;
     }
+    // Root writes and renames records here: a directory a user could change is refused.
+    kace_layout::trusted_dir::ensure_trusted_dir(&dir)
+        .map_err(|e| io("use state directory", &dir)(std::io::Error::other(e)))?;
     let file = lock_file(&dir.join("lock"), deadline)?;
     Ok(GpuLock { _file: file, dir })
 }

@@ -628,3 +628,26 @@ fn a_poisoned_progress_file_never_reaches_the_database() {
     assert!(r.quarantined[0].1.contains("exclusive throughput"), "{r:?}");
     assert_eq!(db.observation_count().unwrap(), 0);
 }
+
+/// The audit's class of symlink races applies to `state_dir` too: root writes and renames the
+/// GPU records there. One a user could change is refused; the job runs alone.
+#[test]
+fn a_state_dir_others_can_write_is_refused() {
+    if !kace_layout::trusted_dir::running_as_root() {
+        return; // Only root's writes can be turned against the system; CI runs as root.
+    }
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    *s.on_node.borrow_mut() = vec![10];
+    let mut w = World::new("open-state", s);
+    let open = w.dir.join("open-state");
+    std::fs::create_dir_all(&open).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    w.config.node.state_dir = open.clone();
+    let out = w.with(|n| prolog::run(n, &job_env(10, 0)));
+    assert!(!matches!(out, prolog::Outcome::Led { .. }), "{out:?}");
+    let logs = w.logs.borrow().join("\n");
+    assert!(logs.contains("writable by its group or everyone"), "{logs}");
+    assert!(!open.join("n1/gpu0/jobs/10").exists());
+}
