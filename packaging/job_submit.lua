@@ -1,6 +1,6 @@
 --[[
 kace's submission gate, for Slurm's job_submit/lua plugin (slurm.conf: JobSubmitPlugins=lua;
-Slurm 22.05 reads job_submit.lua from the directory slurm.conf is in).
+Slurm 22.05 to 26.05 read job_submit.lua from the directory slurm.conf is in).
 
 A job that asks for colocation (sbatch --kace-colocate[=WORKLOAD]: the kace SPANK plugin puts
 KACE_COLOCATE=<workload, or empty for "the job name"> into its SPANK job environment) is
@@ -9,7 +9,9 @@ KACE_COLOCATE=<workload, or empty for "the job name"> into its SPANK job environ
 The workload is validated again here: the plugin runs on the submit host, which users control.
 A bad workload refuses the submission with a message saying what is allowed. The rule mirrors
 kace_layout::workload_name (Rust), which the plugin, the database and the node programs use;
-tests/tests/gate.rs checks that both agree on a list of hostile names.
+tests/tests/gate.rs checks that both agree on a list of hostile names. So does what kace cannot
+pair (see kace_shape_refusal): a job array, a heterogeneous job, a job that asks for no shard,
+and a job submitted with --hold (kace holds it itself; an own hold would be released).
 
 A user's own sbatch (its own plugstack, or libslurm called directly) can put any entry into the
 SPANK job environment, and slurmd passes one that already starts with SPANK_ to the prolog
@@ -89,6 +91,32 @@ local function quote(s)
   return "\"" .. shown .. "\""
 end
 
+-- Why kace cannot take this --kace-colocate job as it was submitted, as one line for the user,
+-- or nil. kace pairs single jobs that ask for shards of one GPU, and holds them itself: an
+-- array would be held as one record, a het job's parts could not be placed together, a job
+-- without a shard can never share a GPU, and a user's own --hold is the same priority-0 hold as
+-- the gate's, which kace releases.
+local function kace_shape_refusal(job_desc)
+  local array = job_desc.array_inx
+  if array ~= nil and array ~= "" then
+    return "kace: couldn't accept --kace-colocate on a job array (--array " .. quote(array)
+      .. "): submit the jobs one by one"
+  end
+  local het = job_desc.het_job_offset
+  if het ~= nil and het ~= slurm.NO_VAL then
+    return "kace: couldn't accept --kace-colocate on a heterogeneous job: submit its parts as separate jobs"
+  end
+  local tres = job_desc.tres_per_node or ""
+  -- gres:shard:N up to 23.02, gres/shard:N from 23.11.
+  if not string.find(tres, "gres[:/]shard") then
+    return "kace: couldn't accept --kace-colocate without a shard: ask for one with --gres=shard:1"
+  end
+  if job_desc.priority == 0 then
+    return "kace: couldn't accept --hold with --kace-colocate: kace holds the job until it pairs it; submit without --hold"
+  end
+  return nil
+end
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
   local req, imitation = kace_request(job_desc)
   if imitation ~= nil then
@@ -118,6 +146,12 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     return slurm.ERROR
   end
 
+  local refusal = kace_shape_refusal(job_desc)
+  if refusal ~= nil then
+    slurm.log_user("%s", refusal)
+    return slurm.ERROR
+  end
+
   job_desc.admin_comment = PREFIX .. workload
   job_desc.priority = 0
   slurm.log_verbose("kace: gate: holding a job of uid %u as workload %s", submit_uid, workload)
@@ -125,7 +159,28 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   return slurm.SUCCESS
 end
 
+-- A user's own hold on a kace job (scontrol hold/uhold: priority 0) could not be told apart
+-- from the gate's, so kace would release it: refused, with what to do instead. Root (an admin
+-- hold, JobHeldAdmin) is not refused, and kace never releases that.
+local function kace_hold_refusal(job_desc, job_rec, modify_uid)
+  local ac = job_rec.admin_comment
+  if RELEASERS[modify_uid] or ac == nil or string.sub(ac, 1, #PREFIX) ~= PREFIX then
+    return nil
+  end
+  if job_desc.priority == 0 then
+    return string.format("kace: couldn't hold kace job %u: kace holds it until it pairs it; scancel it to stop it",
+      job_rec.job_id)
+  end
+  return nil
+end
+
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  local hold = kace_hold_refusal(job_desc, job_rec, modify_uid)
+  if hold ~= nil then
+    slurm.log_user("%s", hold)
+    slurm.log_info("kace: gate: refused uid %u holding kace job %u", modify_uid, job_rec.job_id)
+    return slurm.ESLURM_ACCESS_DENIED
+  end
   local ac = job_rec.admin_comment
   -- `scontrol release` arrives as priority = INFINITE; other updates carry NO_VAL.
   if not RELEASERS[modify_uid] and ac ~= nil and string.sub(ac, 1, #PREFIX) == PREFIX

@@ -3,17 +3,14 @@
 //! whose major.minor differ from its own).
 //!
 //! Header search: `$SLURM_INCLUDE_DIR/slurm/slurm_version.h`, then
-//! `/usr/include/slurm/slurm_version.h`. When neither exists the build still succeeds (so the rest
-//! of the workspace builds and tests on a machine without libslurm-dev) with a `cargo:warning`,
-//! and the plugin carries `FALLBACK_VERSION` (Debian 12's Slurm 22.05); `KACE_SLURM_VERSION`
-//! (e.g. `0x160508`) overrides both, for cross builds.
+//! `/usr/include/slurm/slurm_version.h`. When neither exists the build fails, naming the fix:
+//! a plugin built for a guessed series would be refused by every other one ("Incompatible Slurm
+//! plugin version"), so nothing is guessed. `KACE_SLURM_VERSION` (e.g. `0x1a0503`) overrides the
+//! headers, for cross builds and machines without a Slurm.
 
 use std::env;
 use std::fs;
 use std::path::PathBuf;
-
-/// Debian 12's Slurm 22.05; Slurm compares only major.minor for SPANK plugins.
-const FALLBACK_VERSION: u32 = 0x16_05_00;
 
 fn main() {
     println!("cargo:rerun-if-env-changed=SLURM_INCLUDE_DIR");
@@ -36,6 +33,8 @@ fn main() {
          pub const SLURM_VERSION_NUMBER: u32 = {version:#x};\n"
     );
     fs::write(out.join("slurm_version.rs"), text).expect("OUT_DIR is writable");
+    // The plugin's own test compares against the same header.
+    println!("cargo:rustc-env=KACE_SLURM_VERSION_SOURCE={source}");
 }
 
 fn from_headers() -> (u32, String) {
@@ -55,12 +54,15 @@ fn from_headers() -> (u32, String) {
             }
         }
     }
-    println!(
-        "cargo:warning=kace-spank: no slurm/slurm_version.h found (install libslurm-dev or set \
-         SLURM_INCLUDE_DIR); plugin_version falls back to {FALLBACK_VERSION:#x} (Slurm 22.05), \
-         which only a Slurm 22.05 will load"
+    let looked: Vec<String> = candidates.iter().map(|h| h.display().to_string()).collect();
+    eprintln!(
+        "error: kace-spank: couldn't find the Slurm headers the plugin must be built against \
+         (looked for {}); install the Slurm development headers (Debian: libslurm-dev), set \
+         SLURM_INCLUDE_DIR to the directory holding slurm/slurm_version.h, or set \
+         KACE_SLURM_VERSION (e.g. 0x1a0503 for 26.05) to build for a named series",
+        looked.join(", ")
     );
-    (FALLBACK_VERSION, "fallback: no slurm_version.h found".to_string())
+    std::process::exit(1)
 }
 
 fn version_from_header(text: &str) -> Option<u32> {

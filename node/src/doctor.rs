@@ -224,10 +224,10 @@ pub fn node_gres(show_node: &str) -> Option<String> {
 
 /// The verdict on one node's GRES: shards present, and typed when the node has several GPUs.
 pub fn check_gres(node: &str, gres: &str) -> Finding {
-    let entries: Vec<Vec<&str>> = gres.split(',').map(|e| e.split(':').collect()).collect();
-    let count = |e: &Vec<&str>| e.last().and_then(|c| c.parse::<u32>().ok()).unwrap_or(0);
-    let gpus: u32 = entries.iter().filter(|e| e[0] == "gpu").map(count).sum();
-    let shards: Vec<&Vec<&str>> = entries.iter().filter(|e| e[0] == "shard").collect();
+    let entries = crate::gres::parse_specs(gres);
+    let gpus: u32 = entries.iter().filter(|e| e.name == "gpu").map(|e| e.count).sum();
+    let shards: Vec<&crate::gres::GresSpec> =
+        entries.iter().filter(|e| e.name == "shard").collect();
     if shards.is_empty() {
         return Finding::fail(
             "shard gres",
@@ -237,7 +237,7 @@ pub fn check_gres(node: &str, gres: &str) -> Finding {
              need daemon restarts, not only scontrol reconfigure)",
         );
     }
-    if gpus > 1 && shards.iter().any(|e| e.len() < 3) {
+    if gpus > 1 && shards.iter().any(|e| e.kind.is_none()) {
         return Finding::fail(
             "shard gres",
             format!("node {node}: {gpus} GPUs with untyped shards (Gres={gres})"),

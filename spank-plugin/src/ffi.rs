@@ -2,7 +2,7 @@
 //!
 //! Hand-written rather than bindgen: the surface is ten functions and one struct, and it keeps
 //! libclang out of the build. The enum values below were checked against Debian 12's
-//! `/usr/include/slurm/spank.h` and `slurm_errno.h`; they are identical from 20.11 to 25.11.
+//! `/usr/include/slurm/spank.h` and `slurm_errno.h`; they are identical from 20.11 to 26.05.
 //! The functions are resolved when Slurm loads the plugin into sbatch, srun, slurmd or
 //! slurmstepd, all of which export them.
 
@@ -46,6 +46,10 @@ pub const ESPANK_SUCCESS: c_int = 0;
 pub const ESPANK_ERROR: c_int = 3000;
 /// `ESPANK_ENV_NOEXIST`: the variable is not in the job's environment.
 pub const ESPANK_ENV_NOEXIST: c_int = 3004;
+/// `ESPANK_JOB_FAILURE` (slurm_errno.h from 25.05; checked against 26.05.3): as
+/// `slurm_spank_init_failure_mode`, a failed init in slurmstepd fails the job instead of
+/// draining the node (the default, `ESPANK_NODE_FAILURE`, 3011).
+pub const ESPANK_JOB_FAILURE: c_int = 3012;
 
 extern "C" {
     pub fn spank_context() -> c_int;

@@ -10,6 +10,12 @@
 //! | slurmd | `init` | parses the plugstack.conf arguments; logs the version, or the error |
 //! | slurmstepd | `user_init` | MPS and progress variables for a kace job's tasks |
 //! | prolog | `job_prolog` | logs the workload a kace job asked for |
+//!
+//! SPANK rules of Slurm 25.05 on (kept on 22.05 too): any non-zero return is an error, so every
+//! hook returns 0 or -1 and nothing else; only sbatch/srun (a bad `--kace-colocate` stops the
+//! submission) and slurmd start (bad plugstack.conf arguments) ever return -1. In slurmstepd
+//! nothing fails, and [`slurm_spank_init_failure_mode`] makes a failed init there a job failure,
+//! never a drained node.
 
 pub mod config;
 mod ffi;
@@ -43,6 +49,12 @@ pub static plugin_type: [u8; 6] = *b"spank\0";
 #[no_mangle]
 pub static plugin_version: u32 = SLURM_VERSION_NUMBER;
 
+/// How Slurm (25.05 on) treats a failed `slurm_spank_init` of this `required` plugin: the job
+/// fails, the node is not drained. Older Slurm does not look the symbol up.
+#[allow(non_upper_case_globals)]
+#[no_mangle]
+pub static slurm_spank_init_failure_mode: c_int = ffi::ESPANK_JOB_FAILURE;
+
 /// Runs one hook body inside the plugin's single panic boundary, logging through Slurm.
 fn boundary(phase: &str, on_panic: c_int, body: impl FnOnce() -> c_int) -> c_int {
     guard::run(phase, on_panic, body, |msg| log(Level::Error, msg))
@@ -74,7 +86,13 @@ pub unsafe extern "C" fn slurm_spank_init(
     argv: *const *const c_char,
 ) -> c_int {
     boundary("init", -1, || match Context::current() {
-        Context::Allocator | Context::Local | Context::Remote => option::register(Handle::new(sp)),
+        Context::Allocator | Context::Local => option::register(Handle::new(sp)),
+        // slurmstepd: a failure here must not fail the job (nor drain the node); the job then
+        // runs without kace's task variables, and the error is logged.
+        Context::Remote => {
+            option::register(Handle::new(sp));
+            0
+        }
         Context::Slurmd => slurmd::check_config(&args(argc, argv)),
         Context::JobScript | Context::Unknown => 0,
     })
@@ -129,24 +147,26 @@ pub unsafe extern "C" fn slurm_spank_job_prolog(
 mod tests {
     use super::*;
 
-    /// build.rs must take the version from the installed headers when they exist, and fall back
-    /// to 22.05 only when they do not.
+    /// build.rs takes the version from the headers it was pointed at (SLURM_INCLUDE_DIR, else
+    /// /usr/include); with neither it refuses to build, so a header is always there to compare.
     #[test]
-    fn plugin_version_comes_from_the_installed_slurm_headers() {
-        if std::env::var_os("KACE_SLURM_VERSION").is_some() {
+    fn plugin_version_comes_from_the_slurm_headers() {
+        let source = env!("KACE_SLURM_VERSION_SOURCE");
+        if source.starts_with("KACE_SLURM_VERSION=") {
             return;
         }
-        match std::fs::read_to_string("/usr/include/slurm/slurm_version.h") {
-            Ok(header) => {
-                let line = header
-                    .lines()
-                    .find(|l| l.starts_with("#define SLURM_VERSION_NUMBER"))
-                    .expect("slurm_version.h defines SLURM_VERSION_NUMBER");
-                let hex = line.rsplit("0x").next().unwrap();
-                assert_eq!(plugin_version, u32::from_str_radix(hex.trim(), 16).unwrap());
-            }
-            Err(_) => assert_eq!(plugin_version, 0x16_05_00),
-        }
+        let header = std::fs::read_to_string(source).expect("build.rs read this header");
+        let line = header
+            .lines()
+            .find(|l| l.starts_with("#define SLURM_VERSION_NUMBER"))
+            .expect("slurm_version.h defines SLURM_VERSION_NUMBER");
+        let hex = line.rsplit("0x").next().unwrap();
+        assert_eq!(plugin_version, u32::from_str_radix(hex.trim(), 16).unwrap());
+    }
+
+    #[test]
+    fn init_failure_is_a_job_failure_never_a_drained_node() {
+        assert_eq!(slurm_spank_init_failure_mode, 3012);
     }
 
     #[test]

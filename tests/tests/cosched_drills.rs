@@ -41,15 +41,7 @@ fn env(test: &str) -> Option<Env> {
     // Each case starts from an empty queue (a failed case may leave held jobs behind), the
     // standard configuration and a working fake MPS control.
     let queued = c.run_ok("squeue", &["-h", "-O", "JobID:|"]).unwrap();
-    let ids: Vec<&str> = queued.lines().map(|l| l.trim_end_matches('|')).collect();
-    if !ids.is_empty() {
-        let mut args = vec!["--quiet"];
-        args.extend(ids.iter().copied());
-        let _ = c.run("scancel", &args);
-        for id in &ids {
-            let _ = c.wait_done(id.parse().unwrap(), WAIT);
-        }
-    }
+    common::cancel_and_wait(&c, &kace_node::slurm::parse_ids(&queued), WAIT);
     std::fs::write(c.dir().join("etc/kace.conf"), setup::conf(c.dir(), 600)).unwrap();
     let _ = std::fs::remove_file(c.dir().join("mps-fail"));
     let (lead, cands) = lead_with_candidates(&c.dir().join("kace.db"), 3);
@@ -300,7 +292,13 @@ fn drill_forged_comment_name_and_command_change_nothing_kace_reads() {
     let plain =
         e.c.sbatch(&["--gres=shard:g0:1", "-w", "n1", &comment, &name, "--wrap", "sleep 30"])
             .unwrap();
-    e.c.wait_job(plain, "running", WAIT, |j| field(j, "JobState") == "RUNNING").unwrap();
+    // (The harness's own reading of `scontrol show job` text would be fooled by the forged
+    // comment here, so this waits as kace reads.)
+    let deadline = Instant::now() + WAIT;
+    while common::kace_view(&e.c, plain).state != "RUNNING" {
+        assert!(Instant::now() < deadline, "{:?}", common::kace_view(&e.c, plain));
+        std::thread::sleep(Duration::from_millis(100));
+    }
     for (id, w) in held.iter().zip(&e.cands) {
         let v = common::kace_view(&e.c, *id);
         assert_eq!(v.admin_comment, format!("kace:{w}"), "job {id}");
@@ -318,8 +316,8 @@ fn drill_forged_comment_name_and_command_change_nothing_kace_reads() {
         assert!(matches!(l["node"].as_str(), Some("n1" | "n2")), "{d}");
     }
     assert!(d["problems"].as_array().unwrap().is_empty(), "{d}");
-    e.cancel(&[plain]);
-    e.cancel(&held);
+    common::cancel_and_wait(&e.c, &[plain], WAIT);
+    common::cancel_and_wait(&e.c, &held, WAIT);
 }
 
 #[test]
@@ -337,8 +335,9 @@ fn drill_newline_in_an_unrelated_admin_comment_stops_neither_dispatch_nor_max_ho
     let (lead, held) = e.lead_with_held();
     let lines = e.lead_ran(lead, "released job ");
     assert!(!lines.contains("couldn't list"), "{lines}");
-    // max_hold: with 0 s every held kace job is released by the next dispatch.
-    e.conf_line("dispatch", "max_hold_s = 0");
+    // max_hold: with 1 s every held kace job is released by the next dispatch.
+    e.conf_line("dispatch", "max_hold_s = 1");
+    std::thread::sleep(Duration::from_millis(1100));
     let out = kace(&e.c, &["dispatch"]);
     let still: Vec<u32> = held
         .iter()
@@ -346,7 +345,7 @@ fn drill_newline_in_an_unrelated_admin_comment_stops_neither_dispatch_nor_max_ho
         .filter(|id| field(&e.c.job(*id).unwrap(), "Reason") == "JobHeldUser")
         .collect();
     assert!(still.is_empty(), "still held after max_hold: {still:?}\n{out}");
-    assert!(out.contains("held longer than 0 s"), "{out}");
+    assert!(out.contains("held longer than 1 s"), "{out}");
     e.cancel(&held);
     e.cancel(&[other]);
 }

@@ -42,7 +42,9 @@ fn attacker_conf(c: &Cluster) -> PathBuf {
     let src = dir.join("evil.c");
     let so = dir.join("evil.so");
     std::fs::write(&src, EVIL_C).unwrap();
+    // Against the headers of the Slurm under test: sbatch loads a plugin of its own series only.
     let out = Command::new("gcc")
+        .arg(format!("-I{}", c.slurm().include_dir().display()))
         .args(["-shared", "-fPIC", "-o"])
         .arg(&so)
         .arg(&src)
@@ -64,7 +66,8 @@ fn attacker_conf(c: &Cluster) -> PathBuf {
 
 fn sbatch_with(c: &Cluster, conf: &Path, entry: &str, args: &[&str]) -> Output {
     let mut cmd = c.command("sbatch");
-    cmd.env("SLURM_CONF", conf).env("EVIL_ENTRY", entry).args(["--parsable", "--hold"]);
+    // --begin keeps the jobs from running (the gate refuses --hold on a kace job).
+    cmd.env("SLURM_CONF", conf).env("EVIL_ENTRY", entry).args(["--parsable", "--begin=now+1hour"]);
     cmd.args(args).args(["--gres=shard:1", "--wrap", "sleep 1"]);
     cmd.output().expect("sbatch runs")
 }
@@ -115,7 +118,10 @@ fn the_lua_and_rust_workload_rules_agree() {
         // The bare form: only the gate checks the job name.
         let job_name = format!("--job-name={name}");
         let out = c
-            .run("sbatch", &["--parsable", "--kace-colocate", &job_name, "--wrap", "true"])
+            .run(
+                "sbatch",
+                &["--parsable", "--kace-colocate", &job_name, "--gres=shard:1", "--wrap", "true"],
+            )
             .unwrap();
         let rust = kace_layout::workload_name::check(name.as_bytes()).is_ok();
         assert_eq!(

@@ -190,7 +190,8 @@ fn invalid_values_are_refused_with_the_rule() {
 #[test]
 fn null_literal_is_the_bare_form() {
     let Some(c) = cluster("null_literal_is_the_bare_form") else { return };
-    let id = c.sbatch(&["--kace-colocate=(null)", "-J", "nulljob", "--wrap", "true"]).unwrap();
+    let args = ["--kace-colocate=(null)", "-J", "nulljob", "--gres=shard:1", "--wrap", "true"];
+    let id = c.sbatch(&args).unwrap();
     let job = c.job(id).unwrap();
     assert_eq!(field(&job, "AdminComment"), "kace:nulljob", "{job:?}");
     c.run_ok("scancel", &[&id.to_string()]).unwrap();
@@ -273,7 +274,15 @@ fn only_root_releases_a_kace_job() {
     };
     let out_opt = format!("--output={}/out/%j.out", c.dir().display());
     let chdir = format!("--chdir={}/work", c.dir().display());
-    let args = ["--parsable", &out_opt, &chdir, "--kace-colocate=userjob", "--wrap", "true"];
+    let args = [
+        "--parsable",
+        &out_opt,
+        &chdir,
+        "--kace-colocate=userjob",
+        "--gres=shard:1",
+        "--wrap",
+        "true",
+    ];
     let sub = as_nobody("sbatch", &args);
     assert!(sub.status.success(), "nobody's sbatch failed: {}", stderr(&sub));
     let id = kace_e2e::parse_job_id(&String::from_utf8_lossy(&sub.stdout)).unwrap();
@@ -286,10 +295,56 @@ fn only_root_releases_a_kace_job() {
     assert!(stderr(&rel).contains("Access/permission denied"), "{}", stderr(&rel));
     let upd = as_nobody("scontrol", &["update", &format!("jobid={id}"), "AdminComment=kace:other"]);
     assert!(!upd.status.success(), "nobody changed the admin comment");
+    // The user's own hold would look like the gate's (priority 0), which kace releases: refused.
+    let hold = as_nobody("scontrol", &["hold", &id.to_string()]);
+    assert!(!hold.status.success(), "nobody held a kace job");
     assert_eq!(field(&c.job(id).unwrap(), "Reason"), "JobHeldUser");
 
     c.run_ok("scontrol", &["release", &id.to_string()]).unwrap();
     let job = c.wait_done(id, WAIT).unwrap();
     assert_eq!(field(&job, "JobState"), "COMPLETED", "{job:?}");
+    assert_daemons_up(&c);
+}
+
+/// What kace cannot pair is refused at submission with a one-line reason, and nothing is queued:
+/// a job array, a heterogeneous job, a job without a shard, and the user's own `--hold`.
+#[test]
+fn the_gate_refuses_what_kace_cannot_pair() {
+    let Some(c) = cluster("the_gate_refuses_what_kace_cannot_pair") else { return };
+    let het = c.dir().join("work/het.sh");
+    std::fs::write(&het, "#!/bin/bash\ntrue\n").unwrap();
+    let het = het.display().to_string();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--kace-colocate=bert", "--gres=shard:1", "--array=1-2", "--wrap", "true"],
+            "couldn't accept --kace-colocate on a job array",
+        ),
+        (
+            &["--kace-colocate=bert", "--gres=shard:1", ":", "--gres=shard:1", &het],
+            "couldn't accept --kace-colocate on a heterogeneous job",
+        ),
+        (
+            &["--kace-colocate=bert", "--wrap", "true"],
+            "couldn't accept --kace-colocate without a shard",
+        ),
+        (
+            &["--kace-colocate=bert", "--gres=shard:1", "--hold", "--wrap", "true"],
+            "couldn't accept --hold with --kace-colocate",
+        ),
+    ];
+    for (args, reason) in cases {
+        let before = c.run_ok("squeue", &["-h", "-o", "%i"]).unwrap();
+        let out = c.run("sbatch", args).unwrap();
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{args:?} was accepted: {err}");
+        assert!(err.contains(reason), "{args:?}: {err}");
+        let kace_lines: Vec<&str> = err.lines().filter(|l| l.contains("kace:")).collect();
+        assert_eq!(kace_lines.len(), 1, "{args:?}: one line of reason: {err}");
+        let after = c.run_ok("squeue", &["-h", "-o", "%i"]).unwrap();
+        assert_eq!(before, after, "{args:?} queued something");
+    }
+    // The same shapes without --kace-colocate are Slurm's business, not kace's.
+    let id = c.sbatch(&["--array=1-2", "--wrap", "true"]).unwrap();
+    c.run_ok("scancel", &[&id.to_string()]).unwrap();
     assert_daemons_up(&c);
 }

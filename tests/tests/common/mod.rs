@@ -147,3 +147,28 @@ pub fn lead_with_candidates(db_path: &Path, k: usize) -> (String, Vec<String>) {
     }
     panic!("no lead with {k} fitting candidates");
 }
+
+/// Cancels `ids` and waits (up to `timeout`) until none is pending or running, reading states as
+/// kace does (the harness's `scontrol show job` text would be fooled by forged comments).
+pub fn cancel_and_wait(c: &Cluster, ids: &[u32], timeout: std::time::Duration) {
+    if ids.is_empty() {
+        return;
+    }
+    let list: Vec<String> = ids.iter().map(u32::to_string).collect();
+    let mut args = vec!["--quiet"];
+    args.extend(list.iter().map(String::as_str));
+    let _ = c.run("scancel", &args);
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        let Ok(out) = c.run_ok("squeue", &["--json"]) else { break };
+        let Ok((jobs, _)) = kace_node::slurm_json::jobs(&out) else { break };
+        let active = jobs.iter().any(|j| {
+            ids.contains(&j.id)
+                && matches!(j.state.as_str(), "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING")
+        });
+        if !active {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

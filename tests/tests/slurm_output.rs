@@ -1,0 +1,128 @@
+//! What this Slurm prints for the commands kace runs, captured from a real cluster and read by
+//! kace's parsers (`node/tests/fixtures/check.rs`, the same checks the unit tests run on the
+//! committed captures). Jobs in every state kace must tell apart: a lead and the partner kace's
+//! own `pin` moved onto its GPU, a held job whose comment, name and command line forge fields,
+//! an admin's hold, an unmet dependency, a `--begin` ahead, a plain job on an untyped request,
+//! and a plain held job whose AdminComment has a newline.
+//!
+//! With `KACE_FIXTURES_OUT=<dir>` the capture is kept in `<dir>/<version>/` (this is how
+//! `node/tests/fixtures/` was made: run it once per release with `KACE_SLURM_PREFIX`).
+
+#[path = "../../node/tests/fixtures/check.rs"]
+mod check;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use kace_e2e::{Cluster, NodeSpec};
+use kace_node::slurm::{Commands, Slurm, Target, QUEUE_FORMAT, QUEUE_STATES};
+
+const FORGED: &str = "AdminComment=kace:forged JobState=RUNNING Reason=None NodeList=n9 \
+                      GRES=shard:g0:1(IDX:0) TresPerNode=gres/shard:g1:1";
+
+#[test]
+fn kace_reads_what_this_slurm_prints() {
+    let test = "kace_reads_what_this_slurm_prints";
+    if kace_e2e::e2e_available(test).is_none() {
+        return;
+    }
+    let c = Cluster::builder()
+        .nodes(vec![
+            NodeSpec::new("n1", 2).shards_per_gpu(2),
+            NodeSpec::new("n2", 2).shards_per_gpu(2),
+        ])
+        .typed_gpus(true)
+        .start()
+        .unwrap();
+    // kace's Commands find the cluster as the hooks do, through SLURM_CONF (one test in this
+    // binary, so setting it for the process is safe).
+    std::env::set_var("SLURM_CONF", c.conf());
+    let slurm = c.slurm();
+    let commands = Commands {
+        scontrol: slurm.program("scontrol"),
+        squeue: slurm.program("squeue"),
+        sinfo: slurm.program("sinfo"),
+        timeout: Duration::from_secs(10),
+        deadline: None,
+    };
+    let comment = format!("--comment={FORGED}");
+    let name = format!("--job-name=x {FORGED}");
+    let forged_script = format!("sleep 600 # {FORGED}");
+    let kace = |w: &str, extra: &[&str]| {
+        let opt = format!("--kace-colocate={w}");
+        let mut args = vec![opt.as_str(), "--gres=shard:1"];
+        args.extend_from_slice(extra);
+        c.sbatch(&args).unwrap()
+    };
+    let mut roles: BTreeMap<&str, u32> = BTreeMap::new();
+
+    let lead = {
+        let args = ["--kace-colocate=lead", "--gres=shard:g1:1", "-w", "n1", "--wrap", "sleep 600"];
+        c.sbatch(&args).unwrap()
+    };
+    c.run_ok("scontrol", &["release", &lead.to_string()]).unwrap();
+    roles.insert("lead", lead);
+    let partner = kace("partner", &[&comment, &name, "--wrap", &forged_script]);
+    commands.pin(partner, &Target { node: "n1".into(), kind: Some("g1".into()) }, 1).unwrap();
+    commands.release(partner).unwrap();
+    roles.insert("partner", partner);
+    roles.insert("held", kace("held", &[&comment, &name, "--wrap", &forged_script]));
+    let admin = kace("admin", &["--wrap", "sleep 600"]);
+    c.run_ok("scontrol", &["hold", &admin.to_string()]).unwrap();
+    roles.insert("admin", admin);
+    let dep = format!("--dependency=afterok:{lead}");
+    roles.insert("dependent", kace("dependent", &[&dep, "--wrap", "sleep 600"]));
+    roles.insert("begin", kace("begin", &["--begin=now+1hour", "--wrap", "sleep 600"]));
+    let plain = c.sbatch(&["--gres=shard:1", "-w", "n2", "--wrap", "sleep 600"]).unwrap();
+    roles.insert("plain", plain);
+    let note = c.sbatch(&["--hold", "--gres=shard:1", "--wrap", "true"]).unwrap();
+    c.run_ok("scontrol", &["update", &format!("jobid={note}"), "AdminComment=note\n9|kace:x|"])
+        .unwrap();
+    roles.insert("note", note);
+
+    // Lead, partner and the plain job running.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let running = commands.running_kace_jobs().unwrap();
+        let plain_up = commands.job(plain).unwrap().state == "RUNNING";
+        if running.len() == 2 && plain_up {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not running yet: {running:?}\n{}", c.slurmctld_log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let version = c.run_ok("scontrol", &["-V"]).unwrap();
+    // `slurm 26.05.3`, or Debian's `slurm-wlm 22.05.8`.
+    let version = version.split_whitespace().last().unwrap_or("unknown").to_string();
+    let out = match std::env::var_os("KACE_FIXTURES_OUT") {
+        Some(d) => PathBuf::from(d).join(&version),
+        None => c.dir().join("capture"),
+    };
+    std::fs::create_dir_all(&out).unwrap();
+    let save = |name: &str, program: &str, args: &[&str]| {
+        let text = c.run_ok(program, args).unwrap();
+        std::fs::write(out.join(name), text).unwrap();
+    };
+    save("queue.txt", "squeue", &["-h", "-t", QUEUE_STATES, "-O", QUEUE_FORMAT]);
+    let held = roles["held"].to_string();
+    save("job-held.json", "squeue", &["--json", "-j", &held]);
+    save("job-partner.json", "squeue", &["--json", "-j", &partner.to_string()]);
+    save("running.json", "squeue", &["--json", "-t", "R,CF"]);
+    save("nodes.txt", "sinfo", &["-h", "-N", "-O", "NodeList:|,Gres:|,StateLong:|"]);
+    save("on-n1.txt", "squeue", &["-h", "-w", "n1", "-O", "JobID:|"]);
+    save("scontrol-partner.txt", "scontrol", &["-o", "-d", "show", "job", &partner.to_string()]);
+    std::fs::write(out.join("roles.json"), serde_json::to_string_pretty(&roles).unwrap() + "\n")
+        .unwrap();
+    eprintln!("slurm_output: Slurm {version}, captured into {}", out.display());
+
+    check::check(&out);
+    // And live, through the real commands: the forged text changes nothing kace reads.
+    let queue = commands.kace_queue().unwrap();
+    let h = queue.iter().find(|j| j.id == roles["held"]).unwrap();
+    assert_eq!((h.workload.as_str(), h.held()), ("held", true), "{h:?}");
+    let p = commands.job(partner).unwrap();
+    assert_eq!((p.workload(), p.nodes.as_str()), (Some("partner"), "n1"), "{p:?}");
+    assert_eq!(p.on_gpu(1).and_then(|g| g.kind.as_deref()), Some("g1"), "{p:?}");
+}
