@@ -651,3 +651,20 @@ fn a_state_dir_others_can_write_is_refused() {
     assert!(logs.contains("writable by its group or everyone"), "{logs}");
     assert!(!open.join("n1/gpu0/jobs/10").exists());
 }
+
+/// The audit's information exposure: every user could list which jobs ran which workloads on
+/// each GPU. The per-node job records are 0750 now.
+#[test]
+fn job_records_are_not_world_readable() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    *s.on_node.borrow_mut() = vec![10];
+    let w = World::new("private-state", s);
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    use std::os::unix::fs::PermissionsExt;
+    let node_dir = w.config.node.state_dir.join("n1");
+    for d in [node_dir.clone(), node_dir.join("gpu0"), node_dir.join("gpu0/jobs")] {
+        let mode = std::fs::metadata(&d).unwrap().permissions().mode();
+        assert_eq!(mode & 0o007, 0, "{} is {mode:o}", d.display());
+    }
+}
