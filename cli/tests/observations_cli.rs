@@ -84,7 +84,7 @@ fn poisoned_imports_are_refused_and_stored_ones_can_be_taken_out() {
     let out = e.run(&["observations", "import", poison.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("more than 10 times resnet50-train's exclusive throughput"), "{err}");
+    assert!(err.contains("more than 4 times resnet50-train's exclusive throughput"), "{err}");
 
     // A plausible pair from node n9 is stored; an admin takes it out again by node, then by job.
     let fine = e.dir.join("fine.json");

@@ -57,6 +57,7 @@ impl Slurm for FakeSlurm {
                 admin_comment: format!("kace:{}", j.workload),
                 nodes: String::new(),
                 gres: Vec::new(),
+                ..Default::default()
             });
         }
         self.details.borrow().get(&id).cloned().ok_or_else(|| failed("scontrol show job"))
@@ -228,6 +229,7 @@ fn running_detail(id: u32, w: &str, gpu: u32, kind: Option<&str>) -> JobDetail {
             count: 1,
             indices: vec![gpu],
         }],
+        ..Default::default()
     }
 }
 
@@ -519,7 +521,8 @@ fn dispatch_releases_leads_onto_free_gpus_and_expired_holds() {
         },
         NodeGpus { name: "n2".into(), gpus: vec![None], usable: false },
     ];
-    *s.running.borrow_mut() = vec![RunningJob { id: 1, node: "n1".into(), gpus: vec![0] }];
+    *s.running.borrow_mut() =
+        vec![RunningJob { id: 1, node: "n1".into(), gpus: vec![0], ..Default::default() }];
     s.details.borrow_mut().insert(1, running_detail(1, "zeta", 0, Some("g0")));
     let r = dispatch::run(&s, 1100.0, 600).unwrap();
     assert_eq!(r.expired, vec![8]);
