@@ -316,7 +316,10 @@ fn decision_json(r: &EvalReport, unseen: bool) -> serde_json::Map<String, Value>
     let mut chosen: BTreeMap<String, usize> = BTreeMap::new();
     for (p, kappa) in &r.tuned {
         *chosen
-            .entry(format!("alpha={} scale={} doubt_weight={kappa}", p.alpha, p.workload_scale))
+            .entry(format!(
+                "alpha={} scale={} neighbours={} doubt_weight={kappa}",
+                p.alpha, p.workload_scale, p.neighbours
+            ))
             .or_insert(0) += 1;
     }
     m.insert("chosen_settings".into(), json!(chosen));

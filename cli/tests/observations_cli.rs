@@ -84,7 +84,7 @@ fn poisoned_imports_are_refused_and_stored_ones_can_be_taken_out() {
     let out = e.run(&["observations", "import", poison.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("more than 2 times resnet50-train's exclusive throughput"), "{err}");
+    assert!(err.contains("more than 4 times resnet50-train's exclusive throughput"), "{err}");
 
     // A plausible pair from node n9 is stored; an admin takes it out again by node, then by job.
     let fine = e.dir.join("fine.json");
@@ -175,4 +175,22 @@ fn conflicting_duplicate_observations_are_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("observation key d/1 given twice, differently"), "{err}");
+}
+
+/// A colocation table cut off inside a quoted field imported its last row with a wrong value.
+#[test]
+fn a_cut_off_colocation_table_is_refused() {
+    let e = Env::new("cut-table");
+    e.ok(&["db", "init"]);
+    let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../packaging/demo/pairs.csv");
+    let text = fs::read_to_string(demo).unwrap();
+    let cut = e.dir.join("cut.csv");
+    // Two rows, then a third cut off inside a quoted value.
+    let mut body: String = text.lines().take(3).map(|l| format!("{l}\n")).collect();
+    body.push_str("resnet50-train,vit-train,\"7.06");
+    fs::write(&cut, body).unwrap();
+    let out = e.run(&["observations", "import", cut.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("line 4, column 26: a quoted field is never closed"), "{err}");
 }

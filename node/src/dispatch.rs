@@ -215,12 +215,18 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
             }
             continue;
         }
-        let workload = workload_of.get(&r.id).copied().unwrap_or("").to_string();
+        let workload = match r.workload.as_str() {
+            "" => workload_of.get(&r.id).copied().unwrap_or("").to_string(),
+            w => w.to_string(),
+        };
         for &i in &r.gpus {
             let Some(k) = slot_of(&slots, &r.node, i) else { continue };
             let slot = &mut slots[k];
             if settled && !workload.is_empty() {
-                let user = user_of.get(&r.id).copied().unwrap_or("").to_string();
+                let user = match r.user.as_str() {
+                    "" => user_of.get(&r.id).copied().unwrap_or("").to_string(),
+                    u => u.to_string(),
+                };
                 slot.jobs.push((r.id, workload.clone(), user));
             } else {
                 // Starting or completing (its hook fills it), or not in the queue listing yet

@@ -139,7 +139,7 @@ pub fn dependency_met(dep: &str) -> bool {
 }
 
 /// What Slurm says about one job (from its JSON record).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct JobDetail {
     /// Job id.
     pub id: u32,
@@ -153,6 +153,14 @@ pub struct JobDetail {
     pub nodes: String,
     /// The allocated GRES (running jobs only).
     pub gres: Vec<GresAlloc>,
+    /// The owner's user name.
+    pub user: String,
+    /// Submitted, Unix seconds.
+    pub submitted: Option<f64>,
+    /// Started, Unix seconds (`None` until it has).
+    pub started: Option<f64>,
+    /// Ended, Unix seconds (`None` until it has).
+    pub ended: Option<f64>,
 }
 
 impl JobDetail {
@@ -184,7 +192,7 @@ pub struct NodeGpus {
 }
 
 /// A running, configuring or completing kace job.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct RunningJob {
     /// Job id.
     pub id: u32,
@@ -194,6 +202,12 @@ pub struct RunningJob {
     pub gpus: Vec<u32>,
     /// Compact state: `R`, `CF`, or `CG` (its epilog runs: it may be refilling its GPU).
     pub state: String,
+    /// The owner's user name (for `kace status`).
+    pub user: String,
+    /// Its workload, from the gate's mark (for `kace status`).
+    pub workload: String,
+    /// When it started, Unix seconds (for `kace status`).
+    pub started: Option<f64>,
 }
 
 /// Where to pin a job: a node and, on a node with typed GPUs, the type of the GPU.
@@ -305,6 +319,10 @@ impl Slurm for Commands {
             admin_comment: j.admin_comment,
             nodes: j.nodes,
             gres: j.gres,
+            user: j.user,
+            submitted: j.submitted,
+            started: j.started,
+            ended: j.ended,
         })
     }
 
@@ -408,7 +426,16 @@ pub fn running_kace_jobs(jobs: Vec<slurm_json::JsonJob>) -> Vec<RunningJob> {
                 "COMPLETING" => "CG",
                 _ => "R",
             };
-            RunningJob { id: j.id, node: j.nodes, gpus, state: state.to_string() }
+            let workload = j.admin_comment.strip_prefix(MARK).unwrap_or("").to_string();
+            RunningJob {
+                id: j.id,
+                node: j.nodes,
+                gpus,
+                state: state.to_string(),
+                user: j.user,
+                workload,
+                started: j.started,
+            }
         })
         .collect()
 }

@@ -229,7 +229,7 @@ pub fn weighted_ridge_with_intercept<R: AsRef<[f64]>>(
         return Err(SelectorError::Invalid(format!("row {i}: weight must be a number ≥ 0")));
     }
     let total: f64 = weights.iter().sum();
-    if !(total > 0.0) {
+    if total.is_nan() || total <= 0.0 {
         return Err(SelectorError::EmptyTrainingSet);
     }
     let n = rows.len();

@@ -139,6 +139,9 @@ impl Model {
                 {
                     return Err(format!("spread {s} for {w} (must be a number ≥ 0)"));
                 }
+                if let Some(w) = m.profiles.iter().find(|(_, p)| !p.iter().all(|v| v.is_finite())) {
+                    return Err(format!("non-finite profile for {}", w.0));
+                }
                 if !(m.doubt_weight.is_finite() && m.doubt_weight >= 0.0) {
                     return Err(format!("doubt weight {} (must be a number ≥ 0)", m.doubt_weight));
                 }

@@ -291,4 +291,47 @@ mod tests {
         assert!(s.verdicts.iter().all(|v| v.rejection.is_some()));
         assert_eq!(select(&lead, &[], &Toy, &strict).chosen, None);
     }
+
+    /// Predicts throughput as [`Toy`] does, and normalised progress as the candidate's memcap
+    /// (so tests can steer both), with a doubt margin of 0.1.
+    struct Doubtful;
+    impl Predictor for Doubtful {
+        fn predict(&self, m: &[Member<'_>], objective: Objective) -> f64 {
+            match objective {
+                Objective::ThroughputSum => Toy.predict(m, objective),
+                Objective::NormalisedProgress => m.last().map_or(1.0, |c| c.profile.memcap()),
+            }
+        }
+        fn required_gain(&self, _: &[Member<'_>]) -> f64 {
+            0.1
+        }
+    }
+
+    #[test]
+    fn likely_harmful_groups_are_refused_only_when_asked() {
+        let lp = prof(10.0, 0.0);
+        let lead = lead(&lp);
+        // Progress 0.9 (harmful), 1.05 (a gain, but within the doubt margin), 1.3 (clear gain);
+        // throughput prefers the first.
+        let (a, b, c) = (prof(30.0, 0.9), prof(20.0, 1.05), prof(5.0, 1.3));
+        let cands: Vec<Candidate> = [&a, &b, &c]
+            .into_iter()
+            .map(|p| Candidate { profile: Some(p), workload: None, same_user: true })
+            .collect();
+        let plain = SelectionRules::default();
+        assert_eq!(select(&lead, &cands, &Doubtful, &plain).chosen, Some(0));
+        let guarded = SelectionRules { refuse_likely_harm: true, ..plain };
+        let s = select(&lead, &cands, &Doubtful, &guarded);
+        assert_eq!(s.chosen, Some(2));
+        for i in [0, 1] {
+            assert!(matches!(
+                s.verdicts[i].rejection,
+                Some(Rejection::LikelyHarmful { required, .. }) if (required - 1.1).abs() < 1e-12
+            ));
+        }
+        assert!(s.verdicts[0].rejection.as_ref().unwrap().to_string().contains("likely harmful"));
+        // Nothing clears the margin: no partner at all.
+        let s = select(&lead, &cands[..2], &Doubtful, &guarded);
+        assert_eq!(s.chosen, None);
+    }
 }

@@ -63,11 +63,16 @@ pub struct SlowdownParams {
     /// models stored before it existed: those were fitted without it.
     #[serde(default)]
     pub robust: bool,
+    /// A workload never trained on borrows the mean sensitivity and pressure of this many
+    /// trained workloads nearest to it in profile space (0: it gets none, only the profile
+    /// part). Absent in models stored before it existed: 0.
+    #[serde(default)]
+    pub neighbours: usize,
 }
 
 impl Default for SlowdownParams {
     fn default() -> Self {
-        SlowdownParams { alpha: 1.0, workload_scale: 1.0, robust: true }
+        SlowdownParams { alpha: 1.0, workload_scale: 1.0, robust: true, neighbours: 0 }
     }
 }
 
@@ -122,6 +127,10 @@ pub struct SlowdownModel {
     /// models stored before it existed, and straight after [`SlowdownModel::fit`].
     #[serde(default)]
     pub doubt_weight: f64,
+    /// Each trained workload's log profile, so that a new workload can find its nearest
+    /// neighbours ([`SlowdownParams::neighbours`]). Empty in models stored before it existed.
+    #[serde(default)]
+    pub profiles: BTreeMap<String, [f64; FEATURE_COUNT]>,
 }
 
 fn profile_part(own: &LogProfile, others: &LogProfile, out: &mut [f64]) {
@@ -177,7 +186,7 @@ fn huber_ridge(
     let mut r = residuals_of(rows, y, b, &c);
     for _ in 0..HUBER_ITERATIONS {
         let s = robust_scale(&r);
-        if !(s > 1e-9) {
+        if s.is_nan() || s <= 1e-9 {
             break;
         }
         let cut = HUBER_K * s;
@@ -202,6 +211,7 @@ impl SlowdownModel {
         let mut owners: Vec<(usize, Vec<usize>)> = Vec::new();
         let mut y = Vec::new();
         let mut own_ratio: Vec<(&str, f64)> = Vec::new();
+        let mut profiles: BTreeMap<String, [f64; FEATURE_COUNT]> = BTreeMap::new();
         for g in groups {
             if g.k() < 2 {
                 continue;
@@ -225,6 +235,9 @@ impl SlowdownModel {
                 owners.push((own, partners));
                 y.push((thr / excl).ln());
                 own_ratio.push((g.workloads[i].as_str(), thr / excl));
+                profiles
+                    .entry(g.workloads[i].clone())
+                    .or_insert_with(|| LogProfile::of(&g.profiles[i]).0);
             }
         }
         if y.is_empty() {
@@ -289,6 +302,7 @@ impl SlowdownModel {
             ceiling,
             spread,
             doubt_weight: 0.0,
+            profiles,
         })
     }
 
@@ -312,29 +326,47 @@ impl SlowdownModel {
 
     /// Predicted log slowdown of a job with log profile `own` beside partners whose combined
     /// profile has log transform `others`, before the workload's ceiling is applied.
+    /// `terms` is the job's sensitivity plus its partners' pressures ([`SlowdownModel::terms`]).
     #[inline]
-    pub fn log_slowdown(
-        &self,
-        own: &LogProfile,
-        own_name: Option<&str>,
-        others: &LogProfile,
-        partner_names: &[Option<&str>],
-    ) -> f64 {
+    pub fn log_slowdown(&self, own: &LogProfile, others: &LogProfile, terms: f64) -> f64 {
         let mut part = [0.0; PROFILE_WIDTH];
         profile_part(own, others, &mut part);
-        let mut acc = self.intercept;
+        let mut acc = self.intercept + terms;
         for (j, (w, v)) in self.weights.iter().zip(part).enumerate() {
             acc += w * self.scale.apply_one(j, v);
         }
-        if let Some(s) = own_name.and_then(|n| self.sensitivity.get(n)) {
-            acc += s;
-        }
-        for p in partner_names.iter().flatten() {
-            if let Some(v) = self.pressure.get(*p) {
-                acc += v;
+        acc
+    }
+
+    /// A workload's (sensitivity, pressure): learnt when it was trained on, borrowed from its
+    /// nearest trained neighbours in profile space when not (and the model asks for that), or 0.
+    pub fn terms(&self, workload: Option<&str>, profile: &LogProfile) -> (f64, f64) {
+        if let Some(w) = workload {
+            if let (Some(s), Some(p)) = (self.sensitivity.get(w), self.pressure.get(w)) {
+                return (*s, *p);
             }
         }
-        acc
+        let k = self.params.neighbours.min(self.profiles.len());
+        if k == 0 {
+            return (0.0, 0.0);
+        }
+        // Distance on the z-scored own-profile columns, the model's own normalisation.
+        let z = |v: &[f64; FEATURE_COUNT], j: usize| self.scale.apply_one(j, v[j]);
+        let mut near: Vec<(f64, &str)> = self
+            .profiles
+            .iter()
+            .map(|(n, p)| {
+                let d = (0..FEATURE_COUNT).map(|j| (z(p, j) - z(&profile.0, j)).powi(2)).sum();
+                (d, n.as_str())
+            })
+            .collect();
+        near.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+        let (mut s, mut p) = (0.0, 0.0);
+        for (_, n) in &near[..k] {
+            s += self.sensitivity.get(*n).copied().unwrap_or(0.0);
+            p += self.pressure.get(*n).copied().unwrap_or(0.0);
+        }
+        (s / k as f64, p / k as f64)
     }
 
     /// Each member's predicted slowdown (colocated / exclusive throughput) in a group.
@@ -352,18 +384,17 @@ impl SlowdownModel {
     /// [`SlowdownModel::slowdowns`] for any group size, without the pair shortcut.
     fn slowdowns_any_k(&self, members: &[Member<'_>]) -> Vec<f64> {
         let profiles: Vec<Profile> = members.iter().map(|m| *m.profile).collect();
+        let logs: Vec<LogProfile> = members.iter().map(|m| LogProfile::of(m.profile)).collect();
+        let terms: Vec<(f64, f64)> =
+            members.iter().zip(&logs).map(|(m, l)| self.terms(m.workload, l)).collect();
         (0..members.len())
             .map(|i| {
-                let own = LogProfile::of(members[i].profile);
                 let others = LogProfile::of(&others_of(&profiles, i));
-                let names: Vec<Option<&str>> = members
-                    .iter()
-                    .enumerate()
-                    .filter(|(j, _)| *j != i)
-                    .map(|(_, m)| m.workload)
-                    .collect();
+                let pressure: f64 =
+                    terms.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, t)| t.1).sum();
                 let own_name = members[i].workload;
-                self.capped(self.log_slowdown(&own, own_name, &others, &names), own_name)
+                let log = self.log_slowdown(&logs[i], &others, terms[i].0 + pressure);
+                self.capped(log, own_name)
             })
             .collect()
     }
@@ -390,8 +421,9 @@ impl SlowdownModel {
         lead: (&LogProfile, Option<&str>),
         cand: (&LogProfile, Option<&str>),
     ) -> (f64, f64) {
-        let a = self.log_slowdown(lead.0, lead.1, cand.0, &[cand.1]);
-        let b = self.log_slowdown(cand.0, cand.1, lead.0, &[lead.1]);
+        let (lt, ct) = (self.terms(lead.1, lead.0), self.terms(cand.1, cand.0));
+        let a = self.log_slowdown(lead.0, cand.0, lt.0 + ct.1);
+        let b = self.log_slowdown(cand.0, lead.0, ct.0 + lt.1);
         (self.capped(a, lead.1), self.capped(b, cand.1))
     }
 
@@ -446,7 +478,7 @@ mod tests {
         let refs: Vec<&Group> = groups.iter().collect();
         let m = SlowdownModel::fit(
             &refs,
-            SlowdownParams { alpha: 1e-3, workload_scale: 1.0, robust: false },
+            SlowdownParams { alpha: 1e-3, workload_scale: 1.0, robust: false, neighbours: 0 },
         )
         .unwrap();
         for g in &groups {
@@ -500,7 +532,7 @@ mod tests {
             }
         }
         let refs: Vec<&Group> = groups.iter().collect();
-        let p = SlowdownParams { alpha: 1e-3, workload_scale: 1.0, robust: false };
+        let p = SlowdownParams { alpha: 1e-3, workload_scale: 1.0, robust: false, neighbours: 0 };
         let mut m = SlowdownModel::fit(&refs, p).unwrap();
         assert!((m.ceiling["w0"] - 1.5).abs() < 1e-12);
         assert!(m.ceiling.iter().filter(|(w, _)| *w != "w0").all(|(_, c)| *c == MAX_SLOWDOWN));
@@ -516,7 +548,8 @@ mod tests {
                 .map(|(p, w)| Member { profile: p, workload: Some(w) })
                 .collect();
             let (a, b) = (LogProfile::of(&g.profiles[0]), LogProfile::of(&g.profiles[1]));
-            assert!(m.log_slowdown(&a, Some(&g.workloads[0]), &b, &[Some(&g.workloads[1])]) > 0.5);
+            let terms = m.terms(Some(&g.workloads[0]), &a).0 + m.terms(Some(&g.workloads[1]), &b).1;
+            assert!(m.log_slowdown(&a, &b, terms) > 0.5);
             let want: Vec<f64> = g.workloads.iter().map(|w| m.ceiling_of(Some(w))).collect();
             assert_eq!(m.slowdowns(&members), want);
             assert_eq!(m.slowdowns_any_k(&members), want);
@@ -531,11 +564,80 @@ mod tests {
             }
             assert!(stored.check().unwrap_err().contains("ceiling"), "{bad}");
         }
+        // So are its spreads, doubt weight and profiles.
+        for (what, edit) in [
+            (
+                "spread",
+                Box::new(|m: &mut SlowdownModel| {
+                    m.spread.insert("w1".into(), -1.0);
+                }) as Box<dyn Fn(&mut SlowdownModel)>,
+            ),
+            ("doubt weight", Box::new(|m: &mut SlowdownModel| m.doubt_weight = f64::NAN)),
+            (
+                "profile",
+                Box::new(|m: &mut SlowdownModel| {
+                    m.profiles.insert("w1".into(), [f64::INFINITY; FEATURE_COUNT]);
+                }),
+            ),
+        ] {
+            let mut sm = m.clone();
+            edit(&mut sm);
+            let err = crate::model::Model::Slowdown(sm).check().unwrap_err();
+            assert!(err.contains(what), "{what}: {err}");
+        }
         // A model stored before ceilings existed reads back with the flat ceiling.
         let mut json = serde_json::to_value(&m).unwrap();
         json.as_object_mut().unwrap().remove("ceiling");
         let old: SlowdownModel = serde_json::from_value(json).unwrap();
         assert_eq!(old.ceiling_of(Some("w0")), MAX_SLOWDOWN);
+    }
+
+    #[test]
+    fn one_absurd_observation_cannot_dominate_the_robust_fit() {
+        let ws: Vec<(String, Profile)> = (0..8)
+            .map(|i| (format!("w{i}"), prof(10.0 + 5.0 * i as f64, 10.0 + 11.0 * i as f64)))
+            .collect();
+        let mut clean = Vec::new();
+        for i in 0..8 {
+            for j in (i + 1)..8 {
+                clean.push(group((&ws[i].0, ws[i].1), (&ws[j].0, ws[j].1)));
+            }
+        }
+        // One finite but absurd rate: w3 beside w5 "ran" a million times faster than alone.
+        let mut dirty = clean.clone();
+        let bad = dirty.iter().position(|g| g.workloads == ["w3", "w5"]).unwrap();
+        dirty[bad].throughputs[0] *= 1e6;
+        fn refs(g: &[Group]) -> Vec<&Group> {
+            g.iter().collect()
+        }
+        let sums = |m: &SlowdownModel| -> Vec<f64> {
+            clean
+                .iter()
+                .map(|g| {
+                    let members: Vec<Member> = g
+                        .profiles
+                        .iter()
+                        .zip(&g.workloads)
+                        .map(|(p, w)| Member { profile: p, workload: Some(w) })
+                        .collect();
+                    m.normalised_progress(&members)
+                })
+                .collect()
+        };
+        let worst_shift = |params: SlowdownParams| -> (f64, SlowdownModel) {
+            let a = sums(&SlowdownModel::fit(&refs(&clean), params).unwrap());
+            let m = SlowdownModel::fit(&refs(&dirty), params).unwrap();
+            let b = sums(&m);
+            (a.iter().zip(&b).map(|(x, y)| (x - y).abs() / x).fold(0.0, f64::max), m)
+        };
+        let robust = SlowdownParams { alpha: 0.1, ..SlowdownParams::default() };
+        let (shift, m) = worst_shift(robust);
+        assert!(shift < 0.05, "the robust fit moved a prediction by {shift}");
+        assert!(m.ceiling_of(Some("w3")) < 2.0, "the outlier lifted w3's ceiling");
+        assert!(m.spread["w3"] > m.spread["w0"], "the outlier shows up as doubt about w3");
+        let (plain, m) = worst_shift(SlowdownParams { robust: false, ..robust });
+        assert!(plain > 4.0 * shift, "squared error: {plain} vs robust {shift}");
+        assert!(m.ceiling_of(Some("w3")) > 1e5, "without the robust fit the ceiling follows it");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! inside the training data only: the evaluation's nested protocol and `kace train` both call
 //! [`tune`], so the figures in `docs/models.md` measure exactly what production does.
 //!
-//! The grid is small on purpose (9 settings): each fit is a closed-form ridge solve, and the
+//! The grid is small on purpose (18 settings): each fit is a closed-form ridge solve, and the
 //! nested evaluation repeats the whole search for every outer split of 100 seeds.
 
 use crate::dataset::Group;
@@ -14,6 +14,8 @@ use crate::slowdown::{Member, SlowdownModel, SlowdownParams};
 pub const ALPHAS: [f64; 3] = [0.3, 1.0, 3.0];
 /// Workload-indicator scales tried.
 pub const WORKLOAD_SCALES: [f64; 3] = [0.5, 1.0, 2.0];
+/// Neighbours a new workload borrows its terms from, tried (0 first: ties keep the simpler).
+pub const NEIGHBOURS: [usize; 2] = [0, 3];
 /// Doubt weights `κ` tried for the gain rule, smallest first.
 pub const DOUBT_WEIGHTS: [f64; 8] = [0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0];
 /// The gain rule's target: at most this share of the groups it forms may be harmful
@@ -176,18 +178,17 @@ pub struct Tuned {
     pub tried: Vec<(SlowdownParams, f64)>,
 }
 
-/// The settings grid: every [`ALPHAS`] × [`WORKLOAD_SCALES`], robust fit on.
+/// The settings grid: every [`NEIGHBOURS`] × [`ALPHAS`] × [`WORKLOAD_SCALES`], robust fit on.
 pub fn grid() -> Vec<SlowdownParams> {
-    ALPHAS
-        .iter()
-        .flat_map(|&alpha| {
-            WORKLOAD_SCALES.iter().map(move |&workload_scale| SlowdownParams {
-                alpha,
-                workload_scale,
-                robust: true,
-            })
-        })
-        .collect()
+    let mut out = Vec::new();
+    for neighbours in NEIGHBOURS {
+        for alpha in ALPHAS {
+            for workload_scale in WORKLOAD_SCALES {
+                out.push(SlowdownParams { alpha, workload_scale, robust: true, neighbours });
+            }
+        }
+    }
+    out
 }
 
 /// Chooses among `candidates` by cross-validation on `groups`, then the doubt weight on the
@@ -292,7 +293,7 @@ mod tests {
         let refs: Vec<&Group> = g.iter().collect();
         let (model, t) = fit_tuned(&refs, &grid(), Folds::default()).unwrap();
         assert!(grid().contains(&t.params));
-        assert_eq!(t.tried.len(), 9);
+        assert_eq!(t.tried.len(), grid().len());
         assert!(t.tried.iter().all(|(_, e)| e.is_finite() && *e >= t.log_mse));
         assert_eq!(model.doubt_weight, t.doubt_weight);
         assert!(DOUBT_WEIGHTS.contains(&t.doubt_weight));

@@ -1003,7 +1003,7 @@ impl Db {
             .conn
             .prepare(
                 "SELECT id, lead_job, lead_workload, chosen_workload, chosen_job, model_version, \
-                 candidates, created_at FROM decisions ORDER BY id DESC LIMIT ?1",
+                 candidates, created_at, key FROM decisions ORDER BY id DESC LIMIT ?1",
             )
             .map_err(sql("load decisions", p))?;
         let mut rows = stmt.query([limit as i64]).map_err(sql("load decisions", p))?;
@@ -1019,10 +1019,20 @@ impl Db {
                     r.get::<_, Option<i64>>(5)?,
                     r.get::<_, String>(6)?,
                     r.get::<_, f64>(7)?,
+                    r.get::<_, Option<String>>(8)?,
                 ))
             };
-            let (id, lead_job, lead_workload, chosen_workload, chosen_job, model_version, c, t) =
-                g(r).map_err(sql("load decisions", p))?;
+            let (
+                id,
+                lead_job,
+                lead_workload,
+                chosen_workload,
+                chosen_job,
+                model_version,
+                c,
+                t,
+                key,
+            ) = g(r).map_err(sql("load decisions", p))?;
             out.push(DecisionRecord {
                 id,
                 decision: NewDecision {
@@ -1034,6 +1044,7 @@ impl Db {
                     candidates: json_col(&format!("candidates of decision {id}"), &c)?,
                 },
                 created_at: t,
+                key,
             });
         }
         Ok(out)

@@ -236,10 +236,10 @@ fn implausible_observations_never_reach_training() {
     write_record(&spool, &obs("c/2/1/0", "2", 15.0)).unwrap();
     let r = ingest(&mut db, &spool, &q).unwrap();
     assert_eq!((r.inserted, r.quarantined.len()), (1, 1), "{r:?}");
-    assert!(r.quarantined[0].1.contains("more than 2 times"), "{r:?}");
+    assert!(r.quarantined[0].1.contains("more than 4 times"), "{r:?}");
     // The import path refuses it, storing nothing of the file.
     let err = db.insert_observations(&[obs("i/1", "i1", 5.0), obs("i/2", "i2", 1e30)]).unwrap_err();
-    assert!(err.to_string().contains("more than 2 times"), "{err}");
+    assert!(err.to_string().contains("more than 4 times"), "{err}");
     assert!(!db.has_observation("i/1").unwrap());
     // Without a profile, only an absolute bound applies.
     let mut unprofiled = obs("i/3", "i3", 1e12);
@@ -253,7 +253,7 @@ fn implausible_observations_never_reach_training() {
     assert!(db.check().unwrap().problems.is_empty());
     db.insert_profiles(&[profile("late", 20.0)]).unwrap();
     let problems = db.check().unwrap().problems;
-    assert!(problems.iter().any(|p| p.contains("c/3/1/0") && p.contains("more than 2 times")));
+    assert!(problems.iter().any(|p| p.contains("c/3/1/0") && p.contains("more than 4 times")));
     // Quarantined by job: out of training and listings, and db check is clean.
     let by_job = ObservationFilter { job: Some("3".into()), ..Default::default() };
     assert_eq!(db.quarantine_observations(&by_job, "poisoned").unwrap(), 1);

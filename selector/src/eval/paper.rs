@@ -89,7 +89,9 @@ pub fn paper_split(
 /// NumPy's permutation, training rows in visiting order and the inner 80 % fit subset of them.
 pub fn derived_split(data: &ColocationData, n_occur: u32, seed: u32) -> PaperSplit {
     let (train, test) = super::colocations::n_occur_split(data, seed, n_occur);
-    PaperSplit { fit: inner_fit_subset(&train), train, test }
+    // The artifact lists the fit subset in training order, as the splits file does.
+    let subset: std::collections::HashSet<usize> = inner_fit_subset(&train).into_iter().collect();
+    PaperSplit { fit: train.iter().copied().filter(|i| subset.contains(i)).collect(), train, test }
 }
 
 /// Fits the paper's linear model (throughput-sum target) on the given rows of the pair table.
