@@ -556,6 +556,7 @@ fn saturated(jobs: usize, refill: bool) -> (f64, Vec<(String, f64, f64, f64)>) {
 /// `selection.refill = false`) vs the deployed one, measured the same way; predicted against
 /// observed throughput for every group formed. Prints the figures for the docs.
 #[test]
+#[ignore = "5 min on a real Slurm cluster (two saturated runs); run with --ignored"]
 fn a_saturated_queue_keeps_both_gpus_shared() {
     let test = "a_saturated_queue_keeps_both_gpus_shared";
     if kace_e2e::e2e_available(test).is_none() {
