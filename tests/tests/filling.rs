@@ -181,8 +181,13 @@ fn three_jobs_share_one_gpu_with_max_jobs_per_gpu_3() {
     };
     assert_eq!(gres(j1), gres(lead));
     assert_eq!(gres(j2), gres(lead));
-    let jobs = std::fs::read_dir(c.dir().join("state/n1/gpu0/jobs")).unwrap().count();
-    assert_eq!(jobs, 3, "kace's record holds three jobs on GPU 0");
+    // Slurm shows a job running while its prolog still runs: wait for the third's record.
+    let on_gpu = || std::fs::read_dir(c.dir().join("state/n1/gpu0/jobs")).unwrap().count();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while on_gpu() < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(on_gpu(), 3, "kace's record holds three jobs on GPU 0");
     let d = spooled_decisions(&c);
     let second = d
         .iter()
