@@ -59,6 +59,19 @@ impl Ctx {
         Ok(Db::open_read_only(&self.db_path)?)
     }
 
+    /// Slurm's commands as configured, each call within the configured timeout and all of them
+    /// within `budget`.
+    pub fn slurm(&self, budget: std::time::Duration) -> kace_node::slurm::Commands {
+        let node = &self.config.node;
+        kace_node::slurm::Commands {
+            scontrol: node.scontrol.clone(),
+            squeue: node.squeue.clone(),
+            sinfo: node.sinfo.clone(),
+            timeout: std::time::Duration::from_millis(node.command_timeout_ms),
+            deadline: Some(std::time::Instant::now() + budget),
+        }
+    }
+
     /// Whether output should be JSON.
     pub fn json(&self) -> bool {
         self.format == Format::Json

@@ -14,8 +14,8 @@ use kace_selector::dataset::{
 use kace_selector::eval::chart::{per_target_bars, policy_bars};
 use kace_selector::eval::paper::PAPER_SEEDS;
 use kace_selector::eval::{
-    colocations, paper, EvalOptions, EvalReport, ModelChoice, Protocol, BEST_RULE, KACE, KACE_LR,
-    ORACLE, RANDOM,
+    colocations, paper, EvalOptions, EvalReport, ModelChoice, Protocol, BEST_RULE, KACE,
+    KACE_GATED, KACE_LR, ORACLE, RANDOM,
 };
 use kace_selector::Objective;
 use serde_json::{json, Value};
@@ -117,6 +117,11 @@ struct Common {
     /// Put each target workload's own result in the JSON and chart it per workload.
     #[arg(long)]
     per_workload: bool,
+    /// Nested evaluation: choose kace's settings by cross-validation inside each training set
+    /// only (leave-one-workload-out for unseen workloads), as `kace train` does; the production
+    /// protocol's figures come first.
+    #[arg(long)]
+    nested: bool,
 }
 
 #[derive(Debug, Args)]
@@ -154,6 +159,8 @@ struct Evaluation {
     title: String,
     native: Protocol,
     reports: Vec<EvalReport>,
+    /// Whether the test workloads were never seen in training (names the MAPE key).
+    unseen: bool,
 }
 
 impl Evaluation {
@@ -193,6 +200,7 @@ fn options(c: &Common, protocol: Protocol) -> Result<EvalOptions> {
             Some(ModelArg::Kace) => vec![ModelChoice::Kace],
             Some(ModelArg::KaceLr) => vec![ModelChoice::KaceLr],
         },
+        nested: c.nested,
         ..EvalOptions::default()
     })
 }
@@ -210,7 +218,7 @@ fn eval_paper(a: &PaperArgs) -> Result<Evaluation> {
             reports
                 .push(paper::evaluate_unseen(&pairs, &rows, &opts).context("couldn't evaluate")?);
         }
-        "KACE artifact, unseen workloads".to_string()
+        "KACE artifact, unseen workloads (leave-one-workload-out)".to_string()
     } else {
         let n_occur = a.n_occur.unwrap_or(3);
         let path = a.data.join("splits/n_occur_splits.csv");
@@ -224,7 +232,8 @@ fn eval_paper(a: &PaperArgs) -> Result<Evaluation> {
         }
         format!("KACE artifact, n_occur={n_occur}")
     };
-    Ok(Evaluation { title, native: Protocol::Paper, reports })
+    let native = if a.common.nested { Protocol::Production } else { Protocol::Paper };
+    Ok(Evaluation { title, native, reports, unseen: a.unseen })
 }
 
 fn eval_colocations(a: &ColocationArgs) -> Result<Evaluation> {
@@ -253,7 +262,7 @@ fn eval_colocations(a: &ColocationArgs) -> Result<Evaluation> {
         reports.push(r.context("couldn't evaluate")?);
     }
     let title = format!("{} ({}-way), n_occur={}", a.data.display(), data.k, a.n_occur);
-    Ok(Evaluation { title, native: Protocol::Production, reports })
+    Ok(Evaluation { title, native: Protocol::Production, reports, unseen: false })
 }
 
 fn open(path: &Path) -> Result<File> {
@@ -274,7 +283,50 @@ fn ordered_keys(means: &BTreeMap<String, f64>) -> Vec<String> {
     out
 }
 
-fn protocol_json(r: &EvalReport, per_workload: bool) -> Value {
+fn num_or_null(v: Option<f64>) -> Value {
+    v.filter(|v| v.is_finite()).map_or(Value::Null, |v| json!(v))
+}
+
+/// Harm, gain and prediction error of kace's decisions, and the spread over seeds.
+fn decision_json(r: &EvalReport, unseen: bool) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    m.insert(
+        "harmful_share".into(),
+        json!({
+            KACE: num_or_null(r.harmful_share(KACE)),
+            KACE_GATED: num_or_null(r.harmful_share(KACE_GATED)),
+            ORACLE: num_or_null(r.harmful_share(ORACLE)),
+        }),
+    );
+    m.insert(
+        "oracle_gain_share".into(),
+        json!({ KACE: num_or_null(r.gain_share(false)), KACE_GATED: num_or_null(r.gain_share(true)) }),
+    );
+    m.insert("no_partner_share".into(), num_or_null(r.none_share()));
+    let mape = if r.job_errors.is_empty() { None } else { Some(r.mape()) };
+    m.insert(if unseen { "mape_unseen" } else { "mape_seen" }.into(), num_or_null(mape));
+    let spread: serde_json::Map<String, Value> = ordered_keys(&r.means())
+        .into_iter()
+        .filter_map(|k| {
+            let s = r.seed_spread(&k)?;
+            Some((k, json!({"mean": s.mean, "min": s.min, "median": s.median, "max": s.max})))
+        })
+        .collect();
+    m.insert("seed_spread".into(), spread.into());
+    let mut chosen: BTreeMap<String, usize> = BTreeMap::new();
+    for (p, kappa) in &r.tuned {
+        *chosen
+            .entry(format!(
+                "alpha={} scale={} neighbours={} doubt_weight={kappa}",
+                p.alpha, p.workload_scale, p.neighbours
+            ))
+            .or_insert(0) += 1;
+    }
+    m.insert("chosen_settings".into(), json!(chosen));
+    m
+}
+
+fn protocol_json(r: &EvalReport, per_workload: bool, unseen: bool) -> Value {
     let means = r.means();
     let nt: serde_json::Map<String, Value> =
         ordered_keys(&means).into_iter().map(|k| (k.clone(), json!(means[&k]))).collect();
@@ -302,6 +354,9 @@ fn protocol_json(r: &EvalReport, per_workload: bool) -> Value {
     }
     if per_workload {
         v["per_workload"] = json!(r.per_target());
+    }
+    if let Value::Object(o) = &mut v {
+        o.extend(decision_json(r, unseen));
     }
     v
 }
@@ -335,11 +390,39 @@ fn paired_line(r: &EvalReport) -> Option<String> {
     ))
 }
 
+/// One line on harm, the gain rule and prediction error.
+fn decision_line(r: &EvalReport, unseen: bool) -> String {
+    let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1} %", 100.0 * v));
+    let spread = r
+        .seed_spread(KACE)
+        .filter(|_| r.seeds.len() > 1)
+        .map(|s| {
+            format!(
+                "; {KACE} over seeds: mean {:.4}, min {:.4}, median {:.4}, max {:.4}",
+                s.mean, s.min, s.median, s.max
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "{} protocol: harmful picks {KACE} {}, {KACE_GATED} {} (no partner for {}), oracle {}; \
+         {KACE_GATED} realises {} of the oracle's gain ({KACE} {}); MAPE {} {:.1} %{spread}\n",
+        r.protocol.key(),
+        pct(r.harmful_share(KACE)),
+        pct(r.harmful_share(KACE_GATED)),
+        pct(r.none_share()),
+        pct(r.harmful_share(ORACLE)),
+        pct(r.gain_share(true)),
+        pct(r.gain_share(false)),
+        if unseen { "unseen" } else { "seen" },
+        r.mape(),
+    )
+}
+
 fn render(eval: &Evaluation, format: Format, per_workload: bool) -> String {
     let native = eval.native();
     match format {
         Format::Json => {
-            let mut doc = protocol_json(native, per_workload);
+            let mut doc = protocol_json(native, per_workload, eval.unseen);
             doc["n_occur"] = json!(native.n_occur);
             doc["seeds"] = json!(native.seeds);
             doc["protocol"] = json!(native.protocol.key());
@@ -347,7 +430,9 @@ fn render(eval: &Evaluation, format: Format, per_workload: bool) -> String {
             doc["by_protocol"] = eval
                 .reports
                 .iter()
-                .map(|r| (r.protocol.key().to_string(), protocol_json(r, per_workload)))
+                .map(|r| {
+                    (r.protocol.key().to_string(), protocol_json(r, per_workload, eval.unseen))
+                })
                 .collect::<serde_json::Map<_, _>>()
                 .into();
             let mut s = serde_json::to_string_pretty(&doc).unwrap_or_default();
@@ -390,6 +475,9 @@ fn render(eval: &Evaluation, format: Format, per_workload: bool) -> String {
             }
             for line in eval.reports.iter().filter_map(paired_line) {
                 s.push_str(&line);
+            }
+            for r in &eval.reports {
+                s.push_str(&decision_line(r, eval.unseen));
             }
             let prod =
                 eval.reports.iter().find(|r| r.protocol == Protocol::Production).unwrap_or(native);

@@ -1,14 +1,23 @@
-//! `kace explain JOB`: why a job was or was not paired, from the prolog's decisions: those in
-//! the database (after `kace ingest`) and those still in the spool.
+//! `kace explain JOB`: what Slurm says about the job (held how long, released when and by
+//! what, with whom it ran: `kace_observe::history`) and why it was or was not paired, from the
+//! prolog's decisions: those in the database (after `kace ingest`) and those still in the spool.
+
+use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
+use kace_node::{Clock, SystemClock};
+use kace_observe::history::{story, ReleasedBy, Story};
+use kace_observe::time::{date, span};
 use kace_sql::spool::spooled_decisions;
 use kace_sql::{DecisionCandidate, NewDecision};
 use serde_json::json;
 
 use crate::context::{num, print_json, Ctx};
 use crate::output::{printable, table};
+
+/// How long the Slurm query may take.
+const SLURM_BUDGET: Duration = Duration::from_secs(15);
 
 /// Decisions read from the database at most (newest first).
 const MAX_DECISIONS: usize = 100_000;
@@ -26,26 +35,37 @@ struct Found {
     decision: NewDecision,
     created_at: f64,
     source: &'static str,
+    /// Its spool key (says a prolog's decision from an epilog's refill).
+    key: Option<String>,
 }
 
 /// Runs `kace explain`.
 pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
     let mut all: Vec<Found> = Vec::new();
+    let job = args.job.trim();
+    let mut observations = Vec::new();
     match ctx.open_read_only() {
-        Ok(db) => all.extend(db.decisions(MAX_DECISIONS)?.into_iter().map(|d| Found {
-            decision: d.decision,
-            created_at: d.created_at,
-            source: "database",
-        })),
+        Ok(db) => {
+            all.extend(db.decisions(MAX_DECISIONS)?.into_iter().map(|d| Found {
+                decision: d.decision,
+                created_at: d.created_at,
+                source: "database",
+                key: d.key,
+            }));
+            observations = db.observations()?.into_iter().filter(|o| o.job == job).collect();
+        }
         Err(e) => {
             eprintln!("kace: explain: couldn't read the database ({e:#}); using the spool only")
         }
     }
     for (path, read) in spooled_decisions(&ctx.config.spool.dir)? {
         match read {
-            Ok(d) => {
-                all.push(Found { decision: d.decision, created_at: d.created_at, source: "spool" })
-            }
+            Ok(d) => all.push(Found {
+                decision: d.decision,
+                created_at: d.created_at,
+                source: "spool",
+                key: Some(d.key),
+            }),
             Err(why) => eprintln!(
                 "kace: explain: skipping {}: {}",
                 printable(&path.display().to_string()),
@@ -54,7 +74,17 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
         }
     }
     all.sort_by(|a, b| a.created_at.total_cmp(&b.created_at));
-    let job = args.job.trim();
+    let slurm = ctx.slurm(SLURM_BUDGET);
+    let timed: Vec<(NewDecision, f64, Option<String>)> =
+        all.iter().map(|f| (f.decision.clone(), f.created_at, f.key.clone())).collect();
+    let st = story(
+        Some(&slurm),
+        job,
+        &timed,
+        &observations,
+        ctx.config.dispatch.max_hold_s,
+        SystemClock.now(),
+    );
     let led: Vec<&Found> =
         all.iter().filter(|f| f.decision.lead_job.as_deref() == Some(job)).collect();
     let seen: Vec<(&Found, &DecisionCandidate)> = all
@@ -78,8 +108,9 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
                        "candidate": c, "at": f.created_at, "source": f.source})
             })
             .collect();
-        return print_json(&json!({"job": job, "led": led, "candidate_in": seen}));
+        return print_json(&json!({"job": job, "story": st, "led": led, "candidate_in": seen}));
     }
+    print!("{}", render_story(&st));
     if led.is_empty() && seen.is_empty() {
         println!(
             "job {job} appears in no kace decision: no lead chose among held kace jobs while it \
@@ -97,10 +128,12 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
         let model =
             d.model_version.map(|v| format!("model version {v}")).unwrap_or("no model".into());
         println!(
-            "job {job} ({}) led its GPU and {} among {} held kace job(s), {model} [{}]",
+            "job {job} ({}) led its GPU and {} among {} held kace job(s), {model}, \
+             decided {} [{}]",
             printable(&d.lead_workload),
             printable(&chosen),
             d.candidates.len(),
+            date(f.created_at),
             f.source
         );
         let rows: Vec<Vec<String>> = d
@@ -121,10 +154,11 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
     }
     for (f, c) in &seen {
         println!(
-            "job {job} ({}) was held when job {} ({}) chose a partner: {} [{}]",
+            "job {job} ({}) was held when job {} ({}) chose a partner at {}: {} [{}]",
             printable(&c.workload),
             printable(f.decision.lead_job.as_deref().unwrap_or("?")),
             printable(&f.decision.lead_workload),
+            date(f.created_at),
             printable(&verdict(&f.decision, c)),
             f.source
         );
@@ -155,4 +189,84 @@ fn verdict(d: &NewDecision, c: &DecisionCandidate) -> String {
         (Some(p), None) => format!("not chosen: predicted {}, but no partner was released", num(p)),
         _ => "not evaluated".into(),
     }
+}
+
+/// The Slurm side of the job in words, dates in UTC.
+fn render_story(st: &Story) -> String {
+    let mut out = String::new();
+    match &st.slurm {
+        Some(f) => {
+            let what =
+                f.workload.as_deref().map(|w| format!("kace job, workload {}", printable(w)));
+            out.push_str(&format!(
+                "job {} ({}, user {}): {} {}{}\n",
+                printable(&st.job),
+                what.unwrap_or_else(|| "not a kace job".into()),
+                if f.user.is_empty() { "?".into() } else { printable(&f.user) },
+                printable(&f.state),
+                if f.node.is_empty() || f.node == "(null)" {
+                    String::new()
+                } else {
+                    format!("on {}", printable(&f.node))
+                },
+                if f.state == "PENDING" {
+                    format!(" ({})", printable(&f.reason))
+                } else {
+                    String::new()
+                },
+            ));
+            let t = |v: Option<f64>| v.map(date).unwrap_or_else(|| "-".into());
+            out.push_str(&format!(
+                "  submitted {}, started {}, ended {}\n",
+                t(f.submitted),
+                t(f.started),
+                t(f.ended)
+            ));
+        }
+        None => out.push_str(&format!(
+            "job {}: Slurm has nothing to say ({}); kace's records follow\n",
+            printable(&st.job),
+            printable(st.slurm_error.as_deref().unwrap_or("unknown"))
+        )),
+    }
+    if let Some(h) = st.held_s {
+        out.push_str(&format!("  held {}", span(h)));
+        match &st.released {
+            Some(r) => {
+                let when = r.at.map(date).unwrap_or_else(|| "-".into());
+                let by = match r.by {
+                    ReleasedBy::Lead => "as a lead onto a free GPU (kace dispatch)".to_string(),
+                    ReleasedBy::Partner => format!(
+                        "as the partner chosen by job {}",
+                        r.lead_job.as_deref().unwrap_or("?")
+                    ),
+                    ReleasedBy::Refill => format!(
+                        "to refill the GPU of job {} (an ending job's epilog chose it)",
+                        r.lead_job.as_deref().map(printable).unwrap_or("?".into())
+                    ),
+                    ReleasedBy::MaxHold => "by max_hold (held too long; kace dispatch)".into(),
+                };
+                out.push_str(&format!("; released {when} {by}\n"));
+            }
+            None => out.push('\n'),
+        }
+    }
+    for w in &st.ran_with {
+        let with: Vec<String> = w
+            .partners
+            .iter()
+            .map(|(j, wl)| format!("job {} ({})", printable(j), printable(wl)))
+            .collect();
+        out.push_str(&format!(
+            "  ran with {} from {} for {} at {} steps/s\n",
+            with.join(", "),
+            date(w.start),
+            span(w.end - w.start),
+            num(w.throughput)
+        ));
+    }
+    if st.alone_s > 0.0 {
+        out.push_str(&format!("  ran alone for {}\n", span(st.alone_s)));
+    }
+    out
 }

@@ -12,14 +12,16 @@ mod eval;
 mod explain;
 mod ingest;
 mod man;
+mod metrics;
 mod model;
 mod observations;
 mod output;
 mod profile;
-mod prune;
+mod report;
 mod retrain;
 mod select;
 mod simulate;
+mod status;
 mod train;
 
 use std::path::PathBuf;
@@ -77,8 +79,14 @@ enum Command {
     Dispatch(dispatch::DispatchArgs),
     /// Check this host's kace setup (node, controller or both): each check ok, warn or fail.
     Doctor(doctor::DoctorArgs),
-    /// Why a job was or was not paired, from the prolog's decisions.
+    /// Why a job was or was not paired: Slurm's view of it and kace's decisions.
     Explain(explain::ExplainArgs),
+    /// What kace is doing now: GPUs and their kace jobs, held jobs, the active model.
+    Status(status::StatusArgs),
+    /// kace's figures in Prometheus's text format (`--textfile DIR` for node_exporter).
+    Metrics(metrics::MetricsArgs),
+    /// Predicted against observed, GPU time shared and the gain over running alone.
+    Report(report::ReportArgs),
     /// Write the man pages into DIR (used by packaging).
     #[command(hide = true)]
     GenerateMan(man::GenerateManArgs),
@@ -104,6 +112,9 @@ fn exit_code(err: &anyhow::Error) -> u8 {
         }
         if let Some(doctor::Unhealthy(worst)) = cause.downcast_ref::<doctor::Unhealthy>() {
             return if *worst == kace_node::doctor::Status::Fail { 6 } else { 5 };
+        }
+        if let Some(kace_observe::Error::Usage(_)) = cause.downcast_ref::<kace_observe::Error>() {
+            return 2;
         }
         if let Some(e) = cause.downcast_ref::<kace_sql::Error>() {
             use kace_sql::Error as E;
@@ -142,6 +153,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Doctor(args) => doctor::run(args, &ctx().context("config")?).context("doctor"),
         Command::Explain(args) => explain::run(args, &ctx().context("config")?).context("explain"),
+        Command::Status(args) => status::run(args, &ctx().context("config")?).context("status"),
+        Command::Metrics(args) => metrics::run(args, &ctx().context("config")?).context("metrics"),
+        Command::Report(args) => report::run(args, &ctx().context("config")?).context("report"),
         Command::GenerateMan(args) => man::run(args),
     }
 }

@@ -156,9 +156,16 @@ fn import(ctx: &Ctx, gpu_model: &str, paths: &[PathBuf]) -> Result<()> {
     names.sort_unstable();
     names.dedup();
     if ctx.json() {
-        print_json(&json!({ "stored": n, "workloads": names }))
+        print_json(
+            &json!({ "stored": n.inserted, "already_stored": n.duplicates, "workloads": names }),
+        )
     } else {
-        println!("stored {n} profile measurement(s) for {} workload(s)", names.len());
+        println!(
+            "stored {} profile measurement(s) for {} workload(s), {} already stored",
+            n.inserted,
+            names.len(),
+            n.duplicates
+        );
         Ok(())
     }
 }

@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::context::{num, Ctx};
 use crate::train::{NotEnoughGroups, Trained, UnchangedData};
-use crate::{ingest, prune, train};
+use crate::{ingest, train};
 
 /// `kace retrain`
 #[derive(Debug, Args)]
@@ -57,10 +57,10 @@ pub fn run(args: RetrainArgs, ctx: &Ctx) -> Result<()> {
         },
     };
     let pruned = if args.keep_days == 0 {
-        prune::PruneReport::default()
+        spool::PruneReport::default()
     } else {
         let keep = Duration::from_secs(args.keep_days.saturating_mul(86_400));
-        prune::prune(&spool_dir, &qdir, keep, SystemTime::now())
+        spool::prune(&spool_dir, &qdir, keep, SystemTime::now())
     };
     for p in &pruned.removed {
         ctx.info(&format!("retrain: pruned {}", p.display()));
@@ -80,7 +80,7 @@ pub fn run(args: RetrainArgs, ctx: &Ctx) -> Result<()> {
 fn summary_line(
     i: &spool::IngestReport,
     model: &ModelOutcome,
-    p: &prune::PruneReport,
+    p: &spool::PruneReport,
     keep_days: u64,
 ) -> String {
     let ingest = format!(
@@ -123,7 +123,7 @@ fn summary_line(
 fn summary_json(
     i: &spool::IngestReport,
     model: &ModelOutcome,
-    p: &prune::PruneReport,
+    p: &spool::PruneReport,
 ) -> serde_json::Value {
     let model = match model {
         ModelOutcome::Trained(t) => json!({

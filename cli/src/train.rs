@@ -1,21 +1,18 @@
-//! `kace train`: fit the model on observed groups (pairs, and for the slowdown model groups of
-//! any size), compare it with the active model on held-out groups, store it as a new version
-//! and activate it when it is not worse (or when asked).
+//! `kace train`: glue between the store and the library's training policy
+//! ([`kace_selector::training`]): read the observed groups and the active model, train and
+//! validate, store the new version and activate it when the policy says so (or when asked).
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
-use kace_selector::dataset::Group;
 use kace_selector::eval::FitQuality;
-use kace_selector::{Member, Model, ModelKind, Predictor, SlowdownParams};
-use kace_sql::decide::{active_model, holdout_split, model_to_new_model, training_set};
+use kace_selector::training::{self, TrainingError, TrainingPolicy};
+use kace_selector::ModelKind;
+use kace_sql::decide::{active_model, model_to_new_model, training_set};
 use kace_sql::Db;
 use kace_sql::Error as SqlError;
 use serde_json::json;
 
 use crate::context::{num, print_json, Ctx};
-
-/// Fewest fit groups accepted: the linear model has ten coefficients plus an intercept.
-const MIN_FIT_GROUPS: usize = 12;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum KindArg {
@@ -40,30 +37,6 @@ pub struct TrainArgs {
     /// Kind of model (default: the config's `training.model`).
     #[arg(long, value_enum)]
     kind: Option<KindArg>,
-}
-
-/// Predictions of `model` for measured groups, in the objective's units.
-fn predictions(model: &Model, groups: &[&Group], objective: kace_selector::Objective) -> Vec<f64> {
-    groups
-        .iter()
-        .map(|g| {
-            let members: Vec<Member<'_>> = g
-                .profiles
-                .iter()
-                .zip(&g.workloads)
-                .map(|(p, w)| Member { profile: p, workload: Some(w) })
-                .collect();
-            model.predict(&members, objective)
-        })
-        .collect()
-}
-
-/// Whether a new model with held-out error `new_mse` may replace the active one (`None`: there
-/// is none). Ties go to the new model: it was trained on the newer data. A non-finite error
-/// (NaN or inf) on the new model counts as worse, whatever the active one's (`inf <= inf` must
-/// not pass); on the active one, as beaten by any finite error.
-fn not_worse(new_mse: f64, active_mse: Option<f64>) -> bool {
-    new_mse.is_finite() && active_mse.is_none_or(|a| !a.is_finite() || new_mse <= a)
 }
 
 /// The training data have not changed since model `version` of the same kind was fitted on
@@ -91,7 +64,7 @@ pub struct NotEnoughGroups {
     pub usable: usize,
     /// Observed groups skipped for a missing profile.
     pub skipped: usize,
-    /// Usable groups needed: [`MIN_FIT_GROUPS`] to fit plus one to hold out.
+    /// Usable groups needed: [`training::MIN_FIT_GROUPS`] to fit plus one to hold out.
     pub needed: usize,
 }
 
@@ -108,7 +81,7 @@ impl std::fmt::Display for NotEnoughGroups {
 
 impl std::error::Error for NotEnoughGroups {}
 
-/// What one training run did.
+/// What one `kace train` did: the library's training result, and where it was stored.
 #[derive(Debug, Clone)]
 pub struct Trained {
     /// The stored model version.
@@ -130,62 +103,40 @@ pub struct Trained {
     pub metrics: serde_json::Value,
 }
 
-/// Fits, validates on held-out groups, stores and (when not worse, or with `--activate`)
-/// activates a new model version. Too little data is a [`NotEnoughGroups`] error. The
-/// slowdown model learns from groups of every size; the linear model, whose summed features
-/// describe a pair, from pairs only.
+/// Reads the observed groups and the active model, runs the library's training policy
+/// ([`kace_selector::training::train`]), stores the new version and activates it when the policy
+/// says so. Too little data is a [`TrainingError::NotEnoughGroups`] error.
 pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
-    let fraction = args.holdout_fraction.unwrap_or(ctx.config.training.holdout_fraction);
-    if !(fraction > 0.0 && fraction < 1.0) {
-        bail!("--holdout-fraction {fraction}: must be in (0, 1)");
-    }
-    let seed = args.seed.unwrap_or(ctx.config.training.seed);
-    let set = training_set(db)?;
-    let kind = match args.kind {
-        Some(KindArg::Slowdown) => ModelKind::Slowdown,
-        Some(KindArg::Linear) => ModelKind::Linear,
-        None => ctx.config.training.model,
+    let policy = TrainingPolicy {
+        kind: match args.kind {
+            Some(KindArg::Slowdown) => ModelKind::Slowdown,
+            Some(KindArg::Linear) => ModelKind::Linear,
+            None => ctx.config.training.model,
+        },
+        objective: ctx.config.selection.objective,
+        holdout_fraction: args.holdout_fraction.unwrap_or(ctx.config.training.holdout_fraction),
+        seed: args.seed.unwrap_or(ctx.config.training.seed),
+        force_activation: args.activate,
     };
-    let objective = ctx.config.selection.objective;
+    let set = training_set(db)?;
     let digest = set.digest();
     let same = db.models()?.into_iter().rev().find(|m| {
         let metric = |k: &str| m.model.metrics.get(k);
         m.model.training_digest == digest
-            && metric("kind").and_then(|v| v.as_str()) == Some(kind.key())
-            && metric("objective").and_then(|v| v.as_str()) == Some(objective.key())
-            && metric("seed").and_then(|v| v.as_u64()) == Some(seed)
-            && metric("holdout_fraction").and_then(|v| v.as_f64()) == Some(fraction)
+            && metric("kind").and_then(|v| v.as_str()) == Some(policy.kind.key())
+            && metric("objective").and_then(|v| v.as_str()) == Some(policy.objective.key())
+            && metric("seed").and_then(|v| v.as_u64()) == Some(policy.seed)
+            && metric("holdout_fraction").and_then(|v| v.as_f64()) == Some(policy.holdout_fraction)
     });
     if let Some(m) = same {
         if !args.activate {
             return Err(UnchangedData { version: m.version }.into());
         }
     }
-    let usable: Vec<&Group> = set.groups.iter().filter(|g| kind.learns_from(g.k())).collect();
-    let (fit_idx, held_idx) = holdout_split(usable.len(), fraction, seed);
-    if fit_idx.len() < MIN_FIT_GROUPS || held_idx.is_empty() {
-        return Err(NotEnoughGroups {
-            usable: usable.len(),
-            skipped: set.skipped,
-            needed: MIN_FIT_GROUPS + 1,
-        }
-        .into());
-    }
-    let fit: Vec<&Group> = fit_idx.iter().map(|&i| usable[i]).collect();
-    let held: Vec<&Group> = held_idx.iter().map(|&i| usable[i]).collect();
-    let mut sizes = std::collections::BTreeMap::new();
-    for g in &usable {
-        *sizes.entry(g.k().to_string()).or_insert(0usize) += 1;
-    }
-    let held_y: Vec<f64> = held.iter().map(|g| objective.value(g)).collect();
-    let model = Model::train(kind, &fit, objective, SlowdownParams::default())?;
-    let quality = |m: &Model| FitQuality::of(&held_y, &predictions(m, &held, objective));
-    let new_q = quality(&model);
     let active = match active_model(db) {
-        // An active model that cannot predict this objective is no competitor.
-        Ok((v, m)) if m.serves(objective) => Some((v, quality(&m))),
+        Ok((v, m)) if m.serves(policy.objective) => Some((v, m)),
         Ok((v, _)) => {
-            ctx.info(&format!("train: active model {v} does not serve {}", objective.key()));
+            ctx.info(&format!("train: active model {v} does not serve {}", policy.objective.key()));
             None
         }
         Err(SqlError::NoActiveModel) => None,
@@ -196,38 +147,50 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
         }
         Err(e) => return Err(e.into()),
     };
-    let not_worse = not_worse(new_q.mse, active.map(|a| a.1.mse));
+    let t = match training::train(&set.groups, active.as_ref().map(|a| &a.1), &policy) {
+        Err(TrainingError::NotEnoughGroups { usable, needed }) => {
+            return Err(NotEnoughGroups { usable, skipped: set.skipped, needed }.into())
+        }
+        other => other?,
+    };
+    let previous = active.as_ref().map(|a| a.0).zip(t.active_quality);
+    let sizes: std::collections::BTreeMap<String, usize> =
+        t.group_sizes.iter().map(|(k, n)| (k.to_string(), *n)).collect();
     let metrics = json!({
-        "fit_groups": fit_idx.len(),
-        "holdout_groups": held_idx.len(),
+        "fit_groups": t.fit_groups,
+        "holdout_groups": t.holdout_groups,
         "skipped_groups": set.skipped,
-        "unused_groups": set.groups.len() - usable.len(),
+        "unused_groups": t.unused_groups,
         "group_sizes": sizes,
-        "holdout_fraction": fraction,
-        "seed": seed,
-        "holdout_mse": new_q.mse,
-        "holdout_r2": new_q.r2,
-        "active_version_at_training": active.map(|a| a.0),
-        "active_holdout_mse": active.map(|a| a.1.mse),
-        "kind": kind.key(),
-        "objective": objective.key(),
+        "holdout_fraction": policy.holdout_fraction,
+        "seed": policy.seed,
+        "holdout_mse": t.quality.mse,
+        "holdout_r2": t.quality.r2,
+        "active_version_at_training": previous.map(|p| p.0),
+        "active_holdout_mse": previous.map(|p| p.1.mse),
+        "kind": policy.kind.key(),
+        "objective": policy.objective.key(),
+        "tuned": t.tuned.as_ref().map(|tu| json!({
+            "alpha": tu.params.alpha,
+            "workload_scale": tu.params.workload_scale,
+            "robust": tu.params.robust,
+            "doubt_weight": tu.doubt_weight,
+            "cv_log_mse": tu.log_mse,
+        })),
     });
     let version =
-        db.insert_model(&model_to_new_model(&model, metrics.clone(), digest, fit_idx.len())?)?;
-    // Not even --activate makes a model with a non-finite held-out error the one every prolog
-    // uses.
-    let activated = new_q.mse.is_finite() && (args.activate || not_worse);
-    if activated {
+        db.insert_model(&model_to_new_model(&t.model, metrics.clone(), digest, t.fit_groups)?)?;
+    if t.activate {
         db.activate_model(version)?;
     }
     Ok(Trained {
         version,
-        activated,
-        kind,
-        fit_groups: fit_idx.len(),
-        holdout_groups: held_idx.len(),
-        quality: new_q,
-        previous: active,
+        activated: t.activate,
+        kind: policy.kind,
+        fit_groups: t.fit_groups,
+        holdout_groups: t.holdout_groups,
+        quality: t.quality,
+        previous,
         metrics,
     })
 }
@@ -271,24 +234,5 @@ pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
             }
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::not_worse;
-
-    #[test]
-    fn activation_rule() {
-        assert!(not_worse(1.0, None));
-        assert!(not_worse(1.0, Some(1.0)));
-        assert!(not_worse(0.5, Some(1.0)));
-        assert!(!not_worse(1.5, Some(1.0)));
-        assert!(!not_worse(f64::NAN, None));
-        assert!(not_worse(1.0, Some(f64::NAN)));
-        // The audit's poisoned retrain: inf ≤ inf activated a model with held-out MSE inf.
-        assert!(!not_worse(f64::INFINITY, Some(f64::INFINITY)));
-        assert!(!not_worse(f64::INFINITY, None));
-        assert!(not_worse(1e300, Some(f64::INFINITY)));
     }
 }

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use kace_selector::dataset::read_colocations;
+use kace_selector::training::holdout_split;
 use kace_selector::{select, Candidate, LinearModel, Member, Model, Profile, SelectionRules};
-use kace_sql::decide::holdout_split;
 use kace_sql::spool::{record_file_name, write_record};
 use kace_sql::{Observation, Partner};
 use kace_test_support::{artifact, shared_file, TempDir};
@@ -184,9 +184,14 @@ fn init_import_train_select_agrees_with_the_selector_in_memory() {
     }
     assert!(chosen_somewhere > 0, "no lead got a partner");
 
-    // A second training on the same data is not worse, so it becomes active; --activate and
-    // model activate switch back.
-    assert_eq!(env.json(&["train", "--kind", "linear"])["activated"], true);
+    // Training again on the same data stores nothing (a nightly retrain would otherwise add a
+    // version a night); --activate forces a new version; model activate switches back.
+    let again = env.json(&["train", "--kind", "linear"]);
+    assert_eq!(
+        (again["version"].clone(), again["unchanged_since"].clone()),
+        (serde_json::json!(null), serde_json::json!(1))
+    );
+    assert_eq!(env.json(&["train", "--kind", "linear", "--activate"])["activated"], true);
     env.ok(&["model", "activate", "1"]);
     assert_eq!(env.json(&["model", "show"])["version"], 1);
     let list = env.json(&["model", "list"]);

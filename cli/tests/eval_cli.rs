@@ -203,3 +203,41 @@ fn malformed_data_is_a_clear_error() {
     let out = kace(&["eval", "paper", "--data", "x", "--seeds", "ten"]);
     assert_eq!(out.status.code(), Some(2), "clap rejects bad option values");
 }
+
+#[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
+fn nested_json_has_the_decision_quality_keys() {
+    let dir = artifact();
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["eval", "paper", "--data", dir.to_str().unwrap(), "--nested"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--format", "json"]);
+        let out = kace(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("valid JSON")
+    };
+    let v = json(&["--n-occur", "3", "--seeds", "1-4"]);
+    assert_eq!(v["protocol"], "production", "--nested puts kace's own protocol first");
+    assert_eq!(v["seeds"], serde_json::json!([1, 2, 3, 4]));
+    let kace = v["normalized_throughput"]["kace"].as_f64().unwrap();
+    let s = &v["seed_spread"]["kace"];
+    let [min, median, max, mean] =
+        ["min", "median", "max", "mean"].map(|k| s[k].as_f64().unwrap_or_else(|| panic!("{k}")));
+    assert!(min <= median && median <= max && (mean - kace).abs() < 1e-12, "{s}");
+    for k in ["kace", "kace-gated", "oracle"] {
+        let h = v["harmful_share"][k].as_f64().unwrap_or_else(|| panic!("harmful_share.{k}"));
+        assert!((0.0..=1.0).contains(&h), "{k}: {h}");
+    }
+    assert!(v["mape_seen"].as_f64().unwrap() > 0.0);
+    assert!(v["by_protocol"]["paper"]["mape_seen"].is_number());
+    assert!(v["oracle_gain_share"]["kace-gated"].is_number());
+    assert_eq!(
+        v["chosen_settings"].as_object().unwrap().values().filter_map(|n| n.as_u64()).sum::<u64>(),
+        4
+    );
+
+    // Unseen workloads, leave-one-workload-out: the figures README.md states.
+    let u = json(&["--unseen"]);
+    assert!((u["normalized_throughput"]["kace"].as_f64().unwrap() - 0.9531).abs() < 5e-5, "{u}");
+    assert!((u["mape_unseen"].as_f64().unwrap() - 51.4).abs() < 0.05, "{u}");
+}

@@ -1,4 +1,5 @@
-//! Where kace's per-GPU MPS directories and per-job progress files live. Pure and dependency-free,
+//! Where kace's per-GPU MPS directories and per-job progress files live. Dependency-free and pure
+//! except for [`trusted_dir`], which checks that such a directory is root's,
 //! shared so that the prolog (which starts the MPS control daemon) and the epilog (which reads
 //! progress) compute exactly the paths the SPANK plugin gives the job's tasks.
 //!
@@ -15,6 +16,7 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod trusted_dir;
 pub mod workload_name;
 
 /// Default MPS root: a tmpfs, since MPS pipes must not outlive a reboot.

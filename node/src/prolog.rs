@@ -8,13 +8,14 @@
 use std::time::{Duration, Instant};
 
 use kace_layout::{mps_dirs, progress_file, GpuIndex};
+use kace_profiling::progress::CreateError as ProgressCreateError;
 use kace_selector::{Rejection, SelectionRules};
 use kace_sql::decide::{decide, CandidateSpec};
 use kace_sql::spool::{write_decision, SpooledDecision};
 use kace_sql::{DecisionCandidate, NewDecision};
 
 use crate::env::JobEnv;
-use crate::error::{io, Result};
+use crate::error::Result;
 use crate::slurm::{QueuedJob, Target};
 use crate::state::{self, Expectation};
 use crate::Node;
@@ -138,23 +139,9 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
 
 /// Creates the job's progress file, owned by the job's user, so that the job can append to it
 /// and nobody else can replace it (the directory belongs to root).
-fn prepare_progress(n: &Node, env: &JobEnv) -> Result<()> {
+fn prepare_progress(n: &Node, env: &JobEnv) -> std::result::Result<(), ProgressCreateError> {
     let root = &n.config.node.progress_root;
-    std::fs::create_dir_all(root).map_err(io("create progress directory", root))?;
-    let p = progress_file(root, env.job);
-    match std::fs::remove_file(&p) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io("remove old progress file", &p)(e)),
-    }
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&p)
-        .map_err(io("create progress file", &p))?;
-    std::os::unix::fs::chown(&p, Some(env.uid), None).map_err(io("hand over progress file", &p))
+    kace_profiling::progress::create_for_job(root, &progress_file(root, env.job), env.uid)
 }
 
 /// Records the job on its GPU, starts the GPU's MPS daemon when none runs, and returns the
@@ -296,6 +283,7 @@ fn lead(
         require_same_user: true,
         min_gain: sel.min_gain,
         objective: sel.objective,
+        ..SelectionRules::default()
     };
 
     let mut model_version = None;

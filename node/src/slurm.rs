@@ -129,7 +129,7 @@ pub fn dependency_met(dep: &str) -> bool {
 }
 
 /// What Slurm says about one job (from its JSON record).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct JobDetail {
     /// Job id.
     pub id: u32,
@@ -143,6 +143,14 @@ pub struct JobDetail {
     pub nodes: String,
     /// The allocated GRES (running jobs only).
     pub gres: Vec<GresAlloc>,
+    /// The owner's user name.
+    pub user: String,
+    /// Submitted, Unix seconds.
+    pub submitted: Option<f64>,
+    /// Started, Unix seconds (`None` until it has).
+    pub started: Option<f64>,
+    /// Ended, Unix seconds (`None` until it has).
+    pub ended: Option<f64>,
 }
 
 impl JobDetail {
@@ -174,7 +182,7 @@ pub struct NodeGpus {
 }
 
 /// A running (or configuring) kace job.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct RunningJob {
     /// Job id.
     pub id: u32,
@@ -182,6 +190,12 @@ pub struct RunningJob {
     pub node: String,
     /// The node-local indices of the GPUs it holds shards (or GPUs) of.
     pub gpus: Vec<u32>,
+    /// The owner's user name (for `kace status`).
+    pub user: String,
+    /// Its workload, from the gate's mark (for `kace status`).
+    pub workload: String,
+    /// When it started, Unix seconds (for `kace status`).
+    pub started: Option<f64>,
 }
 
 /// Where to pin a job: a node and, on a node with typed GPUs, the type of the GPU.
@@ -306,6 +320,10 @@ impl Slurm for Commands {
             admin_comment: j.admin_comment,
             nodes: j.nodes,
             gres: j.gres,
+            user: j.user,
+            submitted: j.submitted,
+            started: j.started,
+            ended: j.ended,
         })
     }
 
@@ -418,7 +436,8 @@ pub fn running_kace_jobs(jobs: Vec<slurm_json::JsonJob>) -> Vec<RunningJob> {
                 .collect();
             gpus.sort_unstable();
             gpus.dedup();
-            RunningJob { id: j.id, node: j.nodes, gpus }
+            let workload = j.admin_comment.strip_prefix(MARK).unwrap_or("").to_string();
+            RunningJob { id: j.id, node: j.nodes, gpus, user: j.user, workload, started: j.started }
         })
         .collect()
 }

@@ -17,7 +17,7 @@ use crate::error::{short, Error, Result};
 use crate::gres::{self, GresAlloc};
 
 /// One job as kace needs it from a JSON record.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct JsonJob {
     /// Job id.
     pub id: u32,
@@ -35,6 +35,14 @@ pub struct JsonJob {
     pub array: bool,
     /// Part of a heterogeneous job (`het_job_id` set and not zero).
     pub het: bool,
+    /// `user_name`.
+    pub user: String,
+    /// `submit_time`, Unix seconds.
+    pub submitted: Option<f64>,
+    /// `start_time` once the job has started (a pending job's is Slurm's forecast: `None`).
+    pub started: Option<f64>,
+    /// `end_time` once the job has ended (a running job's is its time limit: `None`).
+    pub ended: Option<f64>,
 }
 
 /// A number, plain (22.05) or wrapped (`{"set": true, "number": 7}`, 23.02 on); `None` when
@@ -82,6 +90,9 @@ pub fn job(record: &Value) -> Option<JsonJob> {
         .map(gres::parse_alloc)
         .unwrap_or_default();
     let nonzero = |key: &str| record.get(key).and_then(number).is_some_and(|n| n != 0);
+    let time = |key: &str| record.get(key).and_then(number).filter(|t| *t > 0).map(|t| t as f64);
+    let pending = state == "PENDING";
+    let unfinished = matches!(state.as_str(), "PENDING" | "RUNNING" | "CONFIGURING" | "SUSPENDED");
     Some(JsonJob {
         id,
         state,
@@ -91,6 +102,10 @@ pub fn job(record: &Value) -> Option<JsonJob> {
         gres,
         array: nonzero("array_job_id"),
         het: nonzero("het_job_id"),
+        user: text(record, "user_name"),
+        submitted: time("submit_time"),
+        started: time("start_time").filter(|_| !pending),
+        ended: time("end_time").filter(|_| !unfinished),
     })
 }
 
@@ -137,5 +152,27 @@ mod tests {
         assert!(!jobs[0].array && jobs[1].array);
         assert!(super::jobs("squeue: error: Invalid job id").is_err());
         assert!(super::jobs("{\"errors\": []}").is_err());
+    }
+
+    #[test]
+    fn user_and_times_of_each_schema() {
+        let doc = r#"{"jobs": [
+            {"job_id": 5, "job_state": "COMPLETED", "user_name": "alice", "submit_time": 100,
+             "start_time": 110, "end_time": 170},
+            {"job_id": 6, "job_state": ["RUNNING"], "user_name": "bob",
+             "submit_time": {"set": true, "infinite": false, "number": 200},
+             "start_time": {"set": true, "infinite": false, "number": 210},
+             "end_time": {"set": true, "infinite": false, "number": 3810}},
+            {"job_id": 7, "job_state": "PENDING", "submit_time": 300, "start_time": 400,
+             "end_time": 0}]}"#;
+        let (j, _) = jobs(doc).unwrap();
+        assert_eq!(j[0].user, "alice");
+        assert_eq!(
+            (j[0].submitted, j[0].started, j[0].ended),
+            (Some(100.0), Some(110.0), Some(170.0))
+        );
+        assert_eq!((j[1].submitted, j[1].started, j[1].ended), (Some(200.0), Some(210.0), None));
+        // A pending job's start is a forecast and a running job's end its limit.
+        assert_eq!((j[2].user.as_str(), j[2].started, j[2].ended), ("", None, None));
     }
 }

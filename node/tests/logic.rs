@@ -57,6 +57,7 @@ impl Slurm for FakeSlurm {
                 admin_comment: format!("kace:{}", j.workload),
                 nodes: String::new(),
                 gres: Vec::new(),
+                ..Default::default()
             });
         }
         self.details.borrow().get(&id).cloned().ok_or_else(|| failed("scontrol show job"))
@@ -228,6 +229,7 @@ fn running_detail(id: u32, w: &str, gpu: u32, kind: Option<&str>) -> JobDetail {
             count: 1,
             indices: vec![gpu],
         }],
+        ..Default::default()
     }
 }
 
@@ -519,7 +521,8 @@ fn dispatch_releases_leads_onto_free_gpus_and_expired_holds() {
         },
         NodeGpus { name: "n2".into(), gpus: vec![None], usable: false },
     ];
-    *s.running.borrow_mut() = vec![RunningJob { id: 1, node: "n1".into(), gpus: vec![0] }];
+    *s.running.borrow_mut() =
+        vec![RunningJob { id: 1, node: "n1".into(), gpus: vec![0], ..Default::default() }];
     s.details.borrow_mut().insert(1, running_detail(1, "zeta", 0, Some("g0")));
     let r = dispatch::run(&s, 1100.0, 600).unwrap();
     assert_eq!(r.expired, vec![8]);
@@ -575,4 +578,56 @@ fn a_full_spool_keeps_the_progress_file() {
     let logs = w.logs.borrow().join("\n");
     assert!(logs.contains("kept the progress file"), "{logs}");
     assert!(!logs.contains("too few progress lines"), "{logs}");
+}
+
+/// The audit's requeue: a job id that runs twice kept only one run's observation (the second
+/// run's spool file replaced the first's, or was dropped as "already stored" after an ingest).
+#[test]
+fn a_requeued_job_keeps_both_runs_observations() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    *s.on_node.borrow_mut() = vec![10];
+    let w = World::new("requeue", s);
+    let mut db = Db::open(&w.config.database.path).unwrap();
+    for (start, rate) in [(2000u32, 2u32), (3000, 3)] {
+        *w.clock.0.borrow_mut() = f64::from(start);
+        assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+        let text: String =
+            (start..=start + 10).map(|t| format!("{t} {}\n", (t - start) * rate)).collect();
+        std::fs::write(w.config.node.progress_root.join("10.progress"), text).unwrap();
+        *w.clock.0.borrow_mut() = f64::from(start + 10);
+        let out = w.with(|n| epilog::run(n, &job_env(10, 0)));
+        let epilog::Outcome::Done { observations, .. } = out else { panic!("{out:?}") };
+        assert_eq!(observations.len(), 1);
+        // The first run is ingested before the second ends.
+        kace_sql::spool::ingest(&mut db, &w.config.spool.dir, &w.dir.join("q")).unwrap();
+    }
+    let stored = db.observations().unwrap();
+    let mut rates: Vec<f64> = stored.iter().map(|o| o.throughput).collect();
+    rates.sort_by(f64::total_cmp);
+    assert_eq!(rates, vec![2.0, 3.0], "{stored:#?}");
+}
+
+/// The audit's poisoned progress file: a user's two jobs wrote 1.5e308 steps/s, which passed
+/// every check into the spool, the database and the retrained model. The epilog still spools
+/// what the file says (it cannot know better), but ingest quarantines it against the workload's
+/// exclusive throughput, so nothing absurd reaches training.
+#[test]
+fn a_poisoned_progress_file_never_reaches_the_database() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    *s.on_node.borrow_mut() = vec![10];
+    let w = World::new("poison", s);
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    std::fs::write(w.config.node.progress_root.join("10.progress"), "2001 0\n2002 1.5e308\n")
+        .unwrap();
+    *w.clock.0.borrow_mut() = 2010.0;
+    let out = w.with(|n| epilog::run(n, &job_env(10, 0)));
+    let epilog::Outcome::Done { observations, .. } = out else { panic!("{out:?}") };
+    assert_eq!(observations.len(), 1);
+    let mut db = Db::open(&w.config.database.path).unwrap();
+    let r = kace_sql::spool::ingest(&mut db, &w.config.spool.dir, &w.dir.join("q")).unwrap();
+    assert_eq!((r.inserted, r.quarantined.len()), (0, 1), "{r:?}");
+    assert!(r.quarantined[0].1.contains("exclusive throughput"), "{r:?}");
+    assert_eq!(db.observation_count().unwrap(), 0);
 }

@@ -2,7 +2,9 @@
 //! named by `KACE_PROGRESS_FILE`; throughput is steps per second after the warm-up.
 //!
 //! The file is written by user code, so it is untrusted: reading is bounded, and malformed or
-//! backwards-going lines are skipped and counted rather than trusted.
+//! backwards-going lines are skipped and counted rather than trusted. Its creation by the root
+//! prolog ([`create_for_job`]) lives here too: only in a root-owned directory, handed to the job
+//! user through the open descriptor, never by path.
 
 use std::fmt;
 use std::io::Read;
@@ -79,6 +81,55 @@ impl fmt::Display for ProgressError {
 
 impl std::error::Error for ProgressError {}
 
+/// Why the prolog could not create a job's progress file.
+#[derive(Debug)]
+pub enum CreateError {
+    /// The progress root is not a directory only root can change.
+    Untrusted(kace_layout::trusted_dir::UntrustedDir),
+    /// A file operation failed: `op` on `path`.
+    Io { op: &'static str, path: std::path::PathBuf, source: std::io::Error },
+}
+
+impl fmt::Display for CreateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CreateError::Untrusted(e) => write!(f, "refusing the progress directory: {e}"),
+            CreateError::Io { op, path, source } => {
+                write!(f, "couldn't {op} {}: {source}", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for CreateError {}
+
+/// Creates `file` (a job's progress file, inside `root`) empty, mode 0600, owned by `uid`.
+///
+/// `root` must be root's and not group- or world-writable, or a user could swap a symlink in
+/// between two of these steps. The file is created with `O_EXCL | O_NOFOLLOW` after removing
+/// any old one, and handed over with `fchown` on the descriptor just opened: the audit showed
+/// that a `chown` by path in a user-writable root lets the user win a race and have root chown
+/// any file to them.
+pub fn create_for_job(root: &Path, file: &Path, uid: u32) -> Result<(), CreateError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    kace_layout::trusted_dir::ensure_trusted_dir(root).map_err(CreateError::Untrusted)?;
+    let io =
+        |op: &'static str| move |source| CreateError::Io { op, path: file.to_path_buf(), source };
+    match std::fs::remove_file(file) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io("remove old progress file")(e)),
+    }
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(file)
+        .map_err(io("create progress file"))?;
+    std::os::unix::fs::fchown(&f, Some(uid), None).map_err(io("hand over progress file"))
+}
+
 /// Parses progress text.
 pub fn parse(text: &str) -> Progress {
     let mut out = Progress::default();
@@ -141,6 +192,51 @@ impl Progress {
             return Err(ProgressError::NoElapsedTime);
         }
         Ok(Throughput { steps_per_second: (to.steps - from.steps) / dt, from: **from, to: **to })
+    }
+}
+
+#[cfg(test)]
+mod create_tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    /// The audit's race: with a user-writable progress root, a user swapping the new file for
+    /// a symlink to a root-only file got root to chown that file to them. Such a root is now
+    /// refused outright, and in a trusted root the file is handed over by descriptor.
+    #[test]
+    fn a_user_writable_root_is_refused_and_the_file_is_handed_over_by_descriptor() {
+        if !kace_layout::trusted_dir::running_as_root() {
+            // Without root nothing can be chowned; the check itself is tested in kace-layout.
+            let d = kace_test_support::TempDir::new("progress-nonroot");
+            assert!(create_for_job(&d, &d.join("1.progress"), 65534).is_ok());
+            return;
+        }
+        let d = kace_test_support::TempDir::new("progress-root");
+        std::fs::set_permissions(&*d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let victim = d.join("victim");
+        std::fs::write(&victim, "root secret\n").unwrap();
+        let public = d.join("pub");
+        std::fs::create_dir(&public).unwrap();
+        std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o777)).unwrap();
+        // What the racing user would leave: the job's file name as a symlink to the victim.
+        let name = public.join("100.progress");
+        std::os::unix::fs::symlink(&victim, &name).unwrap();
+        let err = create_for_job(&public, &name, 65534).unwrap_err();
+        assert!(matches!(err, CreateError::Untrusted(_)), "{err}");
+        assert_eq!(std::fs::metadata(&victim).unwrap().uid(), 0);
+
+        let trusted = d.join("progress");
+        let file = trusted.join("100.progress");
+        create_for_job(&trusted, &file, 65534).unwrap();
+        let m = std::fs::symlink_metadata(&file).unwrap();
+        assert!(m.file_type().is_file());
+        assert_eq!((m.uid(), m.mode() & 0o777), (65534, 0o600));
+        // A leftover symlink at the job's name is removed, not followed.
+        std::fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink(&victim, &file).unwrap();
+        create_for_job(&trusted, &file, 65534).unwrap();
+        assert_eq!(std::fs::metadata(&victim).unwrap().uid(), 0);
+        assert!(std::fs::symlink_metadata(&file).unwrap().file_type().is_file());
     }
 }
 

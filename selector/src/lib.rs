@@ -10,6 +10,8 @@
 //! - [`policy`]: single-feature rules, argmax/argmin with the artifact's tie rule, objectives.
 //! - [`slowdown`], [`model`]: kace's per-job slowdown model, and the deployable [`Model`].
 //! - [`selection`]: the filters and choice the prolog runs.
+//! - [`tuning`]: settings chosen by cross-validation inside the training data.
+//! - [`training`]: the fit / validate / activate policy of `kace train`.
 //! - [`dataset`]: the artifact's `wN_` tables and split files.
 //! - [`eval`]: scoring against the oracle; the paper's exact protocol and kace's general one.
 //! - [`numpy_rng`]: NumPy-compatible permutations, to re-derive the paper's splits.
@@ -24,6 +26,8 @@ pub mod numpy_rng;
 pub mod policy;
 pub mod selection;
 pub mod slowdown;
+pub mod training;
+pub mod tuning;
 pub mod zscore;
 
 pub use error::{DataError, SelectorError};

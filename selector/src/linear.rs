@@ -205,10 +205,64 @@ pub fn ridge_with_intercept<R: AsRef<[f64]>>(
         return Err(SelectorError::Invalid(format!("ridge strength must be > 0, got {alpha}")));
     }
     let c = Centred::new(rows, y)?;
-    let (n, p) = (rows.len(), c.x_mean.len());
-    let (x, yc) = (&c.x, &c.y);
+    let w = solve_ridge(&c.x, &c.y, alpha)?;
+    let coef: Vec<f64> = w.iter().copied().collect();
+    Ok((c.intercept(&coef), coef))
+}
+
+/// [`ridge_with_intercept`] with a non-negative weight per row: minimises
+/// `Σ wᵢ (yᵢ − b − xᵢ·w)² + α‖w‖²` (weighted centring, then rows scaled by √wᵢ). The robust
+/// slowdown fit calls it once per reweighting step.
+pub fn weighted_ridge_with_intercept<R: AsRef<[f64]>>(
+    rows: &[R],
+    y: &[f64],
+    weights: &[f64],
+    alpha: f64,
+) -> Result<(f64, Vec<f64>), SelectorError> {
+    if weights.len() != rows.len() {
+        return Err(SelectorError::DimensionMismatch {
+            expected: rows.len(),
+            found: weights.len(),
+        });
+    }
+    if let Some(i) = weights.iter().position(|w| !(w.is_finite() && *w >= 0.0)) {
+        return Err(SelectorError::Invalid(format!("row {i}: weight must be a number ≥ 0")));
+    }
+    let total: f64 = weights.iter().sum();
+    if total.is_nan() || total <= 0.0 {
+        return Err(SelectorError::EmptyTrainingSet);
+    }
+    let n = rows.len();
+    let p = rows.first().map_or(0, |r| r.as_ref().len());
+    let x_mean: Vec<f64> = (0..p)
+        .map(|j| rows.iter().zip(weights).map(|(r, w)| w * r.as_ref()[j]).sum::<f64>() / total)
+        .collect();
+    let y_mean = y.iter().zip(weights).map(|(v, w)| w * v).sum::<f64>() / total;
+    let scaled: Vec<Vec<f64>> = rows
+        .iter()
+        .zip(weights)
+        .map(|(r, w)| r.as_ref().iter().zip(&x_mean).map(|(v, m)| w.sqrt() * (v - m)).collect())
+        .collect();
+    let ys: Vec<f64> = y.iter().zip(weights).map(|(v, w)| w.sqrt() * (v - y_mean)).collect();
+    // Centred with the weighted means: the plain solver's unweighted centring would be wrong.
+    let x = DMatrix::from_fn(n, p, |i, j| scaled[i][j]);
+    let yc = DVector::from_vec(ys);
+    let w = solve_ridge(&x, &yc, alpha)?;
+    let coef: Vec<f64> = w.iter().copied().collect();
+    let b = y_mean - coef.iter().zip(&x_mean).map(|(c, m)| c * m).sum::<f64>();
+    Ok((b, coef))
+}
+
+/// Solves `(XᵀX + αI) w = Xᵀy` on centred data, in the primal or dual form, whichever is
+/// smaller.
+fn solve_ridge(
+    x: &DMatrix<f64>,
+    yc: &DVector<f64>,
+    alpha: f64,
+) -> Result<DVector<f64>, SelectorError> {
+    let (n, p) = x.shape();
     let singular = || SelectorError::Numerical("ridge system is not positive definite".into());
-    let w: DVector<f64> = if p <= n {
+    Ok(if p <= n {
         let mut a = x.tr_mul(x);
         for j in 0..p {
             a[(j, j)] += alpha;
@@ -220,9 +274,7 @@ pub fn ridge_with_intercept<R: AsRef<[f64]>>(
             k[(i, i)] += alpha;
         }
         x.tr_mul(&k.cholesky().ok_or_else(singular)?.solve(yc))
-    };
-    let coef: Vec<f64> = w.iter().copied().collect();
-    Ok((c.intercept(&coef), coef))
+    })
 }
 
 #[cfg(test)]

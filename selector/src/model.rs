@@ -135,6 +135,16 @@ impl Model {
                 {
                     return Err(format!("ceiling {c} for {w} (must be a number ≥ 1)"));
                 }
+                if let Some((w, s)) = m.spread.iter().find(|(_, s)| !(s.is_finite() && **s >= 0.0))
+                {
+                    return Err(format!("spread {s} for {w} (must be a number ≥ 0)"));
+                }
+                if let Some(w) = m.profiles.iter().find(|(_, p)| !p.iter().all(|v| v.is_finite())) {
+                    return Err(format!("non-finite profile for {}", w.0));
+                }
+                if !(m.doubt_weight.is_finite() && m.doubt_weight >= 0.0) {
+                    return Err(format!("doubt weight {} (must be a number ≥ 0)", m.doubt_weight));
+                }
             }
         }
         Ok(())
@@ -142,6 +152,13 @@ impl Model {
 }
 
 impl Predictor for Model {
+    fn required_gain(&self, members: &[Member<'_>]) -> f64 {
+        match self {
+            Model::Linear { .. } => 0.0,
+            Model::Slowdown(m) => m.required_gain(members),
+        }
+    }
+
     fn predict(&self, members: &[Member<'_>], objective: Objective) -> f64 {
         match self {
             // Trained for one objective: asked for another, it has no answer (NaN is never

@@ -9,6 +9,13 @@ use crate::slowdown::Member;
 pub trait Predictor {
     /// The predicted objective of the group, in the objective's own units (NaN: no answer).
     fn predict(&self, members: &[Member<'_>], objective: Objective) -> f64;
+
+    /// The gain in normalised progress (Σ colocated / exclusive) over the running jobs that the
+    /// predictor wants to see before it trusts a group: larger for groups it knows less about.
+    /// Only [`SelectionRules::refuse_likely_harm`] asks for it.
+    fn required_gain(&self, _members: &[Member<'_>]) -> f64 {
+        0.0
+    }
 }
 
 /// The filters and thresholds of a choice.
@@ -25,6 +32,11 @@ pub struct SelectionRules {
     pub min_gain: f64,
     /// What the prediction and the baseline are measured in.
     pub objective: Objective,
+    /// Refuse a candidate unless the group's predicted normalised progress beats the running
+    /// jobs' by the predictor's [`Predictor::required_gain`]: a pair slower together than one
+    /// after the other (Σ colocated / exclusive < 1) is worse than no partner. Skipped for a
+    /// predictor that cannot predict normalised progress (NaN).
+    pub refuse_likely_harm: bool,
 }
 
 impl Default for SelectionRules {
@@ -35,6 +47,7 @@ impl Default for SelectionRules {
             require_same_user: true,
             min_gain: 0.0,
             objective: Objective::ThroughputSum,
+            refuse_likely_harm: false,
         }
     }
 }
@@ -64,6 +77,14 @@ pub enum Rejection {
     },
     /// Another user's job: MPS would time-slice it, not share.
     DifferentUser,
+    /// The group is predicted to progress no better than its jobs one after the other, by the
+    /// predictor's margin for doubt.
+    LikelyHarmful {
+        /// Predicted normalised progress of the group.
+        predicted: f64,
+        /// What it had to exceed.
+        required: f64,
+    },
     /// The predicted gain over the running jobs alone is below the threshold.
     BelowGainThreshold {
         /// Predicted group objective.
@@ -81,6 +102,9 @@ impl std::fmt::Display for Rejection {
                 write!(f, "memory does not fit ({needed_gib:.1} GiB > {usable_gib:.1} GiB)")
             }
             Rejection::DifferentUser => write!(f, "different user (MPS would serialise)"),
+            Rejection::LikelyHarmful { predicted, required } => {
+                write!(f, "likely harmful (predicted progress {predicted:.3} ≤ {required:.3})")
+            }
             Rejection::BelowGainThreshold { predicted, required } => {
                 write!(f, "below gain threshold (predicted {predicted:.3} < {required:.3})")
             }
@@ -122,6 +146,11 @@ pub fn select(
         Objective::NormalisedProgress => running.len() as f64,
     };
     let required = baseline * (1.0 + rules.min_gain);
+    // Normalised progress of the running jobs without a partner: one job alone progresses at 1.
+    let baseline_progress = || match running {
+        [_] => 1.0,
+        _ => predictor.predict(running, Objective::NormalisedProgress),
+    };
     let running_mem: f64 = running.iter().map(|m| m.profile.memcap()).sum();
     let usable = rules.gpu_memory_gib.map(|m| m * (1.0 - rules.memory_margin));
     let mut group: Vec<Member<'_>> = running.to_vec();
@@ -150,6 +179,21 @@ pub fn select(
                     prediction: Some(predicted),
                     rejection: Some(Rejection::BelowGainThreshold { predicted, required }),
                 };
+            }
+            if rules.refuse_likely_harm {
+                group.push(Member { profile: p, workload: c.workload });
+                let progress = predictor.predict(&group, Objective::NormalisedProgress);
+                let needed = baseline_progress() + predictor.required_gain(&group);
+                group.pop();
+                if !progress.is_nan() && !needed.is_nan() && progress <= needed {
+                    return Verdict {
+                        prediction: Some(predicted),
+                        rejection: Some(Rejection::LikelyHarmful {
+                            predicted: progress,
+                            required: needed,
+                        }),
+                    };
+                }
             }
             if chosen.is_none_or(|(_, best)| predicted > best) {
                 chosen = Some((i, predicted));
@@ -231,5 +275,48 @@ mod tests {
         assert_eq!(s.chosen, None);
         assert!(s.verdicts.iter().all(|v| v.rejection.is_some()));
         assert_eq!(select(&lead, &[], &Toy, &strict).chosen, None);
+    }
+
+    /// Predicts throughput as [`Toy`] does, and normalised progress as the candidate's memcap
+    /// (so tests can steer both), with a doubt margin of 0.1.
+    struct Doubtful;
+    impl Predictor for Doubtful {
+        fn predict(&self, m: &[Member<'_>], objective: Objective) -> f64 {
+            match objective {
+                Objective::ThroughputSum => Toy.predict(m, objective),
+                Objective::NormalisedProgress => m.last().map_or(1.0, |c| c.profile.memcap()),
+            }
+        }
+        fn required_gain(&self, _: &[Member<'_>]) -> f64 {
+            0.1
+        }
+    }
+
+    #[test]
+    fn likely_harmful_groups_are_refused_only_when_asked() {
+        let lp = prof(10.0, 0.0);
+        let lead = lead(&lp);
+        // Progress 0.9 (harmful), 1.05 (a gain, but within the doubt margin), 1.3 (clear gain);
+        // throughput prefers the first.
+        let (a, b, c) = (prof(30.0, 0.9), prof(20.0, 1.05), prof(5.0, 1.3));
+        let cands: Vec<Candidate> = [&a, &b, &c]
+            .into_iter()
+            .map(|p| Candidate { profile: Some(p), workload: None, same_user: true })
+            .collect();
+        let plain = SelectionRules::default();
+        assert_eq!(select(&lead, &cands, &Doubtful, &plain).chosen, Some(0));
+        let guarded = SelectionRules { refuse_likely_harm: true, ..plain };
+        let s = select(&lead, &cands, &Doubtful, &guarded);
+        assert_eq!(s.chosen, Some(2));
+        for i in [0, 1] {
+            assert!(matches!(
+                s.verdicts[i].rejection,
+                Some(Rejection::LikelyHarmful { required, .. }) if (required - 1.1).abs() < 1e-12
+            ));
+        }
+        assert!(s.verdicts[0].rejection.as_ref().unwrap().to_string().contains("likely harmful"));
+        // Nothing clears the margin: no partner at all.
+        let s = select(&lead, &cands[..2], &Doubtful, &guarded);
+        assert_eq!(s.chosen, None);
     }
 }

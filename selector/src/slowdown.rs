@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::dataset::Group;
 use crate::error::SelectorError;
 use crate::features::{combine, Profile, FEATURE_COUNT};
-use crate::linear::ridge_with_intercept;
+use crate::linear::{ridge_with_intercept, weighted_ridge_with_intercept};
 use crate::zscore::ZScore;
 
 /// The ceiling on the predicted slowdown (colocated / exclusive throughput) of a workload never
@@ -38,7 +38,20 @@ pub const MAX_SLOWDOWN: f64 = 1.0;
 /// Width of the profile part of a job's feature vector: own, partners', and their product.
 pub const PROFILE_WIDTH: usize = 3 * FEATURE_COUNT;
 
-/// Training settings of a [`SlowdownModel`], chosen by the evaluation in `docs/models.md`.
+/// Huber threshold of the robust fit, in robust standard deviations of the residuals (the
+/// usual 95 %-efficiency constant): a sample further out than this counts linearly, not
+/// quadratically, so one absurd observation cannot pull the fit towards itself.
+pub const HUBER_K: f64 = 1.345;
+
+/// Iterations of reweighted ridge in the robust fit (each is one closed-form solve).
+const HUBER_ITERATIONS: usize = 3;
+
+/// A sample further than this many robust standard deviations from the fit does not raise its
+/// workload's ceiling: a ceiling is the largest *plausible* measured ratio.
+const CEILING_OUTLIER_K: f64 = 4.0;
+
+/// Training settings of a [`SlowdownModel`]. The defaults are the centre of the grid that
+/// [`crate::tuning`] chooses from by cross-validation on the training data.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SlowdownParams {
     /// Ridge strength on every coefficient (the features are z-scored, ddof = 0).
@@ -46,11 +59,20 @@ pub struct SlowdownParams {
     /// Value of a workload's indicator column; larger means its per-workload terms are
     /// penalised less (effective strength α / scale²).
     pub workload_scale: f64,
+    /// Fit with the Huber loss (threshold [`HUBER_K`]) instead of squared error. Absent in
+    /// models stored before it existed: those were fitted without it.
+    #[serde(default)]
+    pub robust: bool,
+    /// A workload never trained on borrows the mean sensitivity and pressure of this many
+    /// trained workloads nearest to it in profile space (0: it gets none, only the profile
+    /// part). Absent in models stored before it existed: 0.
+    #[serde(default)]
+    pub neighbours: usize,
 }
 
 impl Default for SlowdownParams {
     fn default() -> Self {
-        SlowdownParams { alpha: 1.0, workload_scale: 1.0 }
+        SlowdownParams { alpha: 1.0, workload_scale: 1.0, robust: true, neighbours: 0 }
     }
 }
 
@@ -95,6 +117,20 @@ pub struct SlowdownModel {
     /// existed, or a workload never trained on): [`MAX_SLOWDOWN`].
     #[serde(default)]
     pub ceiling: BTreeMap<String, f64>,
+    /// Per-workload spread of the fit: the root-mean-square residual of the workload's own
+    /// log slowdowns in training. The gain rule asks a doubtful pair for a larger predicted
+    /// gain ([`SlowdownModel::doubt`]). Empty in models stored before it existed.
+    #[serde(default)]
+    pub spread: BTreeMap<String, f64>,
+    /// How many [`SlowdownModel::doubt`]s of predicted gain a group must show before the gain
+    /// rule forms it (`κ`), chosen by cross-validation in training ([`crate::tuning`]). 0 in
+    /// models stored before it existed, and straight after [`SlowdownModel::fit`].
+    #[serde(default)]
+    pub doubt_weight: f64,
+    /// Each trained workload's log profile, so that a new workload can find its nearest
+    /// neighbours ([`SlowdownParams::neighbours`]). Empty in models stored before it existed.
+    #[serde(default)]
+    pub profiles: BTreeMap<String, [f64; FEATURE_COUNT]>,
 }
 
 fn profile_part(own: &LogProfile, others: &LogProfile, out: &mut [f64]) {
@@ -110,6 +146,58 @@ fn others_of(group: &[Profile], i: usize) -> Profile {
     Profile::new(combine(group.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, p)| p)))
 }
 
+fn residuals_of(rows: &[Vec<f64>], y: &[f64], intercept: f64, coef: &[f64]) -> Vec<f64> {
+    rows.iter()
+        .zip(y)
+        .map(|(r, t)| t - intercept - r.iter().zip(coef).map(|(a, b)| a * b).sum::<f64>())
+        .collect()
+}
+
+/// The median absolute deviation of residuals around their median, scaled to a standard
+/// deviation under normal errors.
+pub(crate) fn robust_scale(residuals: &[f64]) -> f64 {
+    fn median(v: &mut [f64]) -> f64 {
+        if v.is_empty() {
+            return 0.0;
+        }
+        v.sort_unstable_by(f64::total_cmp);
+        let m = v.len() / 2;
+        if v.len() % 2 == 1 {
+            v[m]
+        } else {
+            (v[m - 1] + v[m]) / 2.0
+        }
+    }
+    let mut r = residuals.to_vec();
+    let mid = median(&mut r);
+    let mut dev: Vec<f64> = residuals.iter().map(|v| (v - mid).abs()).collect();
+    1.4826 * median(&mut dev)
+}
+
+/// Ridge with the Huber loss, by iteratively reweighted closed-form solves: a sample whose
+/// residual exceeds [`HUBER_K`] robust standard deviations gets weight `k·s / |r|`.
+/// Returns the intercept, the coefficients and the final residuals.
+fn huber_ridge(
+    rows: &[Vec<f64>],
+    y: &[f64],
+    alpha: f64,
+) -> Result<(f64, Vec<f64>, Vec<f64>), SelectorError> {
+    let (mut b, mut c) = ridge_with_intercept(rows, y, alpha)?;
+    let mut r = residuals_of(rows, y, b, &c);
+    for _ in 0..HUBER_ITERATIONS {
+        let s = robust_scale(&r);
+        if s.is_nan() || s <= 1e-9 {
+            break;
+        }
+        let cut = HUBER_K * s;
+        let w: Vec<f64> =
+            r.iter().map(|v| if v.abs() <= cut { 1.0 } else { cut / v.abs() }).collect();
+        (b, c) = weighted_ridge_with_intercept(rows, y, &w, alpha)?;
+        r = residuals_of(rows, y, b, &c);
+    }
+    Ok((b, c, r))
+}
+
 impl SlowdownModel {
     /// Fits on measured groups of any size k ≥ 2: one sample per member, target
     /// `ln(colocated / exclusive throughput)`.
@@ -122,7 +210,8 @@ impl SlowdownModel {
         let mut profile_rows: Vec<[f64; PROFILE_WIDTH]> = Vec::new();
         let mut owners: Vec<(usize, Vec<usize>)> = Vec::new();
         let mut y = Vec::new();
-        let mut ceiling: BTreeMap<String, f64> = BTreeMap::new();
+        let mut own_ratio: Vec<(&str, f64)> = Vec::new();
+        let mut profiles: BTreeMap<String, [f64; FEATURE_COUNT]> = BTreeMap::new();
         for g in groups {
             if g.k() < 2 {
                 continue;
@@ -145,8 +234,10 @@ impl SlowdownModel {
                     (0..g.k()).filter(|j| *j != i).filter_map(|j| index(&g.workloads[j])).collect();
                 owners.push((own, partners));
                 y.push((thr / excl).ln());
-                let c = ceiling.entry(g.workloads[i].clone()).or_insert(MAX_SLOWDOWN);
-                *c = c.max(thr / excl);
+                own_ratio.push((g.workloads[i].as_str(), thr / excl));
+                profiles
+                    .entry(g.workloads[i].clone())
+                    .or_insert_with(|| LogProfile::of(&g.profiles[i]).0);
             }
         }
         if y.is_empty() {
@@ -168,7 +259,32 @@ impl SlowdownModel {
                 row
             })
             .collect();
-        let (intercept, coef) = ridge_with_intercept(&rows, &y, params.alpha)?;
+        let (intercept, coef, residuals) = if params.robust {
+            huber_ridge(&rows, &y, params.alpha)?
+        } else {
+            let (b, c) = ridge_with_intercept(&rows, &y, params.alpha)?;
+            let r = residuals_of(&rows, &y, b, &c);
+            (b, c, r)
+        };
+        // The ceilings and spreads come from the residuals, so that an absurd observation
+        // neither lifts its workload's ceiling nor hides in an average.
+        let cut = if params.robust {
+            CEILING_OUTLIER_K * robust_scale(&residuals).max(1e-9)
+        } else {
+            f64::INFINITY
+        };
+        let mut ceiling: BTreeMap<String, f64> = BTreeMap::new();
+        let mut sq: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+        for ((name, ratio), r) in own_ratio.iter().zip(&residuals) {
+            let c = ceiling.entry(name.to_string()).or_insert(MAX_SLOWDOWN);
+            if r.abs() <= cut {
+                *c = c.max(*ratio);
+            }
+            let e = sq.entry(name.to_string()).or_insert((0.0, 0));
+            e.0 += r * r;
+            e.1 += 1;
+        }
+        let spread = sq.into_iter().map(|(w, (s, n))| (w, (s / n as f64).sqrt())).collect();
         let term = |offset: usize| -> BTreeMap<String, f64> {
             names
                 .iter()
@@ -184,34 +300,73 @@ impl SlowdownModel {
             sensitivity: term(PROFILE_WIDTH),
             pressure: term(PROFILE_WIDTH + w),
             ceiling,
+            spread,
+            doubt_weight: 0.0,
+            profiles,
         })
+    }
+
+    /// The predicted gain in normalised progress a group needs before the gain rule forms it:
+    /// [`SlowdownModel::doubt_weight`] × [`SlowdownModel::doubt`].
+    pub fn required_gain(&self, members: &[Member<'_>]) -> f64 {
+        self.doubt_weight * self.doubt(members)
+    }
+
+    /// How doubtful the model is about a group: the root-sum-square of its members' spreads
+    /// (log units; a workload never trained on gets the largest spread the model has).
+    pub fn doubt(&self, members: &[Member<'_>]) -> f64 {
+        let widest = self.spread.values().copied().fold(0.0, f64::max);
+        members
+            .iter()
+            .map(|m| m.workload.and_then(|w| self.spread.get(w)).copied().unwrap_or(widest))
+            .map(|s| s * s)
+            .sum::<f64>()
+            .sqrt()
     }
 
     /// Predicted log slowdown of a job with log profile `own` beside partners whose combined
     /// profile has log transform `others`, before the workload's ceiling is applied.
+    /// `terms` is the job's sensitivity plus its partners' pressures ([`SlowdownModel::terms`]).
     #[inline]
-    pub fn log_slowdown(
-        &self,
-        own: &LogProfile,
-        own_name: Option<&str>,
-        others: &LogProfile,
-        partner_names: &[Option<&str>],
-    ) -> f64 {
+    pub fn log_slowdown(&self, own: &LogProfile, others: &LogProfile, terms: f64) -> f64 {
         let mut part = [0.0; PROFILE_WIDTH];
         profile_part(own, others, &mut part);
-        let mut acc = self.intercept;
+        let mut acc = self.intercept + terms;
         for (j, (w, v)) in self.weights.iter().zip(part).enumerate() {
             acc += w * self.scale.apply_one(j, v);
         }
-        if let Some(s) = own_name.and_then(|n| self.sensitivity.get(n)) {
-            acc += s;
-        }
-        for p in partner_names.iter().flatten() {
-            if let Some(v) = self.pressure.get(*p) {
-                acc += v;
+        acc
+    }
+
+    /// A workload's (sensitivity, pressure): learnt when it was trained on, borrowed from its
+    /// nearest trained neighbours in profile space when not (and the model asks for that), or 0.
+    pub fn terms(&self, workload: Option<&str>, profile: &LogProfile) -> (f64, f64) {
+        if let Some(w) = workload {
+            if let (Some(s), Some(p)) = (self.sensitivity.get(w), self.pressure.get(w)) {
+                return (*s, *p);
             }
         }
-        acc
+        let k = self.params.neighbours.min(self.profiles.len());
+        if k == 0 {
+            return (0.0, 0.0);
+        }
+        // Distance on the z-scored own-profile columns, the model's own normalisation.
+        let z = |v: &[f64; FEATURE_COUNT], j: usize| self.scale.apply_one(j, v[j]);
+        let mut near: Vec<(f64, &str)> = self
+            .profiles
+            .iter()
+            .map(|(n, p)| {
+                let d = (0..FEATURE_COUNT).map(|j| (z(p, j) - z(&profile.0, j)).powi(2)).sum();
+                (d, n.as_str())
+            })
+            .collect();
+        near.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+        let (mut s, mut p) = (0.0, 0.0);
+        for (_, n) in &near[..k] {
+            s += self.sensitivity.get(*n).copied().unwrap_or(0.0);
+            p += self.pressure.get(*n).copied().unwrap_or(0.0);
+        }
+        (s / k as f64, p / k as f64)
     }
 
     /// Each member's predicted slowdown (colocated / exclusive throughput) in a group.
@@ -229,18 +384,17 @@ impl SlowdownModel {
     /// [`SlowdownModel::slowdowns`] for any group size, without the pair shortcut.
     fn slowdowns_any_k(&self, members: &[Member<'_>]) -> Vec<f64> {
         let profiles: Vec<Profile> = members.iter().map(|m| *m.profile).collect();
+        let logs: Vec<LogProfile> = members.iter().map(|m| LogProfile::of(m.profile)).collect();
+        let terms: Vec<(f64, f64)> =
+            members.iter().zip(&logs).map(|(m, l)| self.terms(m.workload, l)).collect();
         (0..members.len())
             .map(|i| {
-                let own = LogProfile::of(members[i].profile);
                 let others = LogProfile::of(&others_of(&profiles, i));
-                let names: Vec<Option<&str>> = members
-                    .iter()
-                    .enumerate()
-                    .filter(|(j, _)| *j != i)
-                    .map(|(_, m)| m.workload)
-                    .collect();
+                let pressure: f64 =
+                    terms.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, t)| t.1).sum();
                 let own_name = members[i].workload;
-                self.capped(self.log_slowdown(&own, own_name, &others, &names), own_name)
+                let log = self.log_slowdown(&logs[i], &others, terms[i].0 + pressure);
+                self.capped(log, own_name)
             })
             .collect()
     }
@@ -267,8 +421,9 @@ impl SlowdownModel {
         lead: (&LogProfile, Option<&str>),
         cand: (&LogProfile, Option<&str>),
     ) -> (f64, f64) {
-        let a = self.log_slowdown(lead.0, lead.1, cand.0, &[cand.1]);
-        let b = self.log_slowdown(cand.0, cand.1, lead.0, &[lead.1]);
+        let (lt, ct) = (self.terms(lead.1, lead.0), self.terms(cand.1, cand.0));
+        let a = self.log_slowdown(lead.0, cand.0, lt.0 + ct.1);
+        let b = self.log_slowdown(cand.0, lead.0, ct.0 + lt.1);
         (self.capped(a, lead.1), self.capped(b, cand.1))
     }
 
@@ -321,8 +476,11 @@ mod tests {
             }
         }
         let refs: Vec<&Group> = groups.iter().collect();
-        let m =
-            SlowdownModel::fit(&refs, SlowdownParams { alpha: 1e-3, workload_scale: 1.0 }).unwrap();
+        let m = SlowdownModel::fit(
+            &refs,
+            SlowdownParams { alpha: 1e-3, workload_scale: 1.0, robust: false, neighbours: 0 },
+        )
+        .unwrap();
         for g in &groups {
             let members: Vec<Member> = g
                 .profiles
@@ -374,7 +532,7 @@ mod tests {
             }
         }
         let refs: Vec<&Group> = groups.iter().collect();
-        let p = SlowdownParams { alpha: 1e-3, workload_scale: 1.0 };
+        let p = SlowdownParams { alpha: 1e-3, workload_scale: 1.0, robust: false, neighbours: 0 };
         let mut m = SlowdownModel::fit(&refs, p).unwrap();
         assert!((m.ceiling["w0"] - 1.5).abs() < 1e-12);
         assert!(m.ceiling.iter().filter(|(w, _)| *w != "w0").all(|(_, c)| *c == MAX_SLOWDOWN));
@@ -390,7 +548,8 @@ mod tests {
                 .map(|(p, w)| Member { profile: p, workload: Some(w) })
                 .collect();
             let (a, b) = (LogProfile::of(&g.profiles[0]), LogProfile::of(&g.profiles[1]));
-            assert!(m.log_slowdown(&a, Some(&g.workloads[0]), &b, &[Some(&g.workloads[1])]) > 0.5);
+            let terms = m.terms(Some(&g.workloads[0]), &a).0 + m.terms(Some(&g.workloads[1]), &b).1;
+            assert!(m.log_slowdown(&a, &b, terms) > 0.5);
             let want: Vec<f64> = g.workloads.iter().map(|w| m.ceiling_of(Some(w))).collect();
             assert_eq!(m.slowdowns(&members), want);
             assert_eq!(m.slowdowns_any_k(&members), want);
@@ -405,11 +564,80 @@ mod tests {
             }
             assert!(stored.check().unwrap_err().contains("ceiling"), "{bad}");
         }
+        // So are its spreads, doubt weight and profiles.
+        for (what, edit) in [
+            (
+                "spread",
+                Box::new(|m: &mut SlowdownModel| {
+                    m.spread.insert("w1".into(), -1.0);
+                }) as Box<dyn Fn(&mut SlowdownModel)>,
+            ),
+            ("doubt weight", Box::new(|m: &mut SlowdownModel| m.doubt_weight = f64::NAN)),
+            (
+                "profile",
+                Box::new(|m: &mut SlowdownModel| {
+                    m.profiles.insert("w1".into(), [f64::INFINITY; FEATURE_COUNT]);
+                }),
+            ),
+        ] {
+            let mut sm = m.clone();
+            edit(&mut sm);
+            let err = crate::model::Model::Slowdown(sm).check().unwrap_err();
+            assert!(err.contains(what), "{what}: {err}");
+        }
         // A model stored before ceilings existed reads back with the flat ceiling.
         let mut json = serde_json::to_value(&m).unwrap();
         json.as_object_mut().unwrap().remove("ceiling");
         let old: SlowdownModel = serde_json::from_value(json).unwrap();
         assert_eq!(old.ceiling_of(Some("w0")), MAX_SLOWDOWN);
+    }
+
+    #[test]
+    fn one_absurd_observation_cannot_dominate_the_robust_fit() {
+        let ws: Vec<(String, Profile)> = (0..8)
+            .map(|i| (format!("w{i}"), prof(10.0 + 5.0 * i as f64, 10.0 + 11.0 * i as f64)))
+            .collect();
+        let mut clean = Vec::new();
+        for i in 0..8 {
+            for j in (i + 1)..8 {
+                clean.push(group((&ws[i].0, ws[i].1), (&ws[j].0, ws[j].1)));
+            }
+        }
+        // One finite but absurd rate: w3 beside w5 "ran" a million times faster than alone.
+        let mut dirty = clean.clone();
+        let bad = dirty.iter().position(|g| g.workloads == ["w3", "w5"]).unwrap();
+        dirty[bad].throughputs[0] *= 1e6;
+        fn refs(g: &[Group]) -> Vec<&Group> {
+            g.iter().collect()
+        }
+        let sums = |m: &SlowdownModel| -> Vec<f64> {
+            clean
+                .iter()
+                .map(|g| {
+                    let members: Vec<Member> = g
+                        .profiles
+                        .iter()
+                        .zip(&g.workloads)
+                        .map(|(p, w)| Member { profile: p, workload: Some(w) })
+                        .collect();
+                    m.normalised_progress(&members)
+                })
+                .collect()
+        };
+        let worst_shift = |params: SlowdownParams| -> (f64, SlowdownModel) {
+            let a = sums(&SlowdownModel::fit(&refs(&clean), params).unwrap());
+            let m = SlowdownModel::fit(&refs(&dirty), params).unwrap();
+            let b = sums(&m);
+            (a.iter().zip(&b).map(|(x, y)| (x - y).abs() / x).fold(0.0, f64::max), m)
+        };
+        let robust = SlowdownParams { alpha: 0.1, ..SlowdownParams::default() };
+        let (shift, m) = worst_shift(robust);
+        assert!(shift < 0.05, "the robust fit moved a prediction by {shift}");
+        assert!(m.ceiling_of(Some("w3")) < 2.0, "the outlier lifted w3's ceiling");
+        assert!(m.spread["w3"] > m.spread["w0"], "the outlier shows up as doubt about w3");
+        let (plain, m) = worst_shift(SlowdownParams { robust: false, ..robust });
+        assert!(plain > 4.0 * shift, "squared error: {plain} vs robust {shift}");
+        assert!(m.ceiling_of(Some("w3")) > 1e5, "without the robust fit the ceiling follows it");
     }
 
     #[test]

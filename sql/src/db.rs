@@ -401,17 +401,45 @@ impl Db {
 
     // ---- profiles --------------------------------------------------------------------------
 
-    /// Stores profile measurements, all or none.
-    pub fn insert_profiles(&mut self, profiles: &[NewProfile]) -> Result<usize> {
+    /// Stores profile measurements, all or none. One identical to its workload's newest
+    /// measurement (same GPU model, source and values) is not stored again but counted as a
+    /// duplicate, so importing a file twice changes nothing.
+    pub fn insert_profiles(&mut self, profiles: &[NewProfile]) -> Result<InsertCount> {
         for pr in profiles {
             pr.validate()?;
         }
         let path = self.path.clone();
         let tx = self.conn.transaction().map_err(sql("begin profile import", &path))?;
         let t = now();
+        let mut count = InsertCount::default();
+        let cols = FEATURE_COLUMNS.join(", ");
         for pr in profiles {
             let wid = Db::workload_id(&tx, &path, &pr.workload)?;
-            let cols = FEATURE_COLUMNS.join(", ");
+            // The same measurement as the workload's newest one is the same file imported
+            // again: storing it would change nothing but the row count.
+            let newest = tx
+                .query_row(
+                    &format!(
+                        "SELECT gpu_model, source, {cols} FROM profiles WHERE workload_id = ?1 \
+                         ORDER BY created_at DESC, id DESC LIMIT 1"
+                    ),
+                    [wid],
+                    |r| {
+                        let mut values = [None; FEATURE_COUNT];
+                        for (i, v) in values.iter_mut().enumerate() {
+                            *v = r.get::<_, Option<f64>>(i + 2)?;
+                        }
+                        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, values))
+                    },
+                )
+                .optional()
+                .map_err(sql("look up profile", &path))?;
+            if newest.is_some_and(|(g, s, v)| g == pr.gpu_model && s == pr.source && v == pr.values)
+            {
+                count.duplicates += 1;
+                continue;
+            }
+            count.inserted += 1;
             let sqltext = format!(
                 "INSERT INTO profiles (workload_id, gpu_model, source, created_at, {cols}) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
@@ -437,7 +465,7 @@ impl Db {
             .map_err(sql("store profile", &path))?;
         }
         tx.commit().map_err(sql("commit profile import", &path))?;
-        Ok(profiles.len())
+        Ok(count)
     }
 
     /// The current profile of each named workload that has one (others are simply absent from
@@ -969,7 +997,7 @@ impl Db {
             .conn
             .prepare(
                 "SELECT id, lead_job, lead_workload, chosen_workload, chosen_job, model_version, \
-                 candidates, created_at FROM decisions ORDER BY id DESC LIMIT ?1",
+                 candidates, created_at, key FROM decisions ORDER BY id DESC LIMIT ?1",
             )
             .map_err(sql("load decisions", p))?;
         let mut rows = stmt.query([limit as i64]).map_err(sql("load decisions", p))?;
@@ -985,10 +1013,20 @@ impl Db {
                     r.get::<_, Option<i64>>(5)?,
                     r.get::<_, String>(6)?,
                     r.get::<_, f64>(7)?,
+                    r.get::<_, Option<String>>(8)?,
                 ))
             };
-            let (id, lead_job, lead_workload, chosen_workload, chosen_job, model_version, c, t) =
-                g(r).map_err(sql("load decisions", p))?;
+            let (
+                id,
+                lead_job,
+                lead_workload,
+                chosen_workload,
+                chosen_job,
+                model_version,
+                c,
+                t,
+                key,
+            ) = g(r).map_err(sql("load decisions", p))?;
             out.push(DecisionRecord {
                 id,
                 decision: NewDecision {
@@ -1000,6 +1038,7 @@ impl Db {
                     candidates: json_col(&format!("candidates of decision {id}"), &c)?,
                 },
                 created_at: t,
+                key,
             });
         }
         Ok(out)

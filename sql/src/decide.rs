@@ -164,23 +164,6 @@ pub fn training_set(db: &Db) -> Result<TrainingSet> {
     Ok(set)
 }
 
-/// Splits `n` examples into (fit, held-out) index lists: a seeded permutation, the first
-/// `ceil(fraction · n)` held out (at least one when n ≥ 2, never all).
-pub fn holdout_split(n: usize, fraction: f64, seed: u64) -> (Vec<usize>, Vec<usize>) {
-    let perm = kace_selector::numpy_rng::permutation((seed & 0xffff_ffff) as u32, n);
-    let mut k = (fraction * n as f64).ceil() as usize;
-    if n >= 2 {
-        k = k.clamp(1, n - 1);
-    } else {
-        k = 0;
-    }
-    let (held, fit) = perm.split_at(k);
-    let (mut held, mut fit) = (held.to_vec(), fit.to_vec());
-    held.sort_unstable();
-    fit.sort_unstable();
-    (fit, held)
-}
-
 /// One candidate of a decision, as the prolog knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CandidateSpec {
@@ -263,22 +246,4 @@ pub fn decide(
     let selection = select(&running, &cands, &model, rules);
     let predict_time = started.elapsed().saturating_sub(db_time);
     Ok(Decision { model_version, selection, incomplete, db_time, predict_time })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn split_is_deterministic_and_disjoint() {
-        let (fit, held) = holdout_split(10, 0.2, 30);
-        assert_eq!(held.len(), 2);
-        assert_eq!(fit.len(), 8);
-        assert_eq!(holdout_split(10, 0.2, 30), (fit.clone(), held.clone()));
-        let mut all: Vec<usize> = fit.iter().chain(&held).copied().collect();
-        all.sort_unstable();
-        assert_eq!(all, (0..10).collect::<Vec<_>>());
-        assert_eq!(holdout_split(1, 0.5, 1), (vec![0], vec![]));
-        assert_eq!(holdout_split(2, 0.01, 1).1.len(), 1);
-    }
 }

@@ -94,6 +94,9 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// A spool or quarantine directory is not one only root can change, so root refuses to
+    /// create, rename or remove files in it.
+    UntrustedDir(kace_layout::trusted_dir::UntrustedDir),
 }
 
 /// Shorthand for results in this crate.
@@ -152,6 +155,7 @@ impl fmt::Display for Error {
             Error::Io { op, path, source } => {
                 write!(f, "couldn't {op} {}: {source}", path.display())
             }
+            Error::UntrustedDir(e) => write!(f, "couldn't use a spool directory: {e}"),
         }
     }
 }

@@ -12,7 +12,7 @@
 //! known extras.
 
 use crate::error::{Error, Result};
-use crate::types::{NewProfile, FEATURE_COLUMNS, FEATURE_COUNT};
+use crate::types::{feature_value_problem, NewProfile, FEATURE_COLUMNS, FEATURE_COUNT};
 
 fn invalid(reason: String) -> Error {
     Error::Invalid { reason }
@@ -76,15 +76,79 @@ fn parse_value(text: &str) -> Result<Option<f64>> {
     if t.is_empty() {
         return Ok(None);
     }
-    let v: f64 = t.parse().map_err(|_| invalid(format!("{t:?} is not a number")))?;
+    let shown = || crate::types::quote_untrusted(t);
+    let v: f64 = t.parse().map_err(|_| invalid(format!("{} is not a number", shown())))?;
     if !v.is_finite() {
-        return Err(invalid(format!("{t:?} is not a finite number")));
+        return Err(invalid(format!("{} is not a finite number", shown())));
     }
     Ok(Some(v))
 }
 
+/// Where a quoted field that never closes starts (1-based line and column), if one does. The
+/// csv crate takes such a field, cut off by the end of the file, as complete: a truncated file
+/// would import its last row with a wrong value.
+fn unterminated_quote(text: &str) -> Option<(usize, usize)> {
+    /// Where the scan is; a quoted field carries where it opened.
+    enum State {
+        FieldStart,
+        Unquoted,
+        Quoted((usize, usize)),
+        /// Just after a quote inside a quoted field: its end, or half of a doubled quote.
+        AfterQuote((usize, usize)),
+    }
+    let (mut line, mut col) = (1, 0);
+    let mut state = State::FieldStart;
+    for c in text.chars() {
+        col += 1;
+        let ends_field = matches!(c, ',' | '\n');
+        state = match state {
+            State::FieldStart if c == '"' => State::Quoted((line, col)),
+            State::Quoted(start) if c == '"' => State::AfterQuote(start),
+            State::Quoted(start) => State::Quoted(start),
+            State::AfterQuote(start) if c == '"' => State::Quoted(start),
+            // Text after a closing quote is kept by the csv crate as it is.
+            State::FieldStart | State::Unquoted | State::AfterQuote(_) if ends_field => {
+                State::FieldStart
+            }
+            State::FieldStart | State::Unquoted | State::AfterQuote(_) => State::Unquoted,
+        };
+        if c == '\n' {
+            line += 1;
+            col = 0;
+        }
+    }
+    match state {
+        State::Quoted(start) => Some(start),
+        _ => None,
+    }
+}
+
+/// Columns that name the same thing twice: the later one would silently win.
+fn duplicate_column(cols: &[Column], header: &csv::StringRecord) -> Result<()> {
+    for (i, c) in cols.iter().enumerate() {
+        if *c == Column::Ignored {
+            continue;
+        }
+        if let Some(j) = cols[..i].iter().position(|d| d == c) {
+            return Err(invalid(format!(
+                "line 1, column {}: {} repeats column {} ({})",
+                i + 1,
+                crate::types::quote_untrusted(&header[i]),
+                j + 1,
+                crate::types::quote_untrusted(&header[j])
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Reads a profile CSV.
 pub fn read_csv(text: &str, gpu_model: &str, source: &str) -> Result<Vec<NewProfile>> {
+    if let Some((line, col)) = unterminated_quote(text) {
+        return Err(invalid(format!(
+            "line {line}, column {col}: a quoted field is never closed (is the file cut off?)"
+        )));
+    }
     let mut rdr = csv::ReaderBuilder::new().flexible(false).from_reader(text.as_bytes());
     let header =
         rdr.headers().map_err(|e| invalid(format!("couldn't read the CSV header: {e}")))?.clone();
@@ -97,6 +161,7 @@ pub fn read_csv(text: &str, gpu_model: &str, source: &str) -> Result<Vec<NewProf
             ))
         })?);
     }
+    duplicate_column(&cols, &header)?;
     if !cols.contains(&Column::Name) {
         return Err(invalid("no workload column (named \"workload\" or \"Type\")".into()));
     }
@@ -104,27 +169,44 @@ pub fn read_csv(text: &str, gpu_model: &str, source: &str) -> Result<Vec<NewProf
         return Err(invalid("no feature columns".into()));
     }
     let mut out = Vec::new();
+    // The line each profile in `out` came from.
+    let mut lines: Vec<u64> = Vec::new();
     for (i, rec) in rdr.records().enumerate() {
-        let line = i + 2;
-        let rec = rec.map_err(|e| invalid(format!("line {line}: malformed CSV: {e}")))?;
+        let rec = rec.map_err(|e| invalid(format!("line {}: malformed CSV: {e}", i + 2)))?;
+        let line = rec.position().map_or(i as u64 + 2, |p| p.line());
         let mut p = NewProfile {
             workload: String::new(),
             gpu_model: gpu_model.to_string(),
             source: source.to_string(),
             values: [None; FEATURE_COUNT],
         };
-        for (col, cell) in cols.iter().zip(rec.iter()) {
+        for (i, (col, cell)) in cols.iter().zip(rec.iter()).enumerate() {
             match col {
                 Column::Name => p.workload = cell.trim().to_string(),
                 Column::Gpu if !cell.trim().is_empty() => p.gpu_model = cell.trim().to_string(),
                 Column::Feature(f) => {
-                    p.values[*f] = parse_value(cell)
-                        .map_err(at(format!("line {line}: column {}", FEATURE_COLUMNS[*f])))?;
+                    let place =
+                        || format!("line {line}, column {} ({})", i + 1, FEATURE_COLUMNS[*f]);
+                    p.values[*f] = parse_value(cell).map_err(at(place()))?;
+                    if let Some(why) = p.values[*f].and_then(|v| feature_value_problem(*f, v)) {
+                        let shown = crate::types::quote_untrusted(cell.trim());
+                        return Err(invalid(format!("{}: {shown}: {why}", place())));
+                    }
                 }
                 _ => {}
             }
         }
         p.validate().map_err(at(format!("line {line}")))?;
+        if let Some(first) = out
+            .iter()
+            .position(|q: &NewProfile| q.workload == p.workload && q.gpu_model == p.gpu_model)
+        {
+            return Err(invalid(format!(
+                "line {line}: workload {} is already on line {} (one row per workload and GPU)",
+                p.workload, lines[first]
+            )));
+        }
+        lines.push(line);
         out.push(p);
     }
     if out.is_empty() {
@@ -171,6 +253,15 @@ pub fn read_json(text: &str, gpu_model: &str, source: &str) -> Result<Vec<NewPro
             }
         }
         p.validate().map_err(at(format!("item {i}")))?;
+        if let Some(first) = out
+            .iter()
+            .position(|q: &NewProfile| q.workload == p.workload && q.gpu_model == p.gpu_model)
+        {
+            return Err(invalid(format!(
+                "item {i}: workload {} is already item {first} (one per workload and GPU)",
+                p.workload
+            )));
+        }
         out.push(p);
     }
     if out.is_empty() {
@@ -241,5 +332,52 @@ mod tests {
         assert!(read_json(r#"[{"workload":"w","sm_pcnt":1}]"#, "g", "s").is_err());
         assert!(read_json(r#"{"workload":"w"}"#, "g", "s").is_err());
         assert!(read_json("[", "g", "s").is_err());
+    }
+
+    /// The audit's silent acceptances (§B.1): each is now refused, saying where.
+    #[test]
+    fn nonsense_tables_are_refused_with_line_and_column() {
+        let err = |text: &str| read_csv(text, "g", "s").unwrap_err().to_string();
+        // Truncated inside a quoted field at the end of the file.
+        let e = err("workload,sm_pct\nw1,10\nw2,\"20");
+        assert!(e.contains("line 3, column 4: a quoted field is never closed"), "{e}");
+        // The same column twice (and twice under its two spellings).
+        let e = err("workload,sm_pct,sm_pct\nw,10,90\n");
+        assert!(e.contains("line 1, column 3: \"sm_pct\" repeats column 2"), "{e}");
+        let e = err("workload,memcap_gib,memcap\nw,1,2\n");
+        assert!(e.contains("repeats column 2"), "{e}");
+        // The same workload twice.
+        let e = err("workload,sm_pct\nw,10\nv,20\nw,30\n");
+        assert!(e.contains("line 4: workload w is already on line 2"), "{e}");
+        // Absurd values.
+        for (col, v) in [
+            ("threads", "1e308"),
+            ("memcap_gib", "1e308"),
+            ("exclusive_throughput", "0"),
+            ("exclusive_throughput", "1e-310"),
+            ("registers", "1e300"),
+        ] {
+            let e = err(&format!("workload,{col}\nw,{v}\n"));
+            assert!(e.contains(&format!("line 2, column 2 ({col})")), "{col}={v}: {e}");
+        }
+        // A GPU model with a newline.
+        let e = err("workload,gpu_model,sm_pct\nw,\"a\nb\",10\n");
+        assert!(e.contains("control characters"), "{e}");
+        // A huge cell is not echoed whole.
+        let e = err(&format!("workload,sm_pct\nw,{}\n", "9x".repeat(100_000)));
+        assert!(e.len() < 300, "{} bytes", e.len());
+        // Quoted fields that do close, with doubled quotes, are fine.
+        let p = read_csv("workload,\"sm_pct\"\n\"w\",\"10\"\n", "g", "s").unwrap();
+        assert_eq!(p[0].values[7], Some(10.0));
+        assert_eq!(unterminated_quote("a,\"x\"\"y\",b\n"), None);
+        assert_eq!(unterminated_quote("a,b\"c,d\n"), None);
+    }
+
+    #[test]
+    fn json_tables_refuse_a_workload_twice() {
+        let e = read_json(r#"[{"workload":"w","sm_pct":1},{"workload":"w","sm_pct":2}]"#, "g", "s")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("item 1: workload w is already item 0"), "{e}");
     }
 }

@@ -9,7 +9,11 @@
 //!
 //! The prolog's partner decisions travel the same way, in the `decisions/` sub-directory (the
 //! prolog opens the database read-only): [`write_decision`] and [`ingest_decisions`]. A
-//! decision is stored once per (lead job, time), so re-ingesting changes nothing either.
+//! decision is stored once per key, so re-ingesting changes nothing either.
+//!
+//! This module owns the spool's whole life cycle, for both record kinds: keys
+//! ([`observation_key`], [`decision_key`]), writing, listing and reading, ingest, quarantine
+//! (and taking back a quarantined file that was only half copied), and [`prune`].
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
@@ -96,6 +100,7 @@ fn sync_dir(dir: &Path) -> Result<()> {
 /// Writing the same key again replaces the file with identical content.
 pub fn write_record(dir: &Path, obs: &Observation) -> Result<PathBuf> {
     obs.validate()?;
+    trusted(dir)?;
     let body = serde_json::to_vec_pretty(obs)
         .map_err(|source| Error::Json { what: format!("observation {}", obs.key), source })?;
     write_atomic(dir, &record_file_name(&obs.key), &body)
@@ -135,6 +140,7 @@ pub fn write_decision(spool: &Path, d: &SpooledDecision) -> Result<PathBuf> {
     validate_decision(d)?;
     let dir = spool.join(DECISIONS_DIR);
     create_dir(&dir).map_err(io_err("create decision spool", &dir))?;
+    trusted(&dir)?;
     let body = compact_decision(d)?;
     write_atomic(&dir, &record_file_name(&d.key), &body)
 }
@@ -210,6 +216,16 @@ fn parse_decision(buf: &[u8]) -> std::result::Result<SpooledDecision, String> {
 /// is quarantined like one that does not parse: it never blocks the records after it.
 pub fn ingest_decisions(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<IngestReport> {
     let mut report = IngestReport::default();
+    let dir = spool.join(DECISIONS_DIR);
+    if dir.is_dir() {
+        trusted(&dir)?;
+        for entry in fs::read_dir(&dir).map_err(io_err("read decision spool", &dir))?.flatten() {
+            if is_stale_temp(&entry) {
+                report.stale_temp_files.push(entry.path());
+            }
+        }
+        report.stale_temp_files.sort();
+    }
     for (path, read) in spooled_decisions(spool)? {
         let stored = match read {
             Err(why) => Err(why),
@@ -309,6 +325,13 @@ pub struct IngestReport {
 /// Age after which a `.tmp.*` file in the spool is reported as an abandoned write.
 pub const STALE_TEMP: std::time::Duration = std::time::Duration::from_secs(3600);
 
+/// Whether a spool entry is a `.tmp.*` write older than [`STALE_TEMP`]: its writer died before
+/// the rename.
+fn is_stale_temp(entry: &fs::DirEntry) -> bool {
+    let age = entry.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
+    entry.file_name().to_string_lossy().starts_with(".tmp.") && age.is_some_and(|a| a > STALE_TEMP)
+}
+
 enum Read1 {
     Record(Box<Observation>),
     Bad(String),
@@ -340,6 +363,15 @@ fn read_record(path: &Path) -> Result<Read1> {
     Ok(Read1::Record(Box::new(obs)))
 }
 
+/// Refuses, when running as root, a directory that someone other than root could change:
+/// root creates, renames and removes files there.
+fn trusted(dir: &Path) -> Result<()> {
+    if kace_layout::trusted_dir::running_as_root() {
+        kace_layout::trusted_dir::check_trusted_dir(dir).map_err(Error::UntrustedDir)?;
+    }
+    Ok(())
+}
+
 /// Creates `dir` and its missing parents with [`DIR_MODE`].
 fn create_dir(dir: &Path) -> std::io::Result<()> {
     fs::DirBuilder::new().recursive(true).mode(DIR_MODE).create(dir)
@@ -347,6 +379,7 @@ fn create_dir(dir: &Path) -> std::io::Result<()> {
 
 fn quarantine(path: &Path, qdir: &Path, reason: &str) -> Result<bool> {
     create_dir(qdir).map_err(io_err("create quarantine directory", qdir))?;
+    trusted(qdir)?;
     let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     let dest = qdir.join(&name);
     let mut reason_name = name;
@@ -461,6 +494,7 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
     // (path, is a regular file)
     let mut entries: Vec<(PathBuf, bool)> = Vec::new();
     let mut report = IngestReport::default();
+    trusted(spool)?;
     requeue_completed(spool, quarantine_dir, &mut report)?;
     // Plausibility is judged against the profiles as they are when the ingest starts.
     let exclusive = db.exclusive_throughputs()?;
@@ -476,12 +510,7 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
             continue;
         }
         if name.starts_with('.') {
-            let age = entry
-                .metadata()
-                .ok()
-                .and_then(|m| m.modified().ok())
-                .and_then(|t| t.elapsed().ok());
-            if name.starts_with(".tmp.") && age.is_some_and(|a| a > STALE_TEMP) {
+            if is_stale_temp(&entry) {
                 report.stale_temp_files.push(entry.path());
             }
             continue;
@@ -529,4 +558,133 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
     }
     flush(db, &mut batch, &mut report)?;
     Ok(report)
+}
+
+// ---- pruning --------------------------------------------------------------------------------
+
+/// What one prune did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PruneReport {
+    /// Files removed.
+    pub removed: Vec<PathBuf>,
+    /// Files that were old enough but could not be removed, with the reason. Reported, not
+    /// fatal: a file left behind costs disk space, not correctness.
+    pub failed: Vec<(PathBuf, String)>,
+}
+
+/// Which files may go, by directory: in the quarantine everything, in the spool and its
+/// `decisions/` only the abandoned temporary writes (`.tmp.<pid>.<name>`, see [`write_atomic`]).
+#[derive(Debug, Clone, Copy)]
+enum Keep {
+    Nothing,
+    RecordsAndLiveWrites,
+}
+
+/// Removes files older than `keep` (by modification time, relative to `now`) from `quarantine`
+/// and abandoned writes from `spool` and its `decisions/` (of both record kinds). Quarantined
+/// files (each with its `.reason`) are kept that long for the admin to look at; records waiting
+/// to be ingested are never touched. A missing directory has nothing to prune.
+pub fn prune(
+    spool: &Path,
+    quarantine: &Path,
+    keep: std::time::Duration,
+    now: std::time::SystemTime,
+) -> PruneReport {
+    let mut report = PruneReport::default();
+    let cutoff = now.checked_sub(keep).unwrap_or(std::time::SystemTime::UNIX_EPOCH);
+    prune_dir(quarantine, Keep::Nothing, cutoff, &mut report);
+    prune_dir(spool, Keep::RecordsAndLiveWrites, cutoff, &mut report);
+    prune_dir(&spool.join(DECISIONS_DIR), Keep::RecordsAndLiveWrites, cutoff, &mut report);
+    report.removed.sort();
+    report
+}
+
+fn prune_dir(dir: &Path, keep: Keep, cutoff: std::time::SystemTime, report: &mut PruneReport) {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return,
+        Err(e) => {
+            report.failed.push((dir.to_path_buf(), format!("couldn't list it: {e}")));
+            return;
+        }
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if matches!(keep, Keep::RecordsAndLiveWrites) && !name.starts_with(".tmp.") {
+            continue;
+        }
+        // Only plain files: a sub-directory or link here was put by someone else, for a reason.
+        let Ok(meta) = entry.path().symlink_metadata() else { continue };
+        if !meta.file_type().is_file() {
+            continue;
+        }
+        let Ok(mtime) = meta.modified() else { continue };
+        if mtime >= cutoff {
+            continue;
+        }
+        let path = entry.path();
+        match fs::remove_file(&path) {
+            Ok(()) => report.removed.push(path),
+            // Another prune or an admin got there first.
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => report.failed.push((path, e.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod prune_tests {
+    use super::*;
+    use std::fs::File;
+    use std::time::{Duration, SystemTime};
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    fn file(dir: &Path, name: &str, age: Duration, now: SystemTime) -> PathBuf {
+        let p = dir.join(name);
+        fs::write(&p, "x").unwrap();
+        File::options().write(true).open(&p).unwrap().set_modified(now - age).unwrap();
+        p
+    }
+
+    #[test]
+    fn removes_old_quarantine_and_abandoned_writes_only() {
+        let root = kace_test_support::TempDir::new("prune");
+        let (spool, q) = (root.join("spool"), root.join("q"));
+        fs::create_dir_all(&spool).unwrap();
+        fs::create_dir_all(q.join("sub")).unwrap();
+        let now = SystemTime::now();
+        let old_q = file(&q, "a.json", 40 * DAY, now);
+        let old_reason = file(&q, "a.json.reason", 40 * DAY, now);
+        let new_q = file(&q, "b.json", DAY, now);
+        let old_tmp = file(&spool, ".tmp.12.c.json", 40 * DAY, now);
+        let new_tmp = file(&spool, ".tmp.13.d.json", DAY, now);
+        // An abandoned decision write is pruned too.
+        fs::create_dir_all(spool.join(DECISIONS_DIR)).unwrap();
+        let old_decision_tmp = file(&spool.join(DECISIONS_DIR), ".tmp.14.f.json", 40 * DAY, now);
+        // An old record not yet ingested is data, never pruned.
+        let old_record = file(&spool, "e.json", 40 * DAY, now);
+
+        let r = prune(&spool, &q, 30 * DAY, now);
+        assert_eq!(r.failed, vec![]);
+        let mut want =
+            vec![old_q.clone(), old_reason.clone(), old_tmp.clone(), old_decision_tmp.clone()];
+        want.sort();
+        let mut got = r.removed.clone();
+        got.sort();
+        assert_eq!(got, want);
+        for p in [&old_q, &old_reason, &old_tmp] {
+            assert!(!p.exists(), "{} should be gone", p.display());
+        }
+        for p in [&new_q, &new_tmp, &old_record] {
+            assert!(p.exists(), "{} should stay", p.display());
+        }
+        assert!(q.join("sub").is_dir());
+    }
+
+    #[test]
+    fn missing_directories_have_nothing_to_prune() {
+        let none = Path::new("/nonexistent/kace-prune");
+        assert_eq!(prune(none, none, DAY, SystemTime::now()), PruneReport::default());
+    }
 }

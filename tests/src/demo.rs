@@ -609,6 +609,12 @@ pub fn run(say: &mut dyn FnMut(&str)) -> Result<(Recorded, String), HarnessError
     }
     let first_lead = ids[0].0.clone();
     let explain = kace(&c, &["explain", &first_lead])?;
+    // The report of this run as an SVG, for docs/observability.md's figure.
+    if let Some(svg) = std::env::var_os("KACE_DEMO_REPORT_SVG") {
+        let svg = PathBuf::from(svg);
+        kace(&c, &["report", "--since", "1d", "--svg", &svg.display().to_string()])?;
+        say(&format!("   kace report --since 1d --svg {}", svg.display()));
+    }
     let rec = Recorded {
         jobs,
         decisions: decisions.into_iter().map(|d| d.decision).collect(),

@@ -6,6 +6,7 @@ pub mod colocations;
 pub mod paper;
 pub mod run;
 
+pub use crate::tuning::Folds;
 pub use run::{EvalOptions, ModelChoice, Protocol, KACE};
 
 use std::collections::BTreeMap;
@@ -36,6 +37,20 @@ pub struct TargetResult {
     pub oracle: f64,
     /// Policy key → objective of its pick / oracle.
     pub normalised: BTreeMap<String, f64>,
+    /// kace's decisions in normalised progress, when kace was evaluated.
+    pub progress: Option<ProgressOutcome>,
+}
+
+/// One target's decisions measured in normalised progress (Σ colocated / exclusive), where 1 is
+/// what the jobs achieve one after the other: below 1 a pair is harmful.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProgressOutcome {
+    /// kace's pick without the gain rule.
+    pub plain: f64,
+    /// kace's pick with the gain rule; `None`: it chose no partner.
+    pub gated: Option<f64>,
+    /// The best candidate's.
+    pub best: f64,
 }
 
 /// Squared error and R² of a model's predictions, in z-scored target units.
@@ -94,7 +109,46 @@ pub struct EvalReport {
     pub model_fit: BTreeMap<String, Vec<FitQuality>>,
     /// Rows each run's models were fitted on.
     pub train_rows: Vec<usize>,
+    /// kace's absolute percentage error of each test job's colocated throughput, as a fraction.
+    pub job_errors: Vec<f64>,
+    /// kace's settings and doubt weight, one per run.
+    pub tuned: Vec<(crate::slowdown::SlowdownParams, f64)>,
 }
+
+/// Mean, minimum, median and maximum of a set of values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spread {
+    /// Mean.
+    pub mean: f64,
+    /// Smallest.
+    pub min: f64,
+    /// Median.
+    pub median: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Spread {
+    /// The spread of `values` (`None` when empty or any is NaN).
+    pub fn of(values: &[f64]) -> Option<Spread> {
+        if values.is_empty() || values.iter().any(|v| v.is_nan()) {
+            return None;
+        }
+        let mut v = values.to_vec();
+        v.sort_unstable_by(f64::total_cmp);
+        let m = v.len() / 2;
+        let median = if v.len() % 2 == 1 { v[m] } else { (v[m - 1] + v[m]) / 2.0 };
+        Some(Spread {
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+            min: v[0],
+            median,
+            max: v[v.len() - 1],
+        })
+    }
+}
+
+/// Report key of kace with the gain rule ("no partner" allowed).
+pub const KACE_GATED: &str = "kace-gated";
 
 impl EvalReport {
     /// Policy key → mean normalised objective over every (seed, target) row.
@@ -153,6 +207,60 @@ impl EvalReport {
     /// A model's mean MSE over runs.
     pub fn mse(&self, model: &str) -> f64 {
         mean(self.fit(model).iter().map(|f| f.mse))
+    }
+
+    /// The spread over seeds of a policy's per-seed mean.
+    pub fn seed_spread(&self, policy: &str) -> Option<Spread> {
+        let v: Vec<f64> = self.per_seed().values().filter_map(|m| m.get(policy).copied()).collect();
+        Spread::of(&v)
+    }
+
+    /// kace's mean absolute percentage error of test jobs' colocated throughput, in percent.
+    pub fn mape(&self) -> f64 {
+        100.0 * mean(self.job_errors.iter().copied())
+    }
+
+    /// Share of formed groups that are harmful (measured normalised progress < 1), for
+    /// [`KACE`] (always forms), [`KACE_GATED`] (may choose none) and [`ORACLE`] (here: the
+    /// candidate with the best measured normalised progress, which always forms).
+    pub fn harmful_share(&self, policy: &str) -> Option<f64> {
+        let picks: Vec<f64> = self
+            .targets
+            .iter()
+            .filter_map(|t| t.progress)
+            .filter_map(|p| match policy {
+                KACE => Some(p.plain),
+                KACE_GATED => p.gated,
+                ORACLE => Some(p.best),
+                _ => None,
+            })
+            .collect();
+        if picks.is_empty() {
+            return None;
+        }
+        Some(picks.iter().filter(|v| **v < 1.0).count() as f64 / picks.len() as f64)
+    }
+
+    /// Share of targets for which the gain rule chose no partner.
+    pub fn none_share(&self) -> Option<f64> {
+        let all: Vec<&ProgressOutcome> =
+            self.targets.iter().filter_map(|t| t.progress.as_ref()).collect();
+        if all.is_empty() {
+            return None;
+        }
+        Some(all.iter().filter(|p| p.gated.is_none()).count() as f64 / all.len() as f64)
+    }
+
+    /// The gain (normalised progress − 1; 0 for no partner) that a policy realised, as a share
+    /// of what an oracle that may also choose no partner realises. `plain` scores kace without
+    /// the gain rule (its harmful picks count as losses).
+    pub fn gain_share(&self, gated: bool) -> Option<f64> {
+        let (mut got, mut best) = (0.0, 0.0);
+        for p in self.targets.iter().filter_map(|t| t.progress) {
+            got += if gated { p.gated.map_or(0.0, |v| v - 1.0) } else { p.plain - 1.0 };
+            best += (p.best - 1.0).max(0.0);
+        }
+        (best > 0.0).then(|| got / best)
     }
 
     /// A model's mean R² over runs.
@@ -220,6 +328,7 @@ pub fn score_target(
         candidates: candidates.len(),
         oracle,
         normalised: out,
+        progress: None,
     })
 }
 
@@ -267,6 +376,7 @@ mod tests {
             candidates: 2,
             oracle: 1.0,
             normalised: [(KACE_LR.to_string(), a), (RANDOM.to_string(), b)].into(),
+            progress: None,
         };
         let report = EvalReport {
             n_occur: Some(3),
@@ -282,6 +392,8 @@ mod tests {
             ],
             model_fit: BTreeMap::new(),
             train_rows: vec![],
+            job_errors: vec![],
+            tuned: vec![],
         };
         let d = report.paired(KACE_LR, RANDOM).unwrap();
         assert_eq!((d.seeds, d.better, d.worse, d.equal), (3, 1, 1, 1));

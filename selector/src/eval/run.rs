@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{score_target, EvalReport, FitQuality};
+use super::{score_target, EvalReport, FitQuality, ProgressOutcome};
 use crate::dataset::{ColocationData, Group};
 use crate::error::SelectorError;
 use crate::features::FEATURE_COUNT;
@@ -13,6 +13,7 @@ use crate::numpy_rng::train_test_split_train;
 use crate::policy::{argmax_first, Objective};
 use crate::selection::Predictor;
 use crate::slowdown::{Member, SlowdownParams};
+use crate::tuning::{fit_tuned, grid, Folds};
 use crate::zscore::ZScore;
 
 /// Report key of kace's production model (the slowdown model).
@@ -84,8 +85,14 @@ pub struct EvalOptions {
     pub objective: Objective,
     /// Models to train and score.
     pub models: Vec<ModelChoice>,
-    /// Settings of the slowdown model.
+    /// Settings of the slowdown model (when not [`EvalOptions::nested`]).
     pub slowdown: SlowdownParams,
+    /// Choose the slowdown model's settings by cross-validation inside each training set
+    /// ([`crate::tuning`]) instead of using [`EvalOptions::slowdown`]. The doubt weight of the
+    /// gain rule is chosen that way in both cases.
+    pub nested: bool,
+    /// How the inner cross-validation splits a training set.
+    pub inner_folds: Folds,
 }
 
 impl Default for EvalOptions {
@@ -95,6 +102,8 @@ impl Default for EvalOptions {
             objective: Objective::ThroughputSum,
             models: ModelChoice::ALL.to_vec(),
             slowdown: SlowdownParams::default(),
+            nested: false,
+            inner_folds: Folds::default(),
         }
     }
 }
@@ -153,7 +162,29 @@ pub(crate) fn run(
     let groups: Vec<&Group> = run.fit_rows.iter().map(|&i| &run.train.groups[i]).collect();
     let mut fitted: Vec<(ModelChoice, Model)> = Vec::new();
     for &m in &opts.models {
-        fitted.push((m, Model::train(m.kind(), &groups, obj, opts.slowdown)?));
+        let model = match m {
+            ModelChoice::Kace => {
+                let candidates = if opts.nested { grid() } else { vec![opts.slowdown] };
+                let (model, tuned) = fit_tuned(&groups, &candidates, opts.inner_folds)?;
+                report.tuned.push((tuned.params, tuned.doubt_weight));
+                Model::Slowdown(model)
+            }
+            ModelChoice::KaceLr => Model::train(m.kind(), &groups, obj, opts.slowdown)?,
+        };
+        fitted.push((m, model));
+    }
+    if let Some((_, Model::Slowdown(sm))) = fitted.iter().find(|(m, _)| *m == ModelChoice::Kace) {
+        for &i in run.test_rows {
+            let g = &run.test.groups[i];
+            for (pred, thr) in
+                sm.slowdowns(&members(g)).iter().zip(g.profiles.iter().zip(&g.throughputs))
+            {
+                let (p, measured) = thr;
+                report
+                    .job_errors
+                    .push((pred * p.exclusive_throughput() - measured).abs() / measured);
+            }
+        }
     }
     let truth: Vec<f64> = run.test_rows.iter().map(|&i| obj.value(&run.test.groups[i])).collect();
     for (m, f) in &fitted {
@@ -191,11 +222,41 @@ pub(crate) fn run(
                 picks.push((m.key(), p));
             }
         }
-        if let Some(r) = score_target(target, run.seed, &groups, &picks, obj) {
+        if let Some(mut r) = score_target(target, run.seed, &groups, &picks, obj) {
+            if let Some((_, f)) = fitted.iter().find(|(m, _)| *m == ModelChoice::Kace) {
+                r.progress = progress_outcome(f, &groups, obj);
+            }
             report.targets.push(r);
         }
     }
     Ok(())
+}
+
+/// What the production gain rule makes of one target's candidates: kace's plain pick, the pick
+/// when "no partner" is allowed (the best predicted candidate among those the rule forms), and
+/// the best measured normalised progress.
+fn progress_outcome(model: &Model, groups: &[&Group], obj: Objective) -> Option<ProgressOutcome> {
+    let measured: Vec<f64> = groups.iter().map(|g| g.normalised_progress()).collect();
+    let predicted: Vec<f64> = groups.iter().map(|g| predict(model, g, obj)).collect();
+    let plain = argmax_first(&predicted)?;
+    let gated: Vec<f64> = groups
+        .iter()
+        .zip(&predicted)
+        .map(|(g, p)| {
+            let m = members(g);
+            let progress = model.predict(&m, Objective::NormalisedProgress);
+            if progress > 1.0 + model.required_gain(&m) {
+                *p
+            } else {
+                f64::NAN
+            }
+        })
+        .collect();
+    Some(ProgressOutcome {
+        plain: measured[plain],
+        gated: argmax_first(&gated).map(|i| measured[i]),
+        best: measured.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    })
 }
 
 /// The paper's pick: z-score the candidates with their own statistics, predict, take the first
@@ -276,5 +337,7 @@ pub(crate) fn empty_report(
         targets: Vec::new(),
         model_fit: BTreeMap::new(),
         train_rows: Vec::new(),
+        job_errors: Vec::new(),
+        tuned: Vec::new(),
     }
 }

@@ -1,0 +1,96 @@
+//! `kace report`: predicted against observed for every group kace formed, the share of GPU time
+//! shared per day and the gain over running alone, from the database only (see
+//! `kace_observe::report`); `--svg FILE` draws it.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use kace_node::{Clock, SystemClock};
+use kace_observe::report::{build, parse_since, svg};
+use kace_observe::time::date;
+
+use crate::context::{num, print_json, Ctx};
+use crate::output::table;
+
+/// `kace report`
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// How far back: 7d, 12h, 30m, 2w.
+    #[arg(long, default_value = "7d")]
+    since: String,
+    /// Also draw the report as an SVG file.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+}
+
+/// Runs `kace report`.
+pub fn run(args: ReportArgs, ctx: &Ctx) -> Result<()> {
+    let span = parse_since(&args.since)?;
+    let now = SystemClock.now();
+    let db = ctx.open_read_only()?;
+    let r = build(&db, ctx.config.selection.objective, now - span, now)?;
+    if let Some(path) = &args.svg {
+        std::fs::write(path, svg(&r))
+            .with_context(|| format!("couldn't write {}", path.display()))?;
+        ctx.info(&format!("report: wrote {}", path.display()));
+    }
+    if ctx.json() {
+        return print_json(&serde_json::to_value(&r)?);
+    }
+    let t = &r.totals;
+    let opt = |v: Option<f64>| v.map(num).unwrap_or_else(|| "-".into());
+    println!("kace report from {} to {} ({})", date(r.since), date(r.until), r.objective);
+    println!(
+        "{} observed group(s), {} with a prediction; median predicted/observed {}; mean |error| {}",
+        t.groups,
+        t.predicted_groups,
+        opt(t.median_ratio),
+        t.mean_abs_error.map(|e| format!("{:.1} %", e * 100.0)).unwrap_or("-".into())
+    );
+    println!(
+        "GPU time shared: {}; mean gain over running alone: {}",
+        t.shared_fraction.map(|f| format!("{:.1} %", f * 100.0)).unwrap_or("-".into()),
+        t.mean_gain.map(|g| format!("{}×", num(g))).unwrap_or("-".into())
+    );
+    let rows: Vec<Vec<String>> = r
+        .groups
+        .iter()
+        .map(|g| {
+            vec![
+                date(g.start),
+                g.jobs.join("+"),
+                g.workloads.join("+"),
+                g.model_version.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
+                opt(g.predicted),
+                opt(g.observed),
+                opt(g.normalised_progress),
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        println!();
+        print!(
+            "{}",
+            table(&["start", "jobs", "workloads", "model", "predicted", "observed", "gain"], &rows)
+        );
+    }
+    let days: Vec<Vec<String>> = r
+        .days
+        .iter()
+        .map(|d| {
+            vec![
+                date(d.day)[..10].to_string(),
+                num(d.shared_gpu_s),
+                num(d.alone_gpu_s),
+                format!("{:.1} %", d.shared_fraction * 100.0),
+                opt(d.mean_gain),
+            ]
+        })
+        .collect();
+    if !days.is_empty() {
+        println!();
+        print!("{}", table(&["day", "shared GPU-s", "alone GPU-s", "shared", "gain"], &days));
+    }
+    Ok(())
+}

@@ -1,0 +1,335 @@
+//! `kace metrics --textfile DIR`: kace's figures in Prometheus's text exposition format, for
+//! node_exporter's textfile collector, written atomically to `DIR/kace.prom` (a temporary file
+//! in DIR, fsync, rename: the collector never reads half a file).
+//!
+//! Names follow Prometheus's conventions: a `kace_` prefix, base units (seconds, ratios), and
+//! `_total` on counters. Counters are counts over the database's whole history, so they only
+//! grow while the database does (`kace prune` resets them, which Prometheus treats as a counter
+//! reset).
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use kace_selector::Objective;
+use kace_sql::Db;
+
+use crate::report::{self, Report};
+use crate::{Error, Result};
+
+/// The file node_exporter reads.
+pub const FILE_NAME: &str = "kace.prom";
+
+/// The window of "recent" groups for the predicted/observed quantiles.
+pub const RECENT_S: f64 = 7.0 * 86_400.0;
+
+/// What the database cannot say and the caller found out (from Slurm or the file system).
+#[derive(Debug, Clone, Default)]
+pub struct Live {
+    /// Kace jobs held now (`None`: Slurm was not asked).
+    pub held_jobs: Option<usize>,
+    /// Seconds the oldest held kace job has waited.
+    pub oldest_hold_s: Option<f64>,
+    /// Observation records waiting in the spool.
+    pub spool_files: Option<usize>,
+    /// Files in the quarantine.
+    pub quarantined_files: Option<usize>,
+}
+
+/// Counts the `.json` records directly in `dir`: none when it does not exist yet, `None` when
+/// it cannot be read.
+pub fn count_records(dir: &Path) -> Option<usize> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(0),
+        Err(_) => return None,
+    };
+    Some(
+        entries
+            .flatten()
+            .filter(|e| {
+                e.file_type().is_ok_and(|t| t.is_file())
+                    && e.file_name().to_string_lossy().ends_with(kace_sql::spool::RECORD_SUFFIX)
+            })
+            .count(),
+    )
+}
+
+struct Out(String);
+
+impl Out {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.0, "# HELP {name} {help}");
+        let _ = writeln!(self.0, "# TYPE {name} {kind}");
+    }
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], v: f64) {
+        let _ = write!(self.0, "{name}");
+        if !labels.is_empty() {
+            let l: Vec<String> = labels
+                .iter()
+                .map(|(k, v)| {
+                    let v = v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+                    format!("{k}=\"{v}\"")
+                })
+                .collect();
+            let _ = write!(self.0, "{{{}}}", l.join(","));
+        }
+        let _ = writeln!(self.0, " {}", number(v));
+    }
+    fn one(&mut self, name: &str, kind: &str, help: &str, v: f64) {
+        self.family(name, kind, help);
+        self.sample(name, &[], v);
+    }
+}
+
+/// Prometheus's float syntax (`+Inf`, `-Inf`, `NaN`).
+fn number(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v == f64::INFINITY {
+        "+Inf".into()
+    } else if v == f64::NEG_INFINITY {
+        "-Inf".into()
+    } else {
+        format!("{v}")
+    }
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let pos = q * (sorted.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
+}
+
+/// The exposition text at `now`.
+pub fn render(db: &Db, objective: Objective, live: &Live, now: f64) -> Result<String> {
+    let mut o = Out(String::new());
+    let decisions = db.decisions(1_000_000)?;
+    let paired = decisions.iter().filter(|d| d.decision.chosen_job.is_some()).count();
+    o.family(
+        "kace_groups_formed_total",
+        "counter",
+        "Colocated groups formed by a kace decision, by kind: a starting job's prolog (lead) or an ending job's epilog (refill).",
+    );
+    for kind in ["lead", "refill"] {
+        let n = decisions
+            .iter()
+            .filter(|d| d.decision.chosen_job.is_some())
+            .filter(|d| crate::history::decision_kind(d.key.as_deref()) == kind)
+            .count();
+        o.sample("kace_groups_formed_total", &[("kind", kind)], n as f64);
+    }
+    o.family("kace_decisions_total", "counter", "Partner decisions made, by outcome.");
+    o.sample("kace_decisions_total", &[("outcome", "paired")], paired as f64);
+    o.sample("kace_decisions_total", &[("outcome", "alone")], (decisions.len() - paired) as f64);
+
+    let all = db.observations()?;
+    let live_obs: Vec<_> = all.iter().filter(|x| x.node != report::IMPORTED_NODE).collect();
+    o.family(
+        "kace_observations_total",
+        "counter",
+        "Observations in the database, by origin (epilog: observed on this cluster).",
+    );
+    o.sample("kace_observations_total", &[("origin", "epilog")], live_obs.len() as f64);
+    o.sample(
+        "kace_observations_total",
+        &[("origin", "imported")],
+        (all.len() - live_obs.len()) as f64,
+    );
+    let (mut shared, mut alone) = (0.0, 0.0);
+    for x in &live_obs {
+        let span = (x.end - x.start).max(0.0);
+        if x.partners.is_empty() {
+            alone += span;
+        } else {
+            shared += span / (x.partners.len() + 1) as f64;
+        }
+    }
+    o.family(
+        "kace_gpu_seconds_total",
+        "counter",
+        "GPU time with kace jobs observed by the epilogs, by whether the GPU was shared.",
+    );
+    o.sample("kace_gpu_seconds_total", &[("sharing", "shared")], shared);
+    o.sample("kace_gpu_seconds_total", &[("sharing", "alone")], alone);
+    o.one(
+        "kace_gpu_time_shared_ratio",
+        "gauge",
+        "Fraction of observed kace GPU time that was shared (0 when none was observed).",
+        if shared + alone > 0.0 { shared / (shared + alone) } else { 0.0 },
+    );
+
+    let r: Report = report::build(db, objective, now - RECENT_S, now)?;
+    let mut ratios: Vec<f64> = r
+        .groups
+        .iter()
+        .filter_map(|g| g.predicted.zip(g.observed))
+        .filter(|(_, obs)| *obs > 0.0)
+        .map(|(p, obs)| p / obs)
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    o.family(
+        "kace_group_predicted_observed_ratio",
+        "summary",
+        "Predicted over observed objective of the groups kace formed in the last 7 days.",
+    );
+    for q in ["0.1", "0.5", "0.9"] {
+        let qv: f64 = q.parse().unwrap_or(0.5);
+        o.sample("kace_group_predicted_observed_ratio", &[("quantile", q)], quantile(&ratios, qv));
+    }
+    o.sample("kace_group_predicted_observed_ratio_sum", &[], ratios.iter().fold(0.0, |a, b| a + b));
+    o.sample("kace_group_predicted_observed_ratio_count", &[], ratios.len() as f64);
+    let gains: Vec<f64> = r.groups.iter().filter_map(|g| g.normalised_progress).collect();
+    o.one(
+        "kace_group_gain_ratio",
+        "gauge",
+        "Mean normalised progress (sum of colocated/exclusive throughput) of the last 7 days' groups; 1 is no gain over running alone (NaN: none).",
+        if gains.is_empty() { f64::NAN } else { gains.iter().sum::<f64>() / gains.len() as f64 },
+    );
+
+    let models = db.models()?;
+    let active = models.iter().find(|m| m.active);
+    o.family("kace_model_info", "gauge", "The active model (value 1), by version and kind.");
+    if let Some(m) = active {
+        o.sample(
+            "kace_model_info",
+            &[("version", &m.version.to_string()), ("kind", &m.model.kind)],
+            1.0,
+        );
+    }
+    o.one(
+        "kace_model_version",
+        "gauge",
+        "Version of the active model (0: none).",
+        active.map_or(0.0, |m| m.version as f64),
+    );
+    o.one(
+        "kace_model_holdout_mse",
+        "gauge",
+        "Held-out mean squared error of the active model, in the objective's units squared (NaN: not recorded).",
+        active
+            .and_then(|m| m.model.metrics.get("holdout_mse").and_then(|v| v.as_f64()))
+            .unwrap_or(f64::NAN),
+    );
+    o.one(
+        "kace_model_training_groups",
+        "gauge",
+        "Groups the active model was trained on (fit and held out).",
+        active.map_or(0.0, |m| m.model.training_size as f64),
+    );
+    let last = models.iter().max_by_key(|m| m.version);
+    o.one(
+        "kace_last_training_timestamp_seconds",
+        "gauge",
+        "When the newest model version was trained (0: never).",
+        last.map_or(0.0, |m| m.created_at),
+    );
+    o.one(
+        "kace_last_training_activated",
+        "gauge",
+        "1 when the newest trained version is the active one (it was not worse than the one before), else 0.",
+        last.map_or(0.0, |m| if m.active { 1.0 } else { 0.0 }),
+    );
+    o.one(
+        "kace_models_total",
+        "counter",
+        "Model versions trained and stored.",
+        models.len() as f64,
+    );
+    if let Some(n) = live.held_jobs {
+        o.one(
+            "kace_held_jobs",
+            "gauge",
+            "Kace jobs held now, waiting for a partner or a GPU.",
+            n as f64,
+        );
+    }
+    if let Some(s) = live.oldest_hold_s {
+        o.one(
+            "kace_oldest_hold_seconds",
+            "gauge",
+            "How long the oldest held kace job has waited.",
+            s,
+        );
+    }
+    if let Some(n) = live.spool_files {
+        o.one(
+            "kace_spool_records",
+            "gauge",
+            "Observation records in the spool, not ingested yet.",
+            n as f64,
+        );
+    }
+    if let Some(n) = live.quarantined_files {
+        o.one(
+            "kace_quarantined_records",
+            "gauge",
+            "Records moved to the quarantine by ingest (unreadable or invalid).",
+            n as f64,
+        );
+    }
+    o.one("kace_metrics_timestamp_seconds", "gauge", "When this file was written.", now);
+    Ok(o.0)
+}
+
+/// Writes `text` to `dir/kace.prom` atomically; returns the path.
+pub fn write_textfile(dir: &Path, text: &str) -> Result<PathBuf> {
+    let path = dir.join(FILE_NAME);
+    // Not ending in .prom: the collector skips it while it is being written.
+    let tmp = dir.join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
+    let werr = |p: &Path| {
+        let p = p.to_path_buf();
+        move |cause| Error::Write { path: p, cause }
+    };
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp).map_err(werr(&tmp))?;
+        f.write_all(text.as_bytes()).map_err(werr(&tmp))?;
+        f.sync_all().map_err(werr(&tmp))?;
+        drop(f);
+        std::fs::rename(&tmp, &path).map_err(werr(&path))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map(|()| path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_and_quantiles() {
+        assert_eq!(number(f64::NAN), "NaN");
+        assert_eq!(number(f64::INFINITY), "+Inf");
+        assert_eq!(number(1.5), "1.5");
+        assert_eq!(number(3.0), "3");
+        assert!(quantile(&[], 0.5).is_nan());
+        assert_eq!(quantile(&[1.0, 2.0, 3.0], 0.5), 2.0);
+        assert_eq!(quantile(&[1.0, 3.0], 0.5), 2.0);
+        assert_eq!(quantile(&[1.0, 3.0], 0.9), 2.8);
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut o = Out(String::new());
+        o.sample("m", &[("a", "x\"y\\z\nw")], 1.0);
+        assert_eq!(o.0, "m{a=\"x\\\"y\\\\z\\nw\"} 1\n");
+    }
+
+    #[test]
+    fn the_textfile_is_replaced_whole() {
+        let d = std::env::temp_dir().join(format!("kace-prom-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let p = write_textfile(&d, "a 1\n").unwrap();
+        write_textfile(&d, "a 2\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "a 2\n");
+        let left: Vec<_> = std::fs::read_dir(&d).unwrap().flatten().collect();
+        assert_eq!(left.len(), 1, "a temporary file was left behind");
+        assert!(write_textfile(&d.join("missing"), "x").is_err());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}

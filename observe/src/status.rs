@@ -1,0 +1,556 @@
+//! `kace status`: every GPU with its kace jobs (who, since when, with whom, predicted against
+//! observed so far), the held kace jobs with their wait, their `max_hold` deadline and the
+//! partner each would be offered if it led a GPU now, and the active model.
+//!
+//! Slurm is asked as the calling user, so what a user sees of other users' jobs is what Slurm's
+//! `PrivateData` lets `squeue` show them; database facts are only added to jobs Slurm listed.
+
+use std::collections::{BTreeMap, HashMap};
+
+use kace_config::Config;
+use kace_layout::progress_file;
+use kace_node::slurm::{QueuedJob, Slurm};
+use kace_selector::{Member, Model, Objective, Predictor, Profile, SelectionRules};
+use kace_sql::decide::{decide, model_from_record, selector_profile, CandidateSpec};
+use kace_sql::Db;
+use serde::Serialize;
+
+use crate::Result;
+
+/// How many jobs a GPU holds before it counts as full: kace forms pairs.
+pub const JOBS_PER_GPU: usize = 2;
+
+/// Held jobs for which the would-be partner is computed (each costs one prediction per other
+/// held job); beyond this the column is left empty and a problem says so.
+pub const MAX_OFFERS: usize = 200;
+
+/// What one `kace status` shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    /// When it was taken, Unix seconds.
+    pub at: f64,
+    /// The objective predictions are in.
+    pub objective: &'static str,
+    /// Every GPU Slurm knows of, by node and index.
+    pub gpus: Vec<Gpu>,
+    /// Kace jobs still held, oldest first.
+    pub held: Vec<Held>,
+    /// Kace jobs released but not started yet.
+    pub starting: Vec<u32>,
+    /// The model the prolog uses now.
+    pub model: Option<ModelSummary>,
+    /// What could not be read (the rest is still shown).
+    pub problems: Vec<String>,
+}
+
+/// Whether a GPU can take kace jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuState {
+    /// No kace job: dispatch may release a lead onto it.
+    Free,
+    /// Kace jobs below [`JOBS_PER_GPU`]: a partner may still join.
+    Open,
+    /// As many kace jobs as it takes.
+    Full,
+    /// Its node is down or drained.
+    Unusable,
+}
+
+/// One GPU.
+#[derive(Debug, Clone, Serialize)]
+pub struct Gpu {
+    /// Node name.
+    pub node: String,
+    /// Index on the node.
+    pub index: u32,
+    /// GPU type when typed.
+    pub kind: Option<String>,
+    /// Free, open, full or unusable.
+    pub state: GpuState,
+    /// Its kace jobs (only the caller's with `--user`).
+    pub jobs: Vec<Running>,
+    /// Kace jobs on it not shown (other users' with `--user`).
+    pub hidden_jobs: usize,
+    /// The model's prediction for the group on it (objective units), when every member is
+    /// profiled.
+    pub predicted: Option<f64>,
+    /// The group's objective from the progress files so far, when every member reported.
+    pub observed: Option<f64>,
+}
+
+/// One running kace job.
+#[derive(Debug, Clone, Serialize)]
+pub struct Running {
+    /// Job id.
+    pub job: u32,
+    /// Its workload.
+    pub workload: String,
+    /// Its user.
+    pub user: String,
+    /// When it started, Unix seconds.
+    pub since: Option<f64>,
+    /// The other kace jobs on its GPU.
+    pub with: Vec<u32>,
+    /// Its predicted throughput in this group (steps/s; the slowdown model predicts each
+    /// member, the linear model only the sum).
+    pub predicted_throughput: Option<f64>,
+    /// Steps/s since its warm-up, from its progress file (when readable from here).
+    pub observed_throughput: Option<f64>,
+}
+
+/// One held kace job.
+#[derive(Debug, Clone, Serialize)]
+pub struct Held {
+    /// Job id.
+    pub job: u32,
+    /// Its workload.
+    pub workload: String,
+    /// Its user.
+    pub user: String,
+    /// Submission, Unix seconds.
+    pub submitted: Option<f64>,
+    /// Seconds held so far.
+    pub waited_s: Option<f64>,
+    /// When `kace dispatch` releases it whatever the model says (`max_hold`), Unix seconds;
+    /// `None` while a dependency or `--begin` blocks it (then `no_partner` says which).
+    pub max_hold_at: Option<f64>,
+    /// The held job kace would choose as its partner if it led a GPU now.
+    pub would_pair_with: Option<Offer>,
+    /// Why there is none, when there is none.
+    pub no_partner: Option<String>,
+}
+
+/// A would-be partner.
+#[derive(Debug, Clone, Serialize)]
+pub struct Offer {
+    /// Job id.
+    pub job: u32,
+    /// Workload.
+    pub workload: String,
+    /// The pair's predicted objective.
+    pub predicted: f64,
+}
+
+/// The active model.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelSummary {
+    /// Version.
+    pub version: i64,
+    /// `slowdown` or `linear`.
+    pub kind: String,
+    /// When it was trained, Unix seconds.
+    pub trained_at: f64,
+    /// Groups it was trained on (fit and held out).
+    pub groups: usize,
+    /// Its held-out mean squared error, when recorded.
+    pub holdout_mse: Option<f64>,
+}
+
+/// A running kace job placed on its GPU, before it is shown.
+struct Placed {
+    job: u32,
+    workload: String,
+    user: String,
+    since: Option<f64>,
+}
+
+/// What every GPU's row is computed with.
+struct Shared<'a> {
+    config: &'a Config,
+    model: &'a Option<(ModelSummary, Model)>,
+    profiles: &'a HashMap<String, Profile>,
+    mine: &'a dyn Fn(&str) -> bool,
+}
+
+/// What to show.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Only this user's jobs.
+    pub user: Option<String>,
+}
+
+/// Reads the active model's summary and decoded model.
+pub fn active_model(db: &Db) -> Result<Option<(ModelSummary, Model)>> {
+    let Some(rec) = db.active_model()? else { return Ok(None) };
+    let model = model_from_record(&rec)?;
+    let summary = ModelSummary {
+        version: rec.version,
+        kind: rec.model.kind.clone(),
+        trained_at: rec.created_at,
+        groups: rec.model.training_size,
+        holdout_mse: rec.model.metrics.get("holdout_mse").and_then(|v| v.as_f64()),
+    };
+    Ok(Some((summary, model)))
+}
+
+/// Takes the status at `now`. Slurm must answer; a missing or unreadable database only
+/// removes the predictions and the model (said in `problems`).
+pub fn gather(
+    slurm: &dyn Slurm,
+    db: Option<&Db>,
+    config: &Config,
+    now: f64,
+    opts: &Options,
+) -> Result<Status> {
+    let mut problems = Vec::new();
+    let queue = slurm.kace_queue()?;
+    let running = slurm.running_kace_jobs()?;
+    let nodes = slurm.nodes()?;
+    let mine = |user: &str| opts.user.as_deref().is_none_or(|u| u == user);
+
+    // Each running kace job on the GPU(s) its allocation names.
+    let mut on_gpu: BTreeMap<(String, u32), Vec<Placed>> = BTreeMap::new();
+    for r in &running {
+        if r.gpus.is_empty() {
+            problems
+                .push(format!("couldn't find the GPU of running job {} in its allocation", r.id));
+        }
+        for i in &r.gpus {
+            on_gpu.entry((r.node.clone(), *i)).or_default().push(Placed {
+                job: r.id,
+                workload: if r.workload.is_empty() { "?".into() } else { r.workload.clone() },
+                user: r.user.clone(),
+                since: r.started,
+            });
+        }
+    }
+
+    let (model, profiles) = match db {
+        Some(db) => {
+            let model = active_model(db).unwrap_or_else(|e| {
+                problems.push(format!("couldn't read the active model: {e}"));
+                None
+            });
+            let profiles: HashMap<String, Profile> = match db.all_profiles(None) {
+                Ok(all) => all
+                    .into_iter()
+                    .filter_map(|(w, p)| selector_profile(&p).map(|sp| (w, sp)))
+                    .collect(),
+                Err(e) => {
+                    problems.push(format!("couldn't read the profiles: {e}"));
+                    HashMap::new()
+                }
+            };
+            (model, profiles)
+        }
+        None => (None, HashMap::new()),
+    };
+    let objective = config.selection.objective;
+
+    let shared = Shared { config, model: &model, profiles: &profiles, mine: &mine };
+    let mut gpus = Vec::new();
+    for n in &nodes {
+        for (i, kind) in n.gpus.iter().enumerate() {
+            let key = (n.name.clone(), i as u32);
+            let jobs = on_gpu.remove(&key).unwrap_or_default();
+            gpus.push(gpu_status(n.usable, key, kind.clone(), &jobs, &shared));
+        }
+    }
+    // Jobs on GPUs sinfo did not list (a node that left the partition): still shown.
+    for (key, jobs) in on_gpu {
+        gpus.push(gpu_status(false, key, None, &jobs, &shared));
+    }
+
+    let held_jobs: Vec<&QueuedJob> = queue.iter().filter(|j| j.held()).collect();
+    let starting: Vec<u32> =
+        queue.iter().filter(|j| j.pending() && !j.held() && mine(&j.user)).map(|j| j.id).collect();
+    let max_hold = config.dispatch.max_hold_s as f64;
+    let rules = SelectionRules {
+        gpu_memory_gib: config.node.gpu_memory_gib,
+        memory_margin: config.selection.memory_margin,
+        require_same_user: true,
+        min_gain: config.selection.min_gain,
+        objective,
+        // As the prolog builds them (node/src/prolog.rs): the rest are the selector's defaults.
+        ..SelectionRules::default()
+    };
+    if held_jobs.len() > MAX_OFFERS {
+        problems.push(format!(
+            "{} held jobs: would-be partners are shown for the oldest {MAX_OFFERS} only",
+            held_jobs.len()
+        ));
+    }
+    let mut held = Vec::new();
+    for (k, j) in held_jobs.iter().enumerate() {
+        if !mine(&j.user) {
+            continue;
+        }
+        let blocked = j.blocked(now);
+        let (offer, why) = match db {
+            // Dispatch and the prolog leave it alone until Slurm could start it.
+            _ if blocked.is_some() => (None, blocked.clone()),
+            None => (None, Some("no database".to_string())),
+            Some(_) if k >= MAX_OFFERS => (None, Some("not computed (queue too long)".into())),
+            Some(db) => would_pair_with(db, j, &held_jobs, &rules),
+        };
+        held.push(Held {
+            job: j.id,
+            workload: j.workload.clone(),
+            user: j.user.clone(),
+            submitted: j.submitted,
+            waited_s: j.submitted.map(|s| now - s),
+            // As dispatch counts it: from submission or the --begin time; not while blocked.
+            max_hold_at: j.hold_started().filter(|_| blocked.is_none()).map(|s| s + max_hold),
+            would_pair_with: offer,
+            no_partner: why,
+        });
+    }
+    Ok(Status {
+        at: now,
+        objective: objective.key(),
+        gpus,
+        held,
+        starting,
+        model: model.map(|m| m.0),
+        problems,
+    })
+}
+
+fn gpu_status(
+    usable: bool,
+    (node, index): (String, u32),
+    kind: Option<String>,
+    jobs: &[Placed],
+    sh: &Shared<'_>,
+) -> Gpu {
+    let Shared { config, model, profiles, mine } = *sh;
+    let state = match (usable, jobs.len()) {
+        (false, _) => GpuState::Unusable,
+        (true, 0) => GpuState::Free,
+        (true, n) if n < JOBS_PER_GPU => GpuState::Open,
+        _ => GpuState::Full,
+    };
+    let objective = config.selection.objective;
+    let observed: Vec<Option<f64>> = jobs.iter().map(|j| observed_so_far(config, j.job)).collect();
+    let found: Option<Vec<&Profile>> = jobs.iter().map(|j| profiles.get(&j.workload)).collect();
+    let (predicted, per_job) = match (model, &found) {
+        (Some((_, m)), Some(ps)) if !ps.is_empty() => {
+            let members: Vec<Member<'_>> = ps
+                .iter()
+                .zip(jobs)
+                .map(|(p, j)| Member { profile: p, workload: Some(&j.workload) })
+                .collect();
+            let per_job: Vec<Option<f64>> = match m {
+                _ if ps.len() == 1 => vec![Some(ps[0].exclusive_throughput())],
+                Model::Slowdown(s) => s
+                    .slowdowns(&members)
+                    .iter()
+                    .zip(ps)
+                    .map(|(s, p)| Some(s * p.exclusive_throughput()))
+                    .collect(),
+                Model::Linear { .. } => vec![None; ps.len()],
+            };
+            let group = if ps.len() == 1 {
+                match objective {
+                    Objective::ThroughputSum => ps[0].exclusive_throughput(),
+                    Objective::NormalisedProgress => 1.0,
+                }
+            } else {
+                m.predict(&members, objective)
+            };
+            (Some(group), per_job)
+        }
+        _ => (None, vec![None; jobs.len()]),
+    };
+    let observed_group = match (&found, observed.iter().copied().collect::<Option<Vec<f64>>>()) {
+        (_, None) => None,
+        (_, Some(obs)) if obs.is_empty() => None,
+        (_, Some(obs)) if objective == Objective::ThroughputSum => Some(obs.iter().sum()),
+        (Some(ps), Some(obs)) => {
+            Some(obs.iter().zip(ps).map(|(o, p)| o / p.exclusive_throughput()).sum())
+        }
+        (None, Some(_)) => None,
+    };
+    let all_ids: Vec<u32> = jobs.iter().map(|j| j.job).collect();
+    let shown: Vec<Running> = jobs
+        .iter()
+        .zip(observed)
+        .zip(per_job)
+        .filter(|((j, _), _)| mine(&j.user))
+        .map(|((j, obs), pred)| Running {
+            job: j.job,
+            workload: j.workload.clone(),
+            user: j.user.clone(),
+            since: j.since,
+            with: all_ids.iter().copied().filter(|x| *x != j.job).collect(),
+            predicted_throughput: pred,
+            observed_throughput: obs,
+        })
+        .collect();
+    Gpu {
+        node,
+        index,
+        kind,
+        state,
+        hidden_jobs: jobs.len() - shown.len(),
+        jobs: shown,
+        predicted,
+        observed: observed_group,
+    }
+}
+
+/// Steps/s since the warm-up from the job's progress file, read the epilog's safe way; `None`
+/// when the file is not here (another node) or has too few lines yet.
+fn observed_so_far(config: &Config, job: u32) -> Option<f64> {
+    let path = progress_file(&config.node.progress_root, job);
+    let (progress, _) = kace_node::epilog::read_progress(&path).ok()?;
+    progress.throughput(config.profiling.warmup_steps).ok().map(|t| t.steps_per_second)
+}
+
+/// The partner the prolog would choose if `lead` led a GPU now, among the other held jobs.
+fn would_pair_with(
+    db: &Db,
+    lead: &QueuedJob,
+    held: &[&QueuedJob],
+    rules: &SelectionRules,
+) -> (Option<Offer>, Option<String>) {
+    let others: Vec<&&QueuedJob> = held.iter().filter(|j| j.id != lead.id).collect();
+    if others.is_empty() {
+        return (None, Some("no other held job".into()));
+    }
+    let specs: Vec<CandidateSpec> = others
+        .iter()
+        .map(|j| CandidateSpec { workload: j.workload.clone(), same_user: j.user == lead.user })
+        .collect();
+    match decide(db, &lead.workload, &specs, rules, None) {
+        Ok(d) => match d.selection.chosen {
+            Some(c) => {
+                let j = others[c];
+                let predicted = d.selection.verdicts[c].prediction.unwrap_or(f64::NAN);
+                (Some(Offer { job: j.id, workload: j.workload.clone(), predicted }), None)
+            }
+            None => {
+                let reasons: Vec<String> = d
+                    .selection
+                    .verdicts
+                    .iter()
+                    .zip(&others)
+                    .filter_map(|(v, j)| v.rejection.as_ref().map(|r| format!("{}: {r}", j.id)))
+                    .collect();
+                let why = if reasons.is_empty() {
+                    "none predicted to gain".to_string()
+                } else {
+                    reasons.join("; ")
+                };
+                (None, Some(why))
+            }
+        },
+        Err(e) => (None, Some(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kace_node::slurm::{JobDetail, NodeGpus, RunningJob, Target};
+
+    struct Cluster {
+        queue: Vec<QueuedJob>,
+        running: Vec<RunningJob>,
+        nodes: Vec<NodeGpus>,
+    }
+
+    impl Slurm for Cluster {
+        fn kace_queue(&self) -> kace_node::Result<Vec<QueuedJob>> {
+            Ok(self.queue.clone())
+        }
+        fn job(&self, _: u32) -> kace_node::Result<JobDetail> {
+            panic!("status needs no per-job query")
+        }
+        fn jobs_on_node(&self, _: &str) -> kace_node::Result<Vec<u32>> {
+            Ok(Vec::new())
+        }
+        fn pin(&self, _: u32, _: &Target, _: u32) -> kace_node::Result<()> {
+            panic!("status changes nothing")
+        }
+        fn release(&self, _: u32) -> kace_node::Result<()> {
+            panic!("status changes nothing")
+        }
+        fn running_kace_jobs(&self) -> kace_node::Result<Vec<RunningJob>> {
+            Ok(self.running.clone())
+        }
+        fn nodes(&self) -> kace_node::Result<Vec<NodeGpus>> {
+            Ok(self.nodes.clone())
+        }
+    }
+
+    fn held(id: u32, user: &str, submitted: f64) -> QueuedJob {
+        QueuedJob {
+            id,
+            workload: "bert".into(),
+            user: user.into(),
+            reason: kace_node::slurm::GATE_HOLD_REASON.into(),
+            tres_per_node: "gres/shard:1".into(),
+            submitted: Some(submitted),
+            state: "PD".into(),
+            ..Default::default()
+        }
+    }
+
+    fn run(id: u32, node: &str, user: &str) -> RunningJob {
+        RunningJob {
+            id,
+            node: node.into(),
+            gpus: vec![0],
+            user: user.into(),
+            workload: "resnet".into(),
+            started: Some(900.0),
+        }
+    }
+
+    fn cluster() -> Cluster {
+        let node =
+            |name: &str, usable: bool| NodeGpus { name: name.into(), gpus: vec![None], usable };
+        Cluster {
+            queue: vec![held(10, "alice", 950.0), held(11, "bob", 990.0)],
+            running: vec![run(1, "n1", "alice"), run(2, "n1", "bob"), run(3, "n2", "alice")],
+            nodes: vec![node("n1", true), node("n2", true), node("n3", true), node("n4", false)],
+        }
+    }
+
+    #[test]
+    fn gpus_are_full_open_free_or_unusable_and_holds_have_deadlines() {
+        let mut config = Config::default();
+        config.dispatch.max_hold_s = 300;
+        let s = gather(&cluster(), None, &config, 1000.0, &Options::default()).unwrap();
+        let states: Vec<GpuState> = s.gpus.iter().map(|g| g.state).collect();
+        assert_eq!(states, [GpuState::Full, GpuState::Open, GpuState::Free, GpuState::Unusable]);
+        assert_eq!(s.gpus[0].jobs[0].with, vec![2]);
+        assert_eq!(s.gpus[0].jobs[1].with, vec![1]);
+        assert!(s.gpus[1].jobs[0].with.is_empty());
+        assert_eq!(s.held.len(), 2);
+        assert_eq!((s.held[0].waited_s, s.held[0].max_hold_at), (Some(50.0), Some(1250.0)));
+        assert_eq!(s.held[0].no_partner.as_deref(), Some("no database"));
+        assert!(s.model.is_none() && s.gpus[0].predicted.is_none());
+    }
+
+    #[test]
+    fn a_blocked_hold_has_no_deadline_and_says_why() {
+        let mut c = cluster();
+        c.queue[0].dependency = "afterok:7(unfulfilled)".into();
+        c.queue[1].eligible = Some(1100.0);
+        let mut config = Config::default();
+        config.dispatch.max_hold_s = 300;
+        let s = gather(&c, None, &config, 1000.0, &Options::default()).unwrap();
+        assert_eq!(s.held[0].max_hold_at, None);
+        assert!(s.held[0].no_partner.as_deref().unwrap().contains("dependency"));
+        assert_eq!(s.held[1].max_hold_at, None);
+        assert!(s.held[1].no_partner.as_deref().unwrap().contains("--begin"));
+        c.queue[1].eligible = Some(980.0);
+        let s = gather(&c, None, &config, 1000.0, &Options::default()).unwrap();
+        assert_eq!(s.held[1].max_hold_at, Some(990.0 + 300.0));
+    }
+
+    #[test]
+    fn one_user_sees_their_own_jobs_and_counts_the_others() {
+        let opts = Options { user: Some("alice".into()) };
+        let s = gather(&cluster(), None, &Config::default(), 1000.0, &opts).unwrap();
+        let shown: Vec<u32> = s.gpus.iter().flat_map(|g| g.jobs.iter().map(|j| j.job)).collect();
+        assert_eq!(shown, vec![1, 3]);
+        assert_eq!(s.gpus[0].hidden_jobs, 1);
+        // The GPU is still full: bob's job takes its place whether shown or not.
+        assert_eq!(s.gpus[0].state, GpuState::Full);
+        assert_eq!(s.held.iter().map(|h| h.job).collect::<Vec<_>>(), vec![10]);
+    }
+}
