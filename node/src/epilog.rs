@@ -11,7 +11,7 @@ use std::path::Path;
 
 use kace_layout::{mps_dirs, progress_file, GpuIndex};
 use kace_profiling::progress::{self, Point, Progress};
-use kace_sql::spool::write_record;
+use kace_sql::spool::{unpark, write_or_park, Written};
 use kace_sql::{Observation, Partner};
 
 use crate::env::JobEnv;
@@ -146,6 +146,12 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         }
     };
     let path = progress_file(&n.config.node.progress_root, env.job);
+    // Observations an earlier epilog parked while the spool was full go in first.
+    match unpark(&n.config.node.progress_root, &n.config.spool.dir) {
+        Ok(0) => {}
+        Ok(moved) => log(&format!("moved {moved} parked observation(s) into the spool")),
+        Err(e) => log(&format!("couldn't move parked observations into the spool: {e}")),
+    }
     let observations = match me {
         None => {
             log("couldn't find the job's start on its GPU (did its prolog run?); no observation");
@@ -266,8 +272,16 @@ fn observe(
             steps: Some(steps),
             throughput: thr,
         };
-        match write_record(&n.config.spool.dir, &obs) {
-            Ok(_) => out.push(obs),
+        match write_or_park(&n.config.spool.dir, &n.config.node.progress_root, &obs) {
+            Ok(Written::Spooled(_)) => out.push(obs),
+            Ok(Written::Parked { path, cause }) => {
+                log(&format!(
+                    "couldn't spool observation {} ({cause}); parked it as {} for a later epilog",
+                    obs.key,
+                    path.display()
+                ));
+                out.push(obs);
+            }
             Err(e) => {
                 log(&format!("couldn't spool observation {}: {e}", obs.key));
                 unspooled += 1;

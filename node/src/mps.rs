@@ -60,6 +60,10 @@ impl MpsControl for NvidiaMps {
     fn start(&self, dirs: &MpsDirs, gpu: GpuIndex, uid: u32) -> Result<()> {
         for d in [&dirs.pipe, &dirs.log] {
             std::fs::create_dir_all(d).map_err(io("create MPS directory", d))?;
+            // The daemon runs as root with its pipes here: a directory a user could change is
+            // refused.
+            kace_layout::trusted_dir::ensure_trusted_dir(d)
+                .map_err(|e| io("use MPS directory", d)(std::io::Error::other(e)))?;
         }
         // -d daemonises: the call returns once the daemon is up, and it leaves our process
         // group, so the prolog's own cleanup does not touch it.

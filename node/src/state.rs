@@ -18,6 +18,15 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// Creates `state_dir` as usual (it may hold the MPS directories, which job users traverse),
+/// then `dir` below it and its missing parents `0750`: job records name users' jobs and
+/// workloads, which other users need not read.
+fn private_dir(state_dir: &Path, dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::create_dir_all(state_dir)?;
+    fs::DirBuilder::new().recursive(true).mode(0o750).create(dir)
+}
+
 use kace_layout::GpuIndex;
 
 use crate::error::{io, Error, Result};
@@ -56,8 +65,11 @@ pub fn lock_gpu(state_dir: &Path, node: &str, gpu: GpuIndex, deadline: Instant) 
     }
     let dir = state_dir.join(node).join(format!("gpu{}", gpu.0));
     for sub in ["jobs", "ended"] {
-        fs::create_dir_all(dir.join(sub)).map_err(io("create state directory", &dir))?;
+        private_dir(state_dir, &dir.join(sub)).map_err(io("create state directory", &dir))?;
     }
+    // Root writes and renames records here: a directory a user could change is refused.
+    kace_layout::trusted_dir::ensure_trusted_dir(&dir)
+        .map_err(|e| io("use state directory", &dir)(std::io::Error::other(e)))?;
     let file = lock_file(&dir.join("lock"), deadline)?;
     Ok(GpuLock { _file: file, dir })
 }
@@ -188,7 +200,7 @@ pub struct Expectation {
 /// Notes that `partner` was released to join `e`.
 pub fn expect(state_dir: &Path, partner: u32, e: &Expectation) -> Result<()> {
     let dir = state_dir.join("expect");
-    fs::create_dir_all(&dir).map_err(io("create state directory", &dir))?;
+    private_dir(state_dir, &dir).map_err(io("create state directory", &dir))?;
     let p = dir.join(partner.to_string());
     fs::write(&p, format!("{} {} {}\n", e.lead, e.node, e.gpu)).map_err(io("record partner", &p))
 }

@@ -465,8 +465,8 @@ fn epilogs_observe_each_interval_and_the_last_one_stops_mps() {
     let lines = |from: u32, to: u32, rate: f64| -> String {
         (from..=to).map(|t| format!("{t} {}\n", (f64::from(t - from) * rate) as u64)).collect()
     };
-    // 4 steps/s alone, 2 steps/s shared (alpha's exclusive throughput is 2: ingest refuses
-    // more than twice that as implausible).
+    // 4 steps/s alone, 2 steps/s shared (alpha's exclusive throughput is 2; ingest refuses
+    // more than 4 times that as implausible).
     let mut p10 = lines(2000, 2010, 4.0);
     p10.push_str(
         &(2011..=2030).map(|t| format!("{t} {}\n", 40 + (t - 2010) * 2)).collect::<String>(),
@@ -554,17 +554,24 @@ fn leads_starting_together_split_the_held_queue() {
 }
 
 /// The audit's full spool: the observation could not be written, and the epilog deleted the
-/// progress file anyway (and blamed "too few progress lines"). The raw data are kept now.
+/// progress file anyway (and blamed "too few progress lines"). Now the observation is parked
+/// in the progress root and moved into the spool by a later epilog; when even that fails, the
+/// progress file is kept.
 #[test]
-fn a_full_spool_keeps_the_progress_file() {
+fn a_full_spool_loses_no_observation() {
     let s = FakeSlurm::default();
     s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    s.details.borrow_mut().insert(11, running_detail(11, "alpha", 0, None));
     *s.on_node.borrow_mut() = vec![10];
     let mut w = World::new("full-spool", s);
+    let spool = w.config.spool.dir.clone();
+    let progress = |job: u32, from: u32| {
+        let text: String =
+            (from..=from + 10).map(|t| format!("{t} {}\n", (t - from) * 2)).collect();
+        std::fs::write(w.config.node.progress_root.join(format!("{job}.progress")), text).unwrap();
+    };
     assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
-    let progress = w.config.node.progress_root.join("10.progress");
-    let text: String = (2000..=2010).map(|t| format!("{t} {}\n", (t - 2000) * 2)).collect();
-    std::fs::write(&progress, text).unwrap();
+    progress(10, 2000);
     // A spool that cannot take a file: a regular file where the directory should be.
     let blocked = w.dir.join("blocked-spool");
     std::fs::write(&blocked, "").unwrap();
@@ -572,12 +579,39 @@ fn a_full_spool_keeps_the_progress_file() {
     *w.clock.0.borrow_mut() = 2010.0;
     let out = w.with(|n| epilog::run(n, &job_env(10, 0)));
     let epilog::Outcome::Done { observations, .. } = out else { panic!("{out:?}") };
-    assert!(observations.is_empty());
-    let kept = w.config.node.progress_root.join("10.progress.unspooled");
-    assert!(kept.is_file(), "the progress file was not kept");
+    assert_eq!(observations.len(), 1);
     let logs = w.logs.borrow().join("\n");
-    assert!(logs.contains("kept the progress file"), "{logs}");
+    assert!(logs.contains("parked it as"), "{logs}");
     assert!(!logs.contains("too few progress lines"), "{logs}");
+
+    // The spool has room again: the next epilog on the node moves the parked one in.
+    w.config.spool.dir = spool;
+    *w.slurm.on_node.borrow_mut() = vec![11];
+    *w.clock.0.borrow_mut() = 3000.0;
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(11, 0))), prolog::Outcome::Led { .. }));
+    progress(11, 3000);
+    *w.clock.0.borrow_mut() = 3010.0;
+    w.with(|n| epilog::run(n, &job_env(11, 0)));
+    let mut db = Db::open(&w.config.database.path).unwrap();
+    let r = kace_sql::spool::ingest(&mut db, &w.config.spool.dir, &w.dir.join("q")).unwrap();
+    assert_eq!(r.inserted, 2, "{r:?}");
+
+    // Neither the spool nor the progress root can take it: the progress file is kept.
+    if kace_layout::trusted_dir::running_as_root() {
+        use std::os::unix::fs::PermissionsExt;
+        *w.slurm.on_node.borrow_mut() = vec![10];
+        *w.clock.0.borrow_mut() = 4000.0;
+        assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+        progress(10, 4000);
+        w.config.spool.dir = w.dir.join("blocked-spool");
+        let root = w.config.node.progress_root.clone();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o777)).unwrap();
+        *w.clock.0.borrow_mut() = 4010.0;
+        w.with(|n| epilog::run(n, &job_env(10, 0)));
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(root.join("10.progress.unspooled").is_file(), "the progress file was not kept");
+        assert!(w.logs.borrow().join("\n").contains("kept the progress file"));
+    }
 }
 
 /// The audit's requeue: a job id that runs twice kept only one run's observation (the second
@@ -630,4 +664,44 @@ fn a_poisoned_progress_file_never_reaches_the_database() {
     assert_eq!((r.inserted, r.quarantined.len()), (0, 1), "{r:?}");
     assert!(r.quarantined[0].1.contains("exclusive throughput"), "{r:?}");
     assert_eq!(db.observation_count().unwrap(), 0);
+}
+
+/// The audit's class of symlink races applies to `state_dir` too: root writes and renames the
+/// GPU records there. One a user could change is refused; the job runs alone.
+#[test]
+fn a_state_dir_others_can_write_is_refused() {
+    if !kace_layout::trusted_dir::running_as_root() {
+        return; // Only root's writes can be turned against the system; CI runs as root.
+    }
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    *s.on_node.borrow_mut() = vec![10];
+    let mut w = World::new("open-state", s);
+    let open = w.dir.join("open-state");
+    std::fs::create_dir_all(&open).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    w.config.node.state_dir = open.clone();
+    let out = w.with(|n| prolog::run(n, &job_env(10, 0)));
+    assert!(!matches!(out, prolog::Outcome::Led { .. }), "{out:?}");
+    let logs = w.logs.borrow().join("\n");
+    assert!(logs.contains("writable by its group or everyone"), "{logs}");
+    assert!(!open.join("n1/gpu0/jobs/10").exists());
+}
+
+/// The audit's information exposure: every user could list which jobs ran which workloads on
+/// each GPU. The per-node job records are 0750 now.
+#[test]
+fn job_records_are_not_world_readable() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    *s.on_node.borrow_mut() = vec![10];
+    let w = World::new("private-state", s);
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    use std::os::unix::fs::PermissionsExt;
+    let node_dir = w.config.node.state_dir.join("n1");
+    for d in [node_dir.clone(), node_dir.join("gpu0"), node_dir.join("gpu0/jobs")] {
+        let mode = std::fs::metadata(&d).unwrap().permissions().mode();
+        assert_eq!(mode & 0o007, 0, "{} is {mode:o}", d.display());
+    }
 }
