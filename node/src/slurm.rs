@@ -13,9 +13,10 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::error::{short, Error, Result};
+use crate::error::{short, Error, ExecError, Result};
 use crate::exec::{self, Invocation};
 use crate::gres;
 pub use crate::gres::GresAlloc;
@@ -284,13 +285,7 @@ impl Commands {
         let mut full = vec!["--json"];
         full.extend_from_slice(args);
         let out = self.call(&self.squeue, &full)?;
-        let (jobs, skipped) = slurm_json::jobs(&out)?;
-        if skipped > 0 {
-            eprintln!(
-                "kace: slurm: couldn't read {skipped} job record(s) of squeue --json; skipped them"
-            );
-        }
-        Ok(jobs)
+        read_json_jobs(&out, "squeue")
     }
 }
 
@@ -307,9 +302,29 @@ impl Slurm for Commands {
     }
 
     fn job(&self, id: u32) -> Result<JobDetail> {
-        let jobs = self.json_jobs(&["-j", &id.to_string()])?;
+        let id_text = id.to_string();
+        // `scontrol --json show job ID` (23.02 on) loads that one job; `squeue --json -j ID`
+        // loads the whole queue (22.05 even prints it all), which costs more the longer the
+        // queue. Which one this scontrol supports is learnt once per process.
+        let jobs = if SCONTROL_JSON.get() == Some(&false) {
+            self.json_jobs(&["-j", &id_text])?
+        } else {
+            match self.scontrol(&["--json", "show", "job", &id_text]) {
+                Ok(out) => {
+                    let _ = SCONTROL_JSON.set(true);
+                    read_json_jobs(&out, "scontrol")?
+                }
+                Err(Error::Exec(ExecError::Failed { stderr, .. }))
+                    if SCONTROL_JSON.get().is_none() && stderr.contains("unrecognized option") =>
+                {
+                    let _ = SCONTROL_JSON.set(false);
+                    self.json_jobs(&["-j", &id_text])?
+                }
+                Err(e) => return Err(e),
+            }
+        };
         let j = jobs.into_iter().find(|j| j.id == id).ok_or_else(|| Error::Parse {
-            what: format!("job {id} from squeue --json"),
+            what: format!("job {id} from Slurm's JSON"),
             text: "it is not listed".into(),
         })?;
         Ok(JobDetail {
@@ -362,6 +377,21 @@ impl Slurm for Commands {
         let out = self.call(&self.sinfo, &["-h", "-N", "-O", "NodeList:|,Gres:|,StateLong:|"])?;
         Ok(parse_nodes(&out))
     }
+}
+
+/// Whether this process's `scontrol` takes `--json` (Slurm 23.02 on; 22.05 says "unrecognized
+/// option"), once known.
+static SCONTROL_JSON: OnceLock<bool> = OnceLock::new();
+
+/// The readable job records of a JSON document `program` printed; unreadable ones are logged.
+fn read_json_jobs(out: &str, program: &str) -> Result<Vec<slurm_json::JsonJob>> {
+    let (jobs, skipped) = slurm_json::jobs(out)?;
+    if skipped > 0 {
+        eprintln!(
+            "kace: slurm: couldn't read {skipped} job record(s) of {program} --json; skipped them"
+        );
+    }
+    Ok(jobs)
 }
 
 /// The fields of one `-O` line whose every field ends in `|`: exactly `n` of them, or `None`.
