@@ -16,8 +16,21 @@ impl Slurm for Queue {
     fn kace_queue(&self) -> Result<Vec<QueuedJob>> {
         Ok(self.jobs.clone())
     }
+    /// Dispatch re-reads a job just before moving it: as Slurm would show it, still held.
     fn job(&self, id: u32) -> Result<JobDetail> {
-        Err(Error::Parse { what: format!("job {id}"), text: "not in this fake".into() })
+        let j = self.jobs.iter().find(|j| j.id == id).ok_or_else(|| Error::Parse {
+            what: format!("job {id}"),
+            text: "not in this fake".into(),
+        })?;
+        Ok(JobDetail {
+            id,
+            state: "PENDING".into(),
+            reason: j.reason.clone(),
+            admin_comment: format!("kace:{}", j.workload),
+            user: j.user.clone(),
+            submitted: j.submitted,
+            ..JobDetail::default()
+        })
     }
     fn jobs_on_node(&self, _node: &str) -> Result<Vec<u32>> {
         Ok(vec![])
@@ -71,7 +84,10 @@ fn admin_holds_dependencies_and_begin_times_are_never_released() {
         ],
         released: RefCell::new(vec![]),
     };
-    let r = dispatch::run(&q, now, 600).unwrap();
+    // max_hold_s is 600 by default.
+    let config = kace_config::Config::default();
+    let settings = dispatch::Settings::of(&config);
+    let r = dispatch::run(&q, &settings, now).unwrap();
     assert!(r.expired.is_empty(), "{r:?}");
     // Only job 4 may lead (free to start, held by the gate alone).
     assert_eq!(r.leads.iter().map(|l| l.0).collect::<Vec<_>>(), vec![4], "{r:?}");
@@ -80,8 +96,8 @@ fn admin_holds_dependencies_and_begin_times_are_never_released() {
     // Much later every job has waited past max_hold, but only the free ones are released.
     let q = Queue { jobs: q.jobs, released: RefCell::new(vec![]) };
     let later = now + 7200.0;
-    let r = dispatch::run(&q, later, 600).unwrap();
-    let mut expired = r.expired.clone();
+    let r = dispatch::run(&q, &settings, later).unwrap();
+    let mut expired: Vec<u32> = r.expired.iter().map(|e| e.0).collect();
     expired.sort_unstable();
     assert_eq!(expired, vec![3, 4], "{r:?}");
     assert!(!q.released.borrow().contains(&1) && !q.released.borrow().contains(&2));
