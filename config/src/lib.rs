@@ -20,6 +20,7 @@
 //! objective = "throughput-sum"   # or "normalised-progress"
 //! max_jobs_per_gpu = 2    # kace jobs sharing one GPU (3-4 make sense on 80-141 GiB GPUs)
 //! refill = true           # false: fill a GPU only at its lead's start (for comparison)
+//! refuse_likely_harm = false  # true: a doubtful group needs a larger predicted gain
 //!
 //! [mps]
 //! multi_user = false      # true: one MPS server for all users (-M), jobs of different users share
@@ -154,6 +155,13 @@ pub struct Selection {
     /// `false` fills a GPU only at its lead's start, as kace did before; it is there to
     /// measure the difference on a site's own workload.
     pub refill: bool,
+    /// Refuse a group whose predicted normalised progress (Σ colocated/exclusive) does not beat
+    /// running the jobs one after the other by the model's doubt about it (its residual spread
+    /// for these workloads, scaled by a weight chosen by cross-validation at training so that
+    /// at most 2 % of held-out groups are harmful). Default false: on the KACE artifact it cuts
+    /// harmful pairs but also some gain (docs/models.md); turn it on where a slowed job costs
+    /// more than an idle share.
+    pub refuse_likely_harm: bool,
 }
 
 impl Default for Selection {
@@ -164,6 +172,7 @@ impl Default for Selection {
             objective: Objective::ThroughputSum,
             max_jobs_per_gpu: 2,
             refill: true,
+            refuse_likely_harm: false,
         }
     }
 }
@@ -396,6 +405,7 @@ impl Config {
                 require_same_user: !self.mps.multi_user,
                 min_gain: s.min_gain,
                 objective: s.objective,
+                refuse_likely_harm: s.refuse_likely_harm,
                 ..kace_selector::SelectionRules::default()
             },
             max_jobs_per_gpu: s.max_jobs_per_gpu,
@@ -532,6 +542,13 @@ mod tests {
 
     fn p() -> &'static Path {
         Path::new("test.conf")
+    }
+
+    #[test]
+    fn the_harm_rule_reaches_every_deciders_policy() {
+        assert!(!Config::default().policy().rules.refuse_likely_harm);
+        let c = Config::parse("[selection]\nrefuse_likely_harm = true\n", p()).unwrap();
+        assert!(c.policy().rules.refuse_likely_harm);
     }
 
     #[test]

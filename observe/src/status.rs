@@ -18,9 +18,6 @@ use serde::Serialize;
 
 use crate::Result;
 
-/// How many jobs a GPU holds before it counts as full: kace forms pairs.
-pub const JOBS_PER_GPU: usize = 2;
-
 /// Held jobs for which the would-be partner is computed (each costs one prediction per other
 /// held job); beyond this the column is left empty and a problem says so.
 pub const MAX_OFFERS: usize = 200;
@@ -50,7 +47,7 @@ pub struct Status {
 pub enum GpuState {
     /// No kace job: dispatch may release a lead onto it.
     Free,
-    /// Kace jobs below [`JOBS_PER_GPU`]: a partner may still join.
+    /// Kace jobs below `selection.max_jobs_per_gpu`: another may still join.
     Open,
     /// As many kace jobs as it takes.
     Full,
@@ -313,7 +310,7 @@ fn gpu_status(
     let state = match (usable, jobs.len()) {
         (false, _) => GpuState::Unusable,
         (true, 0) => GpuState::Free,
-        (true, n) if n < JOBS_PER_GPU => GpuState::Open,
+        (true, n) if n < config.selection.max_jobs_per_gpu => GpuState::Open,
         _ => GpuState::Full,
     };
     let objective = config.selection.objective;
