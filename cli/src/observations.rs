@@ -97,6 +97,13 @@ fn report(ctx: &Ctx, verb: &str, n: usize) -> Result<()> {
 /// Turns a colocation table into one observation per member. Keys and job ids derive from
 /// the file name and row, so a re-import finds the same keys and stores nothing new.
 fn from_table(path: &Path, text: &str) -> Result<Vec<Observation>> {
+    // A file cut off inside a quoted field would otherwise import its last row with a wrong
+    // value (the csv reader takes the end of the file as the field's end).
+    if let Some((line, col)) = kace_sql::profile_table::unterminated_quote(text) {
+        return Err(anyhow!(
+            "line {line}, column {col}: a quoted field is never closed (is the file cut off?)"
+        ));
+    }
     let stem = path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
     let data = read_colocations(&stem, text.as_bytes())?;
     let mut out = Vec::new();

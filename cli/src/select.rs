@@ -1,10 +1,11 @@
-//! `kace select --dry-run`: show what the prolog would choose for a lead among candidates, with
-//! every candidate's prediction or the reason it was filtered out.
+//! `kace select --dry-run`: show the decision the prolog, the epilog and dispatch would make for
+//! a GPU running the given kace jobs, among candidates, with every candidate's prediction or
+//! reason. It is the same decision under the same configuration (objective, gain threshold,
+//! memory margin, `max_jobs_per_gpu`); a dry run has no users, so none is refused for its user.
 
 use anyhow::{bail, Result};
 use clap::Args;
-use kace_selector::{Rejection, SelectionRules};
-use kace_sql::decide::{decide, CandidateSpec};
+use kace_sql::decide::{decide, JobSpec};
 use serde_json::json;
 
 use crate::context::{num, print_json, Ctx};
@@ -17,9 +18,10 @@ pub struct SelectArgs {
     /// releases the partner and records the decision).
     #[arg(long, required = true)]
     dry_run: bool,
-    /// The lead's workload.
-    #[arg(long)]
-    lead: String,
+    /// The workload of the kace job on the GPU (the lead); several, comma-separated, for a GPU
+    /// already shared (up to `selection.max_jobs_per_gpu` − 1).
+    #[arg(long, value_delimiter = ',', required = true)]
+    lead: Vec<String>,
     /// Candidate workloads, in queue order (ties go to the earlier one).
     #[arg(long, value_delimiter = ',', required = true)]
     candidates: Vec<String>,
@@ -31,15 +33,6 @@ pub struct SelectArgs {
     gpu_model: Option<String>,
 }
 
-fn reason(r: &Rejection, missing: &[&str]) -> String {
-    match r {
-        Rejection::UnknownProfile if !missing.is_empty() => {
-            format!("incomplete profile (missing {})", missing.join(", "))
-        }
-        other => other.to_string(),
-    }
-}
-
 /// Runs `kace select`.
 pub fn run(args: SelectArgs, ctx: &Ctx) -> Result<()> {
     debug_assert!(args.dry_run);
@@ -48,39 +41,30 @@ pub fn run(args: SelectArgs, ctx: &Ctx) -> Result<()> {
             bail!("--gpu-memory {g}: must be a positive number of GiB");
         }
     }
-    let rules = SelectionRules {
-        gpu_memory_gib: args.gpu_memory,
-        memory_margin: ctx.config.selection.memory_margin,
-        // A dry run has no users: every candidate is taken as the lead's user's.
-        require_same_user: true,
-        min_gain: ctx.config.selection.min_gain,
-        ..SelectionRules::default()
-    };
-    let specs: Vec<CandidateSpec> = args
-        .candidates
-        .iter()
-        .map(|w| CandidateSpec { workload: w.trim().to_string(), same_user: true })
-        .collect();
+    let running: Vec<JobSpec> = args.lead.iter().map(|w| JobSpec::anyone(w.trim())).collect();
+    let specs: Vec<JobSpec> = args.candidates.iter().map(|w| JobSpec::anyone(w.trim())).collect();
     let db = ctx.open_read_only()?;
-    let d = decide(&db, &args.lead, &specs, &rules, args.gpu_model.as_deref())?;
+    let policy = ctx.config.policy();
+    let d = decide(&db, &running, &specs, &policy, args.gpu_memory, args.gpu_model.as_deref())?;
+    let lead = args.lead.join("+");
     let chosen = d.selection.chosen.map(|i| specs[i].workload.clone());
     if ctx.json() {
         let items: Vec<_> = specs
             .iter()
             .zip(&d.selection.verdicts)
-            .zip(&d.incomplete)
             .enumerate()
-            .map(|(i, ((c, v), missing))| {
+            .map(|(i, (c, v))| {
                 json!({
                     "workload": c.workload,
                     "prediction": v.prediction,
-                    "rejected": v.rejection.as_ref().map(|r| reason(r, missing)),
+                    "rejected": d.reason(i),
                     "chosen": d.selection.chosen == Some(i),
                 })
             })
             .collect();
         return print_json(&json!({
-            "lead": args.lead,
+            "lead": lead,
+            "objective": policy.rules.objective.key(),
             "model_version": d.model_version,
             "baseline": d.selection.baseline,
             "chosen": chosen,
@@ -88,26 +72,25 @@ pub fn run(args: SelectArgs, ctx: &Ctx) -> Result<()> {
         }));
     }
     println!(
-        "lead {} (alone: {} steps/s), model version {}",
-        args.lead,
+        "lead {lead} (now: {} {}), model version {}",
         num(d.selection.baseline),
+        policy.rules.objective.key(),
         d.model_version
     );
     let rows: Vec<Vec<String>> = specs
         .iter()
         .zip(&d.selection.verdicts)
-        .zip(&d.incomplete)
         .enumerate()
-        .map(|(i, ((c, v), missing))| {
+        .map(|(i, (c, v))| {
             vec![
                 if d.selection.chosen == Some(i) { "*".into() } else { String::new() },
                 c.workload.clone(),
                 v.prediction.map(num).unwrap_or_else(|| "-".into()),
-                v.rejection.as_ref().map(|r| reason(r, missing)).unwrap_or_else(|| "ok".into()),
+                d.reason(i).unwrap_or_else(|| "ok".into()),
             ]
         })
         .collect();
-    print!("{}", table(&["", "candidate", "predicted_sum", "verdict"], &rows));
+    print!("{}", table(&["", "candidate", "predicted", "verdict"], &rows));
     match chosen {
         Some(w) => println!("choice: {w}"),
         None => println!("choice: none (the lead runs alone)"),

@@ -176,3 +176,21 @@ fn conflicting_duplicate_observations_are_refused() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("observation key d/1 given twice, differently"), "{err}");
 }
+
+/// A colocation table cut off inside a quoted field imported its last row with a wrong value.
+#[test]
+fn a_cut_off_colocation_table_is_refused() {
+    let e = Env::new("cut-table");
+    e.ok(&["db", "init"]);
+    let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../packaging/demo/pairs.csv");
+    let text = fs::read_to_string(demo).unwrap();
+    let cut = e.dir.join("cut.csv");
+    // Two rows, then a third cut off inside a quoted value.
+    let mut body: String = text.lines().take(3).map(|l| format!("{l}\n")).collect();
+    body.push_str("resnet50-train,vit-train,\"7.06");
+    fs::write(&cut, body).unwrap();
+    let out = e.run(&["observations", "import", cut.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("line 4, column 26: a quoted field is never closed"), "{err}");
+}

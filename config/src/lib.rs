@@ -18,6 +18,12 @@
 //! memory_margin = 0.05    # keep 5 % of GPU memory free
 //! min_gain = 0.0          # predicted pair sum must beat the lead alone by this fraction
 //! objective = "throughput-sum"   # or "normalised-progress"
+//! max_jobs_per_gpu = 2    # kace jobs sharing one GPU (3-4 make sense on 80-141 GiB GPUs)
+//! refill = true           # false: fill a GPU only at its lead's start (for comparison)
+//! refuse_likely_harm = false  # true: a doubtful group needs a larger predicted gain
+//!
+//! [mps]
+//! multi_user = false      # true: one MPS server for all users (-M), jobs of different users share
 //!
 //! [profiling]
 //! warmup_steps = 10
@@ -76,6 +82,8 @@ pub struct Config {
     pub spool: Spool,
     /// Partner selection.
     pub selection: Selection,
+    /// The MPS control daemons.
+    pub mps: Mps,
     /// `kace profile run`.
     pub profiling: Profiling,
     /// `kace train` / nightly retrain.
@@ -137,12 +145,48 @@ pub struct Selection {
     /// `"normalised-progress"` (Σ colocated/exclusive throughput per job, so one fast inference
     /// job cannot dominate the choice).
     pub objective: Objective,
+    /// At most this many kace jobs share one GPU: the lead's choice, an epilog's refill and
+    /// dispatch fill a GPU up to it, and jobs released by `max_hold` never go onto a GPU at it.
+    /// The memory check covers the whole group. Default 2; 3–4 make sense on 80–141 GiB GPUs.
+    /// The GPU's shard count in gres.conf must be at least this.
+    pub max_jobs_per_gpu: usize,
+    /// Fill a GPU whenever it has room: when a partner leaves (the epilog's refill), when a
+    /// joiner leaves room, and for jobs that arrive while it is open (dispatch). Default true.
+    /// `false` fills a GPU only at its lead's start, as kace did before; it is there to
+    /// measure the difference on a site's own workload.
+    pub refill: bool,
+    /// Refuse a group whose predicted normalised progress (Σ colocated/exclusive) does not beat
+    /// running the jobs one after the other by the model's doubt about it (its residual spread
+    /// for these workloads, scaled by a weight chosen by cross-validation at training so that
+    /// at most 2 % of held-out groups are harmful). Default false: on the KACE artifact it cuts
+    /// harmful pairs but also some gain (docs/models.md); turn it on where a slowed job costs
+    /// more than an idle share.
+    pub refuse_likely_harm: bool,
 }
 
 impl Default for Selection {
     fn default() -> Self {
-        Selection { memory_margin: 0.05, min_gain: 0.0, objective: Objective::ThroughputSum }
+        Selection {
+            memory_margin: 0.05,
+            min_gain: 0.0,
+            objective: Objective::ThroughputSum,
+            max_jobs_per_gpu: 2,
+            refill: true,
+            refuse_likely_harm: false,
+        }
     }
+}
+
+/// `[mps]`
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Mps {
+    /// Start each GPU's MPS control daemon in multi-user mode (`nvidia-cuda-mps-control -d
+    /// -M`, Volta and newer): one server serves every user's jobs, so kace may pair jobs of
+    /// different users. Off by default: in this mode nothing isolates one user's job from
+    /// another's (memory faults and hangs reach all clients). Off, MPS time-slices clients of
+    /// different users, so kace pairs only jobs of the same user.
+    pub multi_user: bool,
 }
 
 /// `[profiling]`
@@ -350,6 +394,25 @@ pub enum Origin {
 }
 
 impl Config {
+    /// The rules of every decision ([`kace_selector::decision::decide`]) under this
+    /// configuration; the GPU's memory comes from the GPU.
+    pub fn policy(&self) -> kace_selector::decision::Policy {
+        let s = &self.selection;
+        kace_selector::decision::Policy {
+            rules: kace_selector::SelectionRules {
+                gpu_memory_gib: None,
+                memory_margin: s.memory_margin,
+                require_same_user: !self.mps.multi_user,
+                min_gain: s.min_gain,
+                objective: s.objective,
+                refuse_likely_harm: s.refuse_likely_harm,
+                ..kace_selector::SelectionRules::default()
+            },
+            max_jobs_per_gpu: s.max_jobs_per_gpu,
+            multi_user: self.mps.multi_user,
+        }
+    }
+
     /// Parses a configuration document; `path` is only used in messages.
     pub fn parse(text: &str, path: &Path) -> Result<Config, Error> {
         let cfg: Config = toml::from_str(text)
@@ -368,6 +431,12 @@ impl Config {
         }
         if !(s.min_gain.is_finite() && s.min_gain > -1.0) {
             return Err(format!("selection.min_gain = {}: must be a number above -1", s.min_gain));
+        }
+        if !(2..=16).contains(&s.max_jobs_per_gpu) {
+            return Err(format!(
+                "selection.max_jobs_per_gpu = {}: must be between 2 and 16",
+                s.max_jobs_per_gpu
+            ));
         }
         let h = self.training.holdout_fraction;
         if !(h > 0.0 && h < 1.0) {
@@ -473,6 +542,13 @@ mod tests {
 
     fn p() -> &'static Path {
         Path::new("test.conf")
+    }
+
+    #[test]
+    fn the_harm_rule_reaches_every_deciders_policy() {
+        assert!(!Config::default().policy().rules.refuse_likely_harm);
+        let c = Config::parse("[selection]\nrefuse_likely_harm = true\n", p()).unwrap();
+        assert!(c.policy().rules.refuse_likely_harm);
     }
 
     #[test]

@@ -1,25 +1,65 @@
-//! `kace dispatch`'s logic, on the controller (from `EpilogSlurmctld=` and a timer): release
-//! the oldest held kace job as a lead onto each GPU that has no kace job, and release every
-//! kace job held longer than `max_hold`, wherever Slurm then puts it, so nothing waits forever.
+//! `kace dispatch`'s logic, on the controller (a watching loop, `EpilogSlurmctld=` and a
+//! backstop timer; one pass at a time). One pass, in this order:
+//! 1. jobs held longer than `max_hold` are placed where their group fits: a free GPU (they run
+//!    alone), or an open GPU whose memory and job limit allow them; otherwise they stay held
+//!    for the next free GPU, oldest first. Never onto a full GPU.
+//! 2. held jobs are offered to OPEN GPUs (kace jobs below `selection.max_jobs_per_gpu`,
+//!    nothing starting, ending or on its way there): the one decision chooses among them.
+//! 3. the oldest held jobs are released as leads onto FREE GPUs (no kace job), one each.
 //!
-//! A GPU counts as taken by a running or configuring kace job (its allocation says which GPU)
-//! and by a released kace job that has not started yet (pinned to its node; to its GPU type
-//! when typed). Leads are released oldest first, one per free GPU.
+//! A GPU counts as taken by any kace job running, starting or completing on it (its
+//! allocation says which GPU), and by a released kace job that has not started yet (pinned to
+//! its node; to its GPU type when typed). A GPU whose kace job is starting or completing is
+//! left to that job's prolog or epilog, which fills it under the GPU's lock. Every release
+//! re-reads the job as held just before moving it.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kace_config::Config;
+use kace_selector::decision::Policy;
+use kace_sql::decide::{decide, JobSpec};
 
 use crate::error::{io, Result};
+use crate::fill::{in_flight_to, GpuAt};
 use crate::slurm::{Commands, QueuedJob, Slurm, Target};
 
 /// How long one configured dispatch may take in all, so that a hanging Slurm command cannot
 /// pile up timer runs.
 pub const BUDGET: Duration = Duration::from_secs(60);
 
-/// One dispatch pass as configured (real Slurm commands, `dispatch.max_hold_s`), under the
-/// dispatch lock. `Ok(None)` when another dispatch holds the lock: it does the work.
+/// What a dispatch pass needs besides Slurm.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings<'a> {
+    /// `dispatch.max_hold_s`.
+    pub max_hold_s: u64,
+    /// The decision's rules (`selection.*`, `mps.multi_user`).
+    pub policy: Policy,
+    /// The database (read-only), for decisions on open GPUs.
+    pub database: &'a Path,
+    /// GPU memory in GiB (`node.gpu_memory_gib`): the controller has no NVML of the nodes'
+    /// GPUs, so without it no job is added to an open GPU by dispatch.
+    pub gpu_memory_gib: Option<f64>,
+    /// `selection.refill`: offer held jobs to open GPUs.
+    pub fill_open: bool,
+}
+
+impl<'a> Settings<'a> {
+    /// The settings of `config`.
+    pub fn of(config: &'a Config) -> Settings<'a> {
+        Settings {
+            max_hold_s: config.dispatch.max_hold_s,
+            policy: config.policy(),
+            database: &config.database.path,
+            gpu_memory_gib: config.node.gpu_memory_gib,
+            fill_open: config.selection.refill,
+        }
+    }
+}
+
+/// One dispatch pass as configured (real Slurm commands), under the dispatch lock. `Ok(None)`
+/// when another dispatch holds the lock: it does the work.
 pub fn run_configured(config: &Config, now: f64) -> Result<Option<Report>> {
     let lock_path = &config.dispatch.lock;
     if let Some(dir) = lock_path.parent() {
@@ -34,110 +74,358 @@ pub fn run_configured(config: &Config, now: f64) -> Result<Option<Report>> {
         timeout: Duration::from_millis(node.command_timeout_ms),
         deadline: Some(Instant::now() + BUDGET),
     };
-    run(&slurm, now, config.dispatch.max_hold_s).map(Some)
+    run(&slurm, &Settings::of(config), now).map(Some)
 }
 
-/// What one dispatch run did.
+/// What one dispatch pass did.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Report {
-    /// Jobs released as leads, with where they were pinned (node, GPU index).
+    /// Jobs released as leads onto free GPUs: (job, node, GPU index).
     pub leads: Vec<(u32, String, u32)>,
-    /// Jobs released because they were held longer than `max_hold`.
-    pub expired: Vec<u32>,
-    /// Problems met (each already a full message); the run went on past them.
+    /// Jobs released to join open GPUs: (job, node, GPU index).
+    pub joiners: Vec<(u32, String, u32)>,
+    /// Jobs released because they were held longer than `max_hold`: (job, node, GPU index).
+    pub expired: Vec<(u32, String, u32)>,
+    /// Jobs held longer than `max_hold` that fit nowhere yet: they wait for a free GPU.
+    pub waiting_expired: Vec<u32>,
+    /// Whether kace jobs are still held after the pass (the watch loop then passes again
+    /// within a second).
+    pub still_held: bool,
+    /// Why the pass released nothing, when it waited for a prolog or epilog that is choosing.
+    pub deferred: Option<String>,
+    /// Problems met (each already a full message); the pass went on past them.
     pub problems: Vec<String>,
 }
 
-/// The log lines of one dispatch run, one per event: what `kace-dispatch` and `kace dispatch`
-/// send to the log.
+impl Report {
+    /// What the pass did, one line each (the same words in the CLI and `kace-dispatch`).
+    pub fn lines(&self, max_hold_s: u64) -> Vec<String> {
+        let mut out = Vec::new();
+        for (job, n, g) in &self.expired {
+            out.push(format!(
+                "released job {job} onto {n} GPU {g}: held longer than {max_hold_s} s"
+            ));
+        }
+        for (job, n, g) in &self.joiners {
+            out.push(format!("released job {job} to join the kace jobs on {n} GPU {g}"));
+        }
+        for (job, n, g) in &self.leads {
+            out.push(format!("released job {job} as a lead onto {n} GPU {g}"));
+        }
+        for job in &self.waiting_expired {
+            out.push(format!(
+                "job {job} is held longer than {max_hold_s} s but fits on no GPU now; it waits for a free one"
+            ));
+        }
+        out
+    }
+}
+
+/// The log lines of one dispatch pass, one per event and problem, as `kace-dispatch` and
+/// `kace dispatch` send them to the log.
 pub fn report_lines(r: &Report, max_hold_s: u64) -> Vec<String> {
-    let leads = r.leads.iter().map(|(job, node, gpu)| {
-        format!("kace: dispatch: released job {job} as a lead onto {node} GPU {gpu}")
-    });
-    let expired = r
-        .expired
-        .iter()
-        .map(|job| format!("kace: dispatch: released job {job}: held longer than {max_hold_s} s"));
-    let problems = r.problems.iter().map(|p| format!("kace: dispatch: {p}"));
-    leads.chain(expired).chain(problems).collect()
+    r.lines(max_hold_s)
+        .into_iter()
+        .chain(r.problems.iter().cloned())
+        .map(|l| format!("kace: dispatch: {l}"))
+        .collect()
+}
+
+/// A GPU as dispatch sees it.
+#[derive(Debug, Clone)]
+struct Slot {
+    at: GpuAt,
+    /// Kace jobs on it: (job, workload, user).
+    jobs: Vec<(u32, String, String)>,
+    /// A kace job on it is starting or completing: its prolog or epilog fills it.
+    busy: bool,
+    /// Released jobs on their way to it.
+    coming: usize,
+}
+
+impl Slot {
+    fn free(&self) -> bool {
+        self.jobs.is_empty() && !self.busy && self.coming == 0
+    }
+    fn open(&self, limit: usize) -> bool {
+        !self.jobs.is_empty() && self.jobs.len() < limit && !self.busy && self.coming == 0
+    }
 }
 
 /// One dispatch pass at time `now` (Unix seconds).
-pub fn run(slurm: &dyn Slurm, now: f64, max_hold_s: u64) -> Result<Report> {
+pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
     let mut report = Report::default();
     let queue = slurm.kace_queue()?;
-    let (held, in_flight): (Vec<&QueuedJob>, Vec<&QueuedJob>) =
-        queue.iter().filter(|j| j.pending()).partition(|j| j.held());
-
-    // Nothing waits forever: release what has waited too long, wherever it fits.
-    let mut waiting = Vec::new();
-    for j in held {
-        // A job Slurm would not start yet (unmet dependency, --begin ahead) is neither a lead
-        // nor released for max_hold: its hold counts from when it may start.
-        if j.blocked(now).is_some() {
-            continue;
-        }
-        let expired = j.hold_started().is_some_and(|s| now - s >= max_hold_s as f64);
-        if !expired {
-            waiting.push(j);
-            continue;
-        }
-        match slurm.release(j.id) {
-            Ok(()) => report.expired.push(j.id),
-            Err(e) => {
-                report.problems.push(format!("couldn't release job {} (held too long): {e}", j.id))
-            }
-        }
-    }
-    if waiting.is_empty() {
+    // A job Slurm would not start yet (unmet dependency, --begin ahead) is neither offered nor
+    // released for max_hold: its hold counts from when it may start.
+    let held: Vec<&QueuedJob> = queue
+        .iter()
+        .filter(|j| j.held() && j.shards().is_some() && j.blocked(now).is_none())
+        .collect();
+    if held.is_empty() {
         return Ok(report);
     }
-
-    // GPUs taken by kace jobs: (node, index).
-    let mut taken: BTreeSet<(String, u32)> = BTreeSet::new();
-    for r in slurm.running_kace_jobs()? {
-        taken.extend(r.gpus.iter().map(|i| (r.node.clone(), *i)));
+    // A prolog or epilog choosing now sees the same held jobs; Slurm cannot claim one. Node-side
+    // deciders split the queue among themselves, so dispatch waits for them (the watch loop
+    // passes again within a second).
+    if let Some(j) = queue.iter().find(|j| j.deciding()) {
+        report.deferred = Some(format!("kace job {} is starting or ending", j.id));
+        report.still_held = true;
+        return Ok(report);
     }
+    let user_of: BTreeMap<u32, &str> = queue.iter().map(|j| (j.id, j.user.as_str())).collect();
+    let starting: Vec<u32> = queue.iter().filter(|j| j.starting()).map(|j| j.id).collect();
+
+    // Every GPU of every usable node, with its kace jobs.
     let nodes = slurm.nodes()?;
-    // Released but not started yet: they will take a GPU of the node they were pinned to.
-    let mut untyped_in_flight: Vec<String> = Vec::new();
-    for j in in_flight.iter().filter(|j| !j.req_nodes.is_empty()) {
-        let kind = crate::gres::request_kind(&j.tres_per_node, "shard");
-        let node = nodes.iter().find(|n| n.name == j.req_nodes);
-        match (kind, node) {
-            (Some(k), Some(n)) => {
-                if let Some(i) = n.gpus.iter().position(|g| g.as_deref() == Some(k.as_str())) {
-                    taken.insert((n.name.clone(), i as u32));
-                }
-            }
-            _ => untyped_in_flight.push(j.req_nodes.clone()),
-        }
-    }
-
-    let mut free: Vec<(String, u32, Option<String>)> = Vec::new();
+    let mut slots: Vec<Slot> = Vec::new();
     for n in nodes.iter().filter(|n| n.usable) {
-        let mut pending_here = untyped_in_flight.iter().filter(|x| **x == n.name).count();
         for (i, kind) in n.gpus.iter().enumerate() {
-            if taken.contains(&(n.name.clone(), i as u32)) {
-                continue;
+            slots.push(Slot {
+                at: GpuAt {
+                    node: n.name.clone(),
+                    index: kace_layout::GpuIndex(i as u32),
+                    kind: kind.clone(),
+                },
+                jobs: Vec::new(),
+                busy: false,
+                coming: 0,
+            });
+        }
+    }
+    let slot_of = |slots: &[Slot], node: &str, index: u32| {
+        slots.iter().position(|x| x.at.node == node && x.at.index.0 == index)
+    };
+    // What each node ran at the listing: an open GPU is filled only if its node still runs the
+    // same kace jobs in the same states just before the release (see `unchanged`).
+    let mut seen: BTreeMap<String, Vec<(u32, String)>> = BTreeMap::new();
+    let running = slurm.running_kace_jobs()?;
+    for r in &running {
+        seen.entry(r.node.clone()).or_default().push((r.id, r.state.clone()));
+    }
+    let workload_of: BTreeMap<u32, &str> =
+        queue.iter().map(|j| (j.id, j.workload.as_str())).collect();
+    for r in running {
+        let settled = r.state == "R" && !starting.contains(&r.id);
+        if !settled && r.gpus.is_empty() {
+            // A starting or completing job's hook may be filling its GPU, and Slurm does not
+            // say which GPU that is: its whole node is left alone this pass.
+            for slot in slots.iter_mut().filter(|x| x.at.node == r.node) {
+                slot.busy = true;
             }
-            if pending_here > 0 {
-                pending_here -= 1;
-                continue;
+            continue;
+        }
+        let workload = match r.workload.as_str() {
+            "" => workload_of.get(&r.id).copied().unwrap_or("").to_string(),
+            w => w.to_string(),
+        };
+        for &i in &r.gpus {
+            let Some(k) = slot_of(&slots, &r.node, i) else { continue };
+            let slot = &mut slots[k];
+            if settled && !workload.is_empty() {
+                let user = match r.user.as_str() {
+                    "" => user_of.get(&r.id).copied().unwrap_or("").to_string(),
+                    u => u.to_string(),
+                };
+                slot.jobs.push((r.id, workload.clone(), user));
+            } else {
+                // Starting or completing (its hook fills it), or not in the queue listing yet
+                // (its workload unknown): left alone this pass.
+                slot.busy = true;
             }
-            free.push((n.name.clone(), i as u32, kind.clone()));
+        }
+    }
+    for j in queue.iter().filter(|j| j.pending() && !j.held() && !j.req_nodes.is_empty()) {
+        // An untyped pin may land on any GPU of its node: it counts against each.
+        for slot in slots.iter_mut().filter(|x| in_flight_to(j, &x.at)) {
+            slot.coming += 1;
         }
     }
 
-    let mut leads = waiting.into_iter().filter(|j| j.shards().is_some());
-    for (node, index, kind) in free {
-        let Some(j) = leads.next() else { break };
-        let target = Target { node: node.clone(), kind };
+    let limit = s.policy.max_jobs_per_gpu;
+    // The database and the GPUs' memory matter only for GPUs that already run kace jobs.
+    let any_open = slots.iter().any(|x| x.open(limit));
+    let db = if any_open {
+        match kace_sql::Db::open_read_only(s.database) {
+            Ok(db) => Some(db),
+            Err(e) => {
+                report.problems.push(format!(
+                    "couldn't open the database ({e}); no job is offered to an open GPU"
+                ));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    if any_open && s.gpu_memory_gib.is_none() {
+        report.problems.push(
+            "couldn't check memory on the nodes' GPUs (node.gpu_memory_gib is not set); no job is offered to an open GPU"
+                .into(),
+        );
+    }
+    // The decision for one open GPU among `cands` (indices into `held`): the ranked indices.
+    let choose = |slot: &Slot,
+                  cands: &[usize],
+                  policy: &Policy|
+     -> std::result::Result<Vec<usize>, String> {
+        let (Some(db), Some(mem)) = (db.as_ref(), s.gpu_memory_gib) else { return Ok(Vec::new()) };
+        let running: Vec<JobSpec> = slot
+            .jobs
+            .iter()
+            .map(|(_, w, u)| JobSpec {
+                workload: w.clone(),
+                user: Some(u.clone()).filter(|u| !u.is_empty()),
+            })
+            .collect();
+        let specs: Vec<JobSpec> = cands
+            .iter()
+            .map(|&i| JobSpec {
+                workload: held[i].workload.clone(),
+                user: Some(held[i].user.clone()).filter(|u| !u.is_empty()),
+            })
+            .collect();
+        let d = decide(db, &running, &specs, policy, Some(mem), None).map_err(|e| e.to_string())?;
+        Ok(d.ranked.iter().map(|&k| cands[k]).collect())
+    };
+    let mut taken: Vec<usize> = Vec::new(); // indices into `held` released this pass
+                                            // Whether releasing into `slot` is still safe: no prolog or epilog is choosing anywhere
+                                            // (they could pick the same job), and for an open GPU, its node runs the kace jobs it ran at
+                                            // the listing and nothing is on its way to it (a hook there may have filled it since).
+    let unchanged = |slot: &Slot| -> std::result::Result<bool, String> {
+        let queue = slurm.kace_queue().map_err(|e| e.to_string())?;
+        if queue.iter().any(|j| j.deciding()) {
+            return Ok(false);
+        }
+        if slot.jobs.is_empty() {
+            return Ok(true);
+        }
+        if queue.iter().any(|j| in_flight_to(j, &slot.at)) {
+            return Ok(false);
+        }
+        let now_running = slurm.running_kace_jobs().map_err(|e| e.to_string())?;
+        let mut here: Vec<(u32, String)> = now_running
+            .into_iter()
+            .filter(|r| r.node == slot.at.node)
+            .map(|r| (r.id, r.state))
+            .collect();
+        here.sort();
+        let mut before = seen.get(&slot.at.node).cloned().unwrap_or_default();
+        before.sort();
+        Ok(here == before)
+    };
+    let release = |report: &mut Report, j: &QueuedJob, slot: &Slot| -> bool {
+        match unchanged(slot) {
+            Ok(true) => {}
+            Ok(false) => return false,
+            Err(e) => {
+                report.problems.push(format!(
+                    "couldn't check {} GPU {} again: {e}",
+                    slot.at.node, slot.at.index.0
+                ));
+                return false;
+            }
+        }
+        // Another decider (a prolog or epilog) may have moved it since the listing.
+        match slurm.job(j.id) {
+            Ok(d) if d.held() => {}
+            Ok(_) => return false,
+            Err(e) => {
+                report.problems.push(format!("couldn't check job {}: {e}", j.id));
+                return false;
+            }
+        }
+        let target = Target { node: slot.at.node.clone(), kind: slot.at.kind.clone() };
         let shards = j.shards().unwrap_or(1);
         match slurm.pin(j.id, &target, shards).and_then(|()| slurm.release(j.id)) {
-            Ok(()) => report.leads.push((j.id, node, index)),
-            Err(e) => report.problems.push(format!("couldn't release job {} as a lead: {e}", j.id)),
+            Ok(()) => true,
+            Err(e) => {
+                report.problems.push(format!("couldn't release job {}: {e}", j.id));
+                false
+            }
+        }
+    };
+
+    // 1. Nothing waits forever, and nothing expired is crowded onto a full GPU.
+    let expired: Vec<usize> = (0..held.len())
+        .filter(|&i| held[i].hold_started().is_some_and(|t| now - t >= s.max_hold_s as f64))
+        .collect();
+    // Fitting is all that counts for a job that waited this long: no gain threshold.
+    let fit_only = Policy {
+        rules: kace_selector::SelectionRules {
+            min_gain: f64::NEG_INFINITY,
+            ..s.policy.rules.clone()
+        },
+        ..s.policy.clone()
+    };
+    for &i in &expired {
+        let j = held[i];
+        let place = match slots.iter().position(Slot::free) {
+            Some(k) => Some(k),
+            None => slots
+                .iter()
+                .enumerate()
+                .filter(|(_, x)| x.open(limit))
+                .find(|(_, x)| matches!(choose(x, &[i], &fit_only), Ok(r) if r == [i]))
+                .map(|(k, _)| k),
+        };
+        let Some(k) = place else {
+            report.waiting_expired.push(j.id);
+            continue;
+        };
+        if release(&mut report, j, &slots[k]) {
+            report.expired.push((j.id, slots[k].at.node.clone(), slots[k].at.index.0));
+            slots[k].coming += 1;
+        }
+        taken.push(i);
+    }
+
+    // 2. Open GPUs first: a GPU already running kace jobs gains most from a joiner.
+    for slot in slots.iter_mut() {
+        if !s.fill_open || !slot.open(limit) {
+            continue;
+        }
+        let cands: Vec<usize> = (0..held.len()).filter(|i| !taken.contains(i)).collect();
+        if cands.is_empty() {
+            break;
+        }
+        let ranked = match choose(slot, &cands, &s.policy) {
+            Ok(r) => r,
+            Err(e) => {
+                let at = &slot.at;
+                report.problems.push(format!(
+                    "couldn't choose a joiner for {} GPU {}: {e}",
+                    at.node, at.index.0
+                ));
+                continue;
+            }
+        };
+        for i in ranked.into_iter().take(3) {
+            taken.push(i);
+            if release(&mut report, held[i], slot) {
+                report.joiners.push((held[i].id, slot.at.node.clone(), slot.at.index.0));
+                slot.coming += 1;
+                break;
+            }
         }
     }
+
+    // 3. Leads onto free GPUs, oldest first (expired ones that still wait come first).
+    let lead_order: Vec<usize> = (0..held.len()).filter(|i| !taken.contains(i)).collect();
+    let mut leads = lead_order.into_iter();
+    for slot in slots.iter_mut() {
+        if !slot.free() {
+            continue;
+        }
+        let Some(i) = leads.next() else { break };
+        taken.push(i);
+        if release(&mut report, held[i], slot) {
+            report.leads.push((held[i].id, slot.at.node.clone(), slot.at.index.0));
+            slot.coming += 1;
+            report.waiting_expired.retain(|j| *j != held[i].id);
+        }
+    }
+    report.still_held =
+        held.len() > report.leads.len() + report.joiners.len() + report.expired.len();
     Ok(report)
 }

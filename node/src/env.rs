@@ -5,8 +5,9 @@ use kace_layout::GpuIndex;
 
 use crate::error::{Error, Result};
 
-/// Set by the SPANK plugin (`spank_job_control_setenv`) for every kace job, empty for the bare
-/// form; its presence, not its value, marks a kace job (the workload is in AdminComment).
+/// Set by the SPANK plugin (`spank_job_control_setenv`) for every kace job. Its absence spares a
+/// plain job any work; its presence proves nothing (a user can send any `SPANK_*` entry past
+/// the gate): only the gate's AdminComment mark makes a kace job.
 pub const KACE_VAR: &str = "SPANK_KACE_COLOCATE";
 
 /// One job's facts from the prolog/epilog environment.
@@ -22,11 +23,9 @@ pub struct JobEnv {
     pub node: String,
     /// `SLURM_CLUSTER_NAME` (for observation keys; `cluster` when unset).
     pub cluster: String,
-    /// Whether the job asked for colocation.
+    /// Whether the job's environment has [`KACE_VAR`]: it may be a kace job, to be confirmed
+    /// by the gate's mark (prolog) or kace's own record (epilog).
     pub kace: bool,
-    /// The value of [`KACE_VAR`] (empty for the bare form; the gate's AdminComment is the
-    /// authority, this is only a fallback when Slurm cannot be asked).
-    pub kace_value: String,
     /// The job's GPU (from `SLURM_JOB_GPUS`, else `CUDA_VISIBLE_DEVICES`).
     pub gpu: Option<GpuIndex>,
     /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, when set.
@@ -51,7 +50,6 @@ impl JobEnv {
                 node: String::new(),
                 cluster: String::new(),
                 kace,
-                kace_value: String::new(),
                 gpu: None,
                 mps_share: None,
             });
@@ -68,7 +66,6 @@ impl JobEnv {
                 .filter(|c| !c.is_empty())
                 .unwrap_or("cluster".into()),
             kace,
-            kace_value: get(KACE_VAR).unwrap_or_default(),
             gpu: kace_layout::job_gpu(
                 get("SLURM_JOB_GPUS").as_deref(),
                 get("CUDA_VISIBLE_DEVICES").as_deref(),

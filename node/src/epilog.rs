@@ -1,6 +1,12 @@
-//! `kace-epilog`'s logic: end the job's record on its GPU, stop the GPU's MPS daemon when no
-//! kace job is left there, and turn the job's progress file into observations: one per interval
-//! in which the set of kace jobs sharing the GPU stayed the same (alone, or with partners).
+//! `kace-epilog`'s logic: end the job's record on its GPU; when kace jobs remain there, choose
+//! and release a new joiner for them (the refill, [`crate::fill`], under the GPU's lock); stop
+//! the GPU's MPS daemon when no kace job is left; and turn the job's progress file into
+//! observations: one per interval in which the set of kace jobs sharing the GPU stayed the same
+//! (alone, or with partners).
+//!
+//! A job is a kace job here when kace's own record holds it (the prolog wrote it after checking
+//! the gate's mark). That record also names the GPU when Slurm passes no GPU variable (after a
+//! slurmctld restart).
 //!
 //! The progress file is the user's: it is opened without following symlinks and without
 //! blocking (a FIFO), only a regular file is read, and at most
@@ -11,11 +17,12 @@ use std::path::Path;
 
 use kace_layout::{mps_dirs, progress_file, GpuIndex};
 use kace_profiling::progress::{self, Point, Progress};
-use kace_sql::spool::write_record;
+use kace_sql::spool::{unpark, write_or_park, Written};
 use kace_sql::{Observation, Partner};
 
 use crate::env::JobEnv;
 use crate::error::{io, Error, Result};
+use crate::fill::{fill, Asker, GpuAt, Trigger};
 use crate::state::{self, JobRecord};
 use crate::Node;
 
@@ -26,8 +33,11 @@ pub enum Outcome {
     NotKace,
     /// A kace job without a GPU index.
     NoGpu,
-    /// Done: the observations spooled and whether the MPS daemon was stopped.
+    /// Done: the observations spooled, the joiner released and whether the MPS daemon was
+    /// stopped.
     Done {
+        /// The job released to join the kace jobs left on the GPU, if any.
+        refill: Option<u32>,
         /// Observations written to the spool.
         observations: Vec<Observation>,
         /// Whether this was the GPU's last kace job (and its daemon was told to quit).
@@ -129,26 +139,44 @@ pub fn read_progress(path: &Path) -> Result<(Progress, bool)> {
 
 /// Runs the epilog for `env`. Never fails: problems are logged.
 pub fn run(n: &Node, env: &JobEnv) -> Outcome {
+    let started = std::time::Instant::now();
     if !env.kace {
         return Outcome::NotKace;
     }
     let log = |m: &str| (n.log)(&format!("kace: epilog: job {}: {m}", env.job));
-    let Some(gpu) = env.gpu else {
-        log("couldn't find the job's GPU: neither SLURM_JOB_GPUS nor CUDA_VISIBLE_DEVICES holds a GPU index");
-        return Outcome::NoGpu;
+    let state_dir = &n.config.node.state_dir;
+    let gpu = match (env.gpu, state::gpu_of(state_dir, &env.node, env.job)) {
+        (Some(g), _) => g,
+        (None, Some(g)) => {
+            log(&format!(
+                "neither SLURM_JOB_GPUS nor CUDA_VISIBLE_DEVICES holds a GPU index; kace's record puts it on GPU {}",
+                g.0
+            ));
+            g
+        }
+        (None, None) => {
+            log("couldn't find the job's GPU: no GPU variable and no kace record on this node; nothing done");
+            return Outcome::NoGpu;
+        }
     };
     let now = n.clock.now();
-    let (me, history, stopped_mps) = match finish_on_gpu(n, env, gpu, now) {
+    let (me, history, refill, stopped_mps) = match finish_on_gpu(n, env, gpu, now, started) {
         Ok(x) => x,
         Err(e) => {
             log(&format!("couldn't update GPU {}'s record: {e}", gpu.0));
-            (None, Vec::new(), false)
+            (None, Vec::new(), None, false)
         }
     };
     let path = progress_file(&n.config.node.progress_root, env.job);
+    // Observations an earlier epilog parked while the spool was full go in first.
+    match unpark(&n.config.node.progress_root, &n.config.spool.dir) {
+        Ok(0) => {}
+        Ok(moved) => log(&format!("moved {moved} parked observation(s) into the spool")),
+        Err(e) => log(&format!("couldn't move parked observations into the spool: {e}")),
+    }
     let observations = match me {
         None => {
-            log("couldn't find the job's start on its GPU (did its prolog run?); no observation");
+            log("has no kace record on its GPU (not marked by the gate, or its prolog did not run); no observation");
             Vec::new()
         }
         Some(me) => observe(n, env, gpu, &me, &history, &path),
@@ -161,29 +189,45 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         }
         _ => {}
     }
-    Outcome::Done { observations, stopped_mps }
+    Outcome::Done { refill, observations, stopped_mps }
 }
 
-/// Moves the job to "ended" on its GPU; returns its record, the GPU's other records (running
-/// and ended) and whether the MPS daemon was stopped because no kace job is left.
+type Finished = (Option<JobRecord>, Vec<JobRecord>, Option<u32>, bool);
+
+/// Moves the job to "ended" on its GPU and, under the same lock, refills the GPU when kace jobs
+/// remain or stops its MPS daemon when none does. Returns the job's record, the GPU's other
+/// records (running and ended), the joiner released and whether the daemon was stopped.
 fn finish_on_gpu(
     n: &Node,
     env: &JobEnv,
     gpu: GpuIndex,
     now: f64,
-) -> Result<(Option<JobRecord>, Vec<JobRecord>, bool)> {
+    started: std::time::Instant,
+) -> Result<Finished> {
     let log = |m: &str| (n.log)(&format!("kace: epilog: job {}: {m}", env.job));
     let lock = state::lock_gpu(&n.config.node.state_dir, &env.node, gpu, n.deadline)?;
     let me = lock.end(env.job, now)?;
     let mut running = lock.running();
     if !running.is_empty() {
         if let Ok(alive) = n.slurm.jobs_on_node(&env.node) {
+            // Ended, not deleted: this job's intervals with it were shared, not alone.
             for r in running.iter().filter(|r| !alive.contains(&r.job)) {
-                log(&format!("forgetting job {} on GPU {}: Slurm no longer has it", r.job, gpu.0));
-                lock.forget(r.job)?;
+                log(&format!(
+                    "ending job {}'s record on GPU {}: Slurm no longer has it",
+                    r.job, gpu.0
+                ));
+                lock.end(r.job, now)?;
             }
             running.retain(|r| alive.contains(&r.job));
         }
+    }
+    let mut refill = None;
+    if me.is_some() && !running.is_empty() && n.config.selection.refill {
+        // The GPU's type (joiners are pinned to it) comes from the node's configuration.
+        let at = GpuAt { node: env.node.clone(), index: gpu, kind: None };
+        let timings = crate::fill::Timings::default();
+        let asker = Asker { trigger: Trigger::End, job: env.job, cluster: &env.cluster };
+        refill = fill(n, &lock, &at, asker, timings, started).partner;
     }
     let mut stopped = false;
     if running.is_empty() {
@@ -205,7 +249,7 @@ fn finish_on_gpu(
     }
     let mut history = running;
     history.extend(lock.ended().into_iter().filter(|r| r.job != env.job));
-    Ok((me, history, stopped))
+    Ok((me, history, refill, stopped))
 }
 
 fn observe(
@@ -266,8 +310,16 @@ fn observe(
             steps: Some(steps),
             throughput: thr,
         };
-        match write_record(&n.config.spool.dir, &obs) {
-            Ok(_) => out.push(obs),
+        match write_or_park(&n.config.spool.dir, &n.config.node.progress_root, &obs) {
+            Ok(Written::Spooled(_)) => out.push(obs),
+            Ok(Written::Parked { path, cause }) => {
+                log(&format!(
+                    "couldn't spool observation {} ({cause}); parked it as {} for a later epilog",
+                    obs.key,
+                    path.display()
+                ));
+                out.push(obs);
+            }
             Err(e) => {
                 log(&format!("couldn't spool observation {}: {e}", obs.key));
                 unspooled += 1;
@@ -296,7 +348,7 @@ mod tests {
     use super::*;
 
     fn rec(job: u32, start: f64, end: Option<f64>) -> JobRecord {
-        JobRecord { job, workload: format!("w{job}"), start, end }
+        JobRecord { job, workload: format!("w{job}"), start, end, user: None }
     }
 
     #[test]

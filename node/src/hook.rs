@@ -4,6 +4,8 @@
 //! to stderr and syslog ([`kace_log::Logger`], the socket from `[log]` in kace.conf).
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kace_config::Config;
@@ -65,6 +67,30 @@ fn body(phase: Phase, started: Instant, early: &Logger) {
     if !env.kace {
         return;
     }
+    // The watchdog starts before the configuration is read: a kace.conf that cannot be read
+    // (a FIFO, a hung NFS mount) must not hang the hook. It watches the default budget until
+    // the configuration names another.
+    let job = env.job;
+    let default_budget = kace_config::Node::default().prolog_budget_ms;
+    let limit_ms = Arc::new(AtomicU64::new(default_budget));
+    let watched = Arc::clone(&limit_ms);
+    // The system's syslog until the configuration names another socket.
+    let watchdog_log = Arc::new(Mutex::new(early.clone()));
+    let watchdog = Arc::clone(&watchdog_log);
+    std::thread::spawn(move || loop {
+        let limit = Duration::from_millis(watched.load(Ordering::Relaxed));
+        if started.elapsed() >= limit + WATCHDOG_GRACE {
+            let line = format!(
+                "kace: {name}: job {job}: couldn't finish within {limit:?}; stopped, the job is not affected"
+            );
+            match watchdog.lock() {
+                Ok(l) => l.line(&line),
+                Err(_) => eprintln!("{line}"),
+            }
+            std::process::exit(0);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    });
     let config = match Config::load(None) {
         Ok((c, _)) => c,
         Err(e) => {
@@ -76,16 +102,11 @@ fn body(phase: Phase, started: Instant, early: &Logger) {
         }
     };
     let logger = Logger::new(config.log.socket());
+    if let Ok(mut l) = watchdog_log.lock() {
+        *l = logger.clone();
+    }
+    limit_ms.store(config.node.prolog_budget_ms, Ordering::Relaxed);
     let budget = Duration::from_millis(config.node.prolog_budget_ms);
-    let job = env.job;
-    let watchdog = logger.clone();
-    std::thread::spawn(move || {
-        std::thread::sleep(budget + WATCHDOG_GRACE);
-        watchdog.line(&format!(
-            "kace: {name}: job {job}: couldn't finish within {budget:?}; stopped, the job is not affected"
-        ));
-        std::process::exit(0);
-    });
     let deadline = started + budget;
     let timeout = Duration::from_millis(config.node.command_timeout_ms);
     let slurm = Commands {

@@ -11,6 +11,7 @@
 //! - [`gpu`]: GPU memory from NVML or the configuration.
 //! - [`state`]: per-GPU locks and the record of kace jobs on each GPU.
 //! - [`env`]: the job facts in a prolog/epilog environment.
+//! - [`fill`]: filling one GPU by one joiner on its node (the prolog's and epilog's decision).
 //! - [`prolog`], [`epilog`], [`dispatch`]: the three programs' logic.
 //! - [`doctor`]: `kace doctor`'s checks of a node's or the controller's setup.
 //!
@@ -23,6 +24,7 @@ pub mod env;
 pub mod epilog;
 pub mod error;
 pub mod exec;
+pub mod fill;
 pub mod gpu;
 pub mod gres;
 pub mod hook;

@@ -15,8 +15,9 @@ use crate::exec::{self, Invocation};
 pub trait MpsControl {
     /// Whether a control daemon answers on these directories.
     fn running(&self, dirs: &MpsDirs) -> bool;
-    /// Starts the control daemon for `gpu` and a server for user `uid`.
-    fn start(&self, dirs: &MpsDirs, gpu: GpuIndex, uid: u32) -> Result<()>;
+    /// Starts the control daemon for `gpu` and a server for user `uid`; `multi_user` starts
+    /// the daemon with `-M` (one server for every user: `mps.multi_user`).
+    fn start(&self, dirs: &MpsDirs, gpu: GpuIndex, uid: u32, multi_user: bool) -> Result<()>;
     /// Stops the control daemon (and its server).
     fn quit(&self, dirs: &MpsDirs) -> Result<()>;
 }
@@ -57,13 +58,18 @@ impl MpsControl for NvidiaMps {
         exec::run(&inv, self.timeout()).is_ok_and(|o| o.success())
     }
 
-    fn start(&self, dirs: &MpsDirs, gpu: GpuIndex, uid: u32) -> Result<()> {
+    fn start(&self, dirs: &MpsDirs, gpu: GpuIndex, uid: u32, multi_user: bool) -> Result<()> {
         for d in [&dirs.pipe, &dirs.log] {
             std::fs::create_dir_all(d).map_err(io("create MPS directory", d))?;
+            // The daemon runs as root with its pipes here: a directory a user could change is
+            // refused.
+            kace_layout::trusted_dir::ensure_trusted_dir(d)
+                .map_err(|e| io("use MPS directory", d)(std::io::Error::other(e)))?;
         }
         // -d daemonises: the call returns once the daemon is up, and it leaves our process
         // group, so the prolog's own cleanup does not touch it.
-        let daemon = self.invocation(dirs, &["-d"]).env("CUDA_VISIBLE_DEVICES", gpu.0.to_string());
+        let args: &[&str] = if multi_user { &["-d", "-M"] } else { &["-d"] };
+        let daemon = self.invocation(dirs, args).env("CUDA_VISIBLE_DEVICES", gpu.0.to_string());
         exec::run_ok(&daemon, self.timeout())?;
         // Starting the job user's server now, not at the first CUDA call, keeps that start-up
         // out of the job's first steps.

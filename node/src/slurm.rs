@@ -13,9 +13,10 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::error::{short, Error, Result};
+use crate::error::{short, Error, ExecError, Result};
 use crate::exec::{self, Invocation};
 use crate::gres;
 pub use crate::gres::GresAlloc;
@@ -36,9 +37,10 @@ const QUEUE_FIELDS: usize = 10;
 /// is `JobHeldAdmin`, which kace never releases.
 pub const GATE_HOLD_REASON: &str = "JobHeldUser";
 
-/// The states kace lists: pending (candidates, released partners) and starting (other leads
-/// whose prolog runs now; Slurm shows them configuring, or running with reason `Prolog`).
-pub const QUEUE_STATES: &str = "PD,CF,R";
+/// The states kace lists: pending (candidates, released partners), starting (other leads
+/// whose prolog runs now; Slurm shows them configuring, or running with reason `Prolog`) and
+/// completing (their epilog may be refilling their GPU now).
+pub const QUEUE_STATES: &str = "PD,CF,R,CG";
 
 /// One kace job in the queue (pending or starting), as `squeue` shows it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -104,6 +106,16 @@ impl QueuedJob {
     /// Whether it is starting: allocated, its prolog not finished.
     pub fn starting(&self) -> bool {
         self.state == "CF" || (self.state == "R" && self.reason == "Prolog")
+    }
+
+    /// Whether it is completing: its epilog may be refilling its GPU.
+    pub fn completing(&self) -> bool {
+        self.state == "CG"
+    }
+
+    /// Whether its prolog or epilog may be choosing a joiner now.
+    pub fn deciding(&self) -> bool {
+        self.starting() || self.completing()
     }
 
     /// The number of shards it asks for, when it asks for shards.
@@ -180,7 +192,7 @@ pub struct NodeGpus {
     pub usable: bool,
 }
 
-/// A running (or configuring) kace job.
+/// A running, configuring or completing kace job.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct RunningJob {
     /// Job id.
@@ -189,6 +201,8 @@ pub struct RunningJob {
     pub node: String,
     /// The node-local indices of the GPUs it holds shards (or GPUs) of.
     pub gpus: Vec<u32>,
+    /// Compact state: `R`, `CF`, or `CG` (its epilog runs: it may be refilling its GPU).
+    pub state: String,
     /// The owner's user name (for `kace status`).
     pub user: String,
     /// Its workload, from the gate's mark (for `kace status`).
@@ -219,7 +233,8 @@ pub trait Slurm {
     fn pin(&self, id: u32, target: &Target, shards: u32) -> Result<()>;
     /// Releases a held job.
     fn release(&self, id: u32) -> Result<()>;
-    /// Running or configuring kace jobs and the GPUs they hold (for dispatch; one `squeue`).
+    /// Running, configuring or completing kace jobs and the GPUs they hold (for dispatch; one
+    /// `squeue`).
     fn running_kace_jobs(&self) -> Result<Vec<RunningJob>>;
     /// The cluster's nodes and their GPUs (for dispatch).
     fn nodes(&self) -> Result<Vec<NodeGpus>>;
@@ -270,13 +285,7 @@ impl Commands {
         let mut full = vec!["--json"];
         full.extend_from_slice(args);
         let out = self.call(&self.squeue, &full)?;
-        let (jobs, skipped) = slurm_json::jobs(&out)?;
-        if skipped > 0 {
-            eprintln!(
-                "kace: slurm: couldn't read {skipped} job record(s) of squeue --json; skipped them"
-            );
-        }
-        Ok(jobs)
+        read_json_jobs(&out, "squeue")
     }
 }
 
@@ -293,9 +302,29 @@ impl Slurm for Commands {
     }
 
     fn job(&self, id: u32) -> Result<JobDetail> {
-        let jobs = self.json_jobs(&["-j", &id.to_string()])?;
+        let id_text = id.to_string();
+        // `scontrol --json show job ID` (23.02 on) loads that one job; `squeue --json -j ID`
+        // loads the whole queue (22.05 even prints it all), which costs more the longer the
+        // queue. Which one this scontrol supports is learnt once per process.
+        let jobs = if SCONTROL_JSON.get() == Some(&false) {
+            self.json_jobs(&["-j", &id_text])?
+        } else {
+            match self.scontrol(&["--json", "show", "job", &id_text]) {
+                Ok(out) => {
+                    let _ = SCONTROL_JSON.set(true);
+                    read_json_jobs(&out, "scontrol")?
+                }
+                Err(Error::Exec(ExecError::Failed { stderr, .. }))
+                    if SCONTROL_JSON.get().is_none() && stderr.contains("unrecognized option") =>
+                {
+                    let _ = SCONTROL_JSON.set(false);
+                    self.json_jobs(&["-j", &id_text])?
+                }
+                Err(e) => return Err(e),
+            }
+        };
         let j = jobs.into_iter().find(|j| j.id == id).ok_or_else(|| Error::Parse {
-            what: format!("job {id} from squeue --json"),
+            what: format!("job {id} from Slurm's JSON"),
             text: "it is not listed".into(),
         })?;
         Ok(JobDetail {
@@ -340,7 +369,7 @@ impl Slurm for Commands {
     }
 
     fn running_kace_jobs(&self) -> Result<Vec<RunningJob>> {
-        let jobs = self.json_jobs(&["-t", "R,CF"])?;
+        let jobs = self.json_jobs(&["-t", "R,CF,CG"])?;
         Ok(running_kace_jobs(jobs))
     }
 
@@ -348,6 +377,21 @@ impl Slurm for Commands {
         let out = self.call(&self.sinfo, &["-h", "-N", "-O", "NodeList:|,Gres:|,StateLong:|"])?;
         Ok(parse_nodes(&out))
     }
+}
+
+/// Whether this process's `scontrol` takes `--json` (Slurm 23.02 on; 22.05 says "unrecognized
+/// option"), once known.
+static SCONTROL_JSON: OnceLock<bool> = OnceLock::new();
+
+/// The readable job records of a JSON document `program` printed; unreadable ones are logged.
+fn read_json_jobs(out: &str, program: &str) -> Result<Vec<slurm_json::JsonJob>> {
+    let (jobs, skipped) = slurm_json::jobs(out)?;
+    if skipped > 0 {
+        eprintln!(
+            "kace: slurm: couldn't read {skipped} job record(s) of {program} --json; skipped them"
+        );
+    }
+    Ok(jobs)
 }
 
 /// The fields of one `-O` line whose every field ends in `|`: exactly `n` of them, or `None`.
@@ -392,10 +436,11 @@ pub fn parse_queue(out: &str) -> (Vec<QueuedJob>, Vec<String>) {
     (jobs, unreadable)
 }
 
-/// The running or configuring kace jobs among JSON records, with the GPUs each holds.
+/// The running, configuring or completing kace jobs among JSON records, with the GPUs each
+/// holds.
 pub fn running_kace_jobs(jobs: Vec<slurm_json::JsonJob>) -> Vec<RunningJob> {
     jobs.into_iter()
-        .filter(|j| matches!(j.state.as_str(), "RUNNING" | "CONFIGURING"))
+        .filter(|j| matches!(j.state.as_str(), "RUNNING" | "CONFIGURING" | "COMPLETING"))
         .filter(|j| j.admin_comment.starts_with(MARK))
         .map(|j| {
             let mut gpus: Vec<u32> = j
@@ -406,8 +451,21 @@ pub fn running_kace_jobs(jobs: Vec<slurm_json::JsonJob>) -> Vec<RunningJob> {
                 .collect();
             gpus.sort_unstable();
             gpus.dedup();
+            let state = match j.state.as_str() {
+                "CONFIGURING" => "CF",
+                "COMPLETING" => "CG",
+                _ => "R",
+            };
             let workload = j.admin_comment.strip_prefix(MARK).unwrap_or("").to_string();
-            RunningJob { id: j.id, node: j.nodes, gpus, user: j.user, workload, started: j.started }
+            RunningJob {
+                id: j.id,
+                node: j.nodes,
+                gpus,
+                state: state.to_string(),
+                user: j.user,
+                workload,
+                started: j.started,
+            }
         })
         .collect()
 }

@@ -1,11 +1,11 @@
-//! Reading Slurm's JSON job records (`squeue --json`), the structured interface kace takes job
-//! details from: every field is its own JSON value, so no text a user puts in a job name,
+//! Reading Slurm's JSON job records (`scontrol --json show job`, `squeue --json`), the
+//! structured interface kace takes job details from: every field is its own JSON value, so no text a user puts in a job name,
 //! comment or command line (all printed by `scontrol show job` beside the admin fields) can
 //! be taken for a field kace reads.
 //!
 //! The schema differs by release; these readers accept each:
-//! - 22.05 (openapi v0.0.38): `job_state` a string, numbers plain, `-j`/`-t` ignored (every job
-//!   is listed, so callers always filter here);
+//! - 22.05 (openapi v0.0.38): `squeue --json` only (scontrol has no `--json`), `job_state` a
+//!   string, numbers plain, `-j`/`-t` ignored (every job is listed, so callers always filter);
 //! - 25.11 and 26.05 (data_parser v0.0.44/45): `job_state` an array of flags, numbers wrapped as
 //!   `{"set": …, "infinite": …, "number": …}`.
 //!

@@ -4,8 +4,8 @@
 //!
 //! ```text
 //! <state_dir>/<node>/gpu<N>/lock        flock(2) taken around every change below
-//! <state_dir>/<node>/gpu<N>/jobs/<job>  "<workload> <start>"       a kace job on GPU N
-//! <state_dir>/<node>/gpu<N>/ended/<job> "<workload> <start> <end>" kept a day, for overlaps
+//! <state_dir>/<node>/gpu<N>/jobs/<job>  "<workload> <start> - <user>"     a kace job on GPU N
+//! <state_dir>/<node>/gpu<N>/ended/<job> "<workload> <start> <end> <user>" kept a day, for overlaps
 //! <state_dir>/expect/<job>              "<lead> <node> <gpu>"      a partner released to a GPU
 //! ```
 //! The node name is part of the path because several slurmd may share a host (Slurm's
@@ -17,6 +17,15 @@ use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+/// Creates `state_dir` as usual (it may hold the MPS directories, which job users traverse),
+/// then `dir` below it and its missing parents `0750`: job records name users' jobs and
+/// workloads, which other users need not read.
+fn private_dir(state_dir: &Path, dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::create_dir_all(state_dir)?;
+    fs::DirBuilder::new().recursive(true).mode(0o750).create(dir)
+}
 
 use kace_layout::GpuIndex;
 
@@ -36,6 +45,14 @@ pub struct JobRecord {
     pub start: f64,
     /// When its epilog ran (ended jobs only).
     pub end: Option<f64>,
+    /// Its user (`None` in records written before kace kept users, or not a plain name).
+    pub user: Option<String>,
+}
+
+/// A user name as stored: Slurm's name when it is one plain word, else `-` (unknown).
+fn user_field(user: Option<&str>) -> &str {
+    user.filter(|u| !u.is_empty() && u.len() <= 64 && !u.contains(char::is_whitespace) && *u != "-")
+        .unwrap_or("-")
 }
 
 /// An exclusive lock on one GPU's state, released when dropped.
@@ -56,8 +73,11 @@ pub fn lock_gpu(state_dir: &Path, node: &str, gpu: GpuIndex, deadline: Instant) 
     }
     let dir = state_dir.join(node).join(format!("gpu{}", gpu.0));
     for sub in ["jobs", "ended"] {
-        fs::create_dir_all(dir.join(sub)).map_err(io("create state directory", &dir))?;
+        private_dir(state_dir, &dir.join(sub)).map_err(io("create state directory", &dir))?;
     }
+    // Root writes and renames records here: a directory a user could change is refused.
+    kace_layout::trusted_dir::ensure_trusted_dir(&dir)
+        .map_err(|e| io("use state directory", &dir)(std::io::Error::other(e)))?;
     let file = lock_file(&dir.join("lock"), deadline)?;
     Ok(GpuLock { _file: file, dir })
 }
@@ -108,10 +128,11 @@ fn parse_record(job: u32, text: &str) -> Option<JobRecord> {
     let workload = it.next()?.to_string();
     let start = it.next()?.parse().ok()?;
     let end = match it.next() {
+        Some("-") | None => None,
         Some(e) => Some(e.parse().ok()?),
-        None => None,
     };
-    Some(JobRecord { job, workload, start, end })
+    let user = it.next().filter(|u| *u != "-").map(str::to_string);
+    Some(JobRecord { job, workload, start, end, user })
 }
 
 fn records(dir: &Path) -> Vec<JobRecord> {
@@ -138,10 +159,11 @@ impl GpuLock {
         records(&self.dir.join("ended"))
     }
 
-    /// Records `job` as running since `start`.
-    pub fn add(&self, job: u32, workload: &str, start: f64) -> Result<()> {
+    /// Records `job` of `user` as running since `start`.
+    pub fn add(&self, job: u32, workload: &str, start: f64, user: Option<&str>) -> Result<()> {
         let p = self.dir.join("jobs").join(job.to_string());
-        fs::write(&p, format!("{workload} {start}\n")).map_err(io("record job", &p))
+        fs::write(&p, format!("{workload} {start} - {}\n", user_field(user)))
+            .map_err(io("record job", &p))
     }
 
     /// Forgets a running job without recording an end (it is not there any more).
@@ -161,7 +183,8 @@ impl GpuLock {
         let rec = read_small(&running).and_then(|t| parse_record(job, &t));
         if let Some(r) = &rec {
             let p = self.dir.join("ended").join(job.to_string());
-            fs::write(&p, format!("{} {} {end}\n", r.workload, r.start))
+            let user = user_field(r.user.as_deref());
+            fs::write(&p, format!("{} {} {end} {user}\n", r.workload, r.start))
                 .map_err(io("record job end", &p))?;
         }
         self.forget(job)?;
@@ -172,6 +195,26 @@ impl GpuLock {
         }
         Ok(rec.map(|r| JobRecord { end: Some(end), ..r }))
     }
+}
+
+/// The GPU on which `node`'s record holds `job` as running: the epilog's fallback when Slurm
+/// gives it neither `SLURM_JOB_GPUS` nor `CUDA_VISIBLE_DEVICES` (after a slurmctld restart).
+pub fn gpu_of(state_dir: &Path, node: &str, job: u32) -> Option<GpuIndex> {
+    if node.is_empty() || node.starts_with('.') || node.contains('/') {
+        return None;
+    }
+    let entries = fs::read_dir(state_dir.join(node)).ok()?;
+    let mut found: Vec<u32> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name();
+            let index: u32 = name.to_str()?.strip_prefix("gpu")?.parse().ok()?;
+            e.path().join("jobs").join(job.to_string()).is_file().then_some(index)
+        })
+        .collect();
+    found.sort_unstable();
+    // A job on several GPUs is not one kace places; only an unambiguous record is used.
+    (found.len() == 1).then(|| GpuIndex(found[0]))
 }
 
 /// Where a released partner is expected to start.
@@ -188,7 +231,7 @@ pub struct Expectation {
 /// Notes that `partner` was released to join `e`.
 pub fn expect(state_dir: &Path, partner: u32, e: &Expectation) -> Result<()> {
     let dir = state_dir.join("expect");
-    fs::create_dir_all(&dir).map_err(io("create state directory", &dir))?;
+    private_dir(state_dir, &dir).map_err(io("create state directory", &dir))?;
     let p = dir.join(partner.to_string());
     fs::write(&p, format!("{} {} {}\n", e.lead, e.node, e.gpu)).map_err(io("record partner", &p))
 }
@@ -221,11 +264,19 @@ mod tests {
         let d = tmp("rec");
         let deadline = Instant::now() + Duration::from_secs(5);
         let l = lock_gpu(&d, "n1", GpuIndex(1), deadline).unwrap();
-        l.add(5, "bert", 100.0).unwrap();
-        l.add(6, "lstm", 101.5).unwrap();
+        l.add(5, "bert", 100.0, Some("ann")).unwrap();
+        l.add(6, "lstm", 101.5, Some("two words")).unwrap();
         assert_eq!(l.running().iter().map(|r| r.job).collect::<Vec<_>>(), vec![5, 6]);
+        assert_eq!(l.running()[1].user, None);
+        assert_eq!(gpu_of(&d, "n1", 6), Some(GpuIndex(1)));
+        assert_eq!(gpu_of(&d, "n1", 7), None);
         let ended = l.end(5, 110.0).unwrap().unwrap();
         assert_eq!((ended.workload.as_str(), ended.start, ended.end), ("bert", 100.0, Some(110.0)));
+        assert_eq!(l.ended()[0].user.as_deref(), Some("ann"));
+        // Records of an older kace (no user) still read.
+        fs::write(d.join("n1/gpu1/jobs/8"), "vit 5\n").unwrap();
+        assert!(l.running().iter().any(|r| r.job == 8 && r.user.is_none() && r.end.is_none()));
+        l.forget(8).unwrap();
         assert_eq!(l.ended().len(), 1);
         assert_eq!(l.end(99, 1.0).unwrap(), None);
         l.forget(6).unwrap();

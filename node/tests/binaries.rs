@@ -81,3 +81,19 @@ fn a_hanging_slurm_command_is_cut_off_within_the_budget() {
     assert!(out.status.success());
     assert!(took < Duration::from_secs(8), "{took:?}: {}", stderr(&out));
 }
+
+/// Reliability audit finding 13: a kace.conf that cannot be read (a FIFO nobody writes, like a
+/// hung NFS mount) hung the hook forever, because the watchdog started after the read. It
+/// starts before now: the hook exits 0 at the default budget (5 s) plus its grace.
+#[test]
+fn an_unreadable_configuration_cannot_hang_the_hook() {
+    let dir = kace_test_support::TempDir::new("node-fifo");
+    let fifo = dir.join("kace.conf");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let (out, took) = run(PROLOG, &kace_job(fifo.to_str().unwrap()));
+    assert!(out.status.success());
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    assert!(stderr(&out).contains("couldn't finish within 5s"), "{}", stderr(&out));
+}

@@ -17,7 +17,7 @@ use kace_node::slurm::{GresAlloc, JobDetail, NodeGpus, QueuedJob, RunningJob, Sl
 use kace_node::{dispatch, epilog, prolog, Clock, Node};
 use kace_selector::dataset::Group;
 use kace_selector::{Model, ModelKind, Objective, Profile, SlowdownParams};
-use kace_sql::decide::{decide, model_to_new_model, CandidateSpec};
+use kace_sql::decide::{decide, model_to_new_model, JobSpec};
 use kace_sql::{Db, NewProfile, FEATURE_COUNT};
 use kace_test_support::TempDir;
 
@@ -102,7 +102,7 @@ impl MpsControl for FakeMps {
     fn running(&self, _dirs: &MpsDirs) -> bool {
         *self.up.borrow()
     }
-    fn start(&self, _dirs: &MpsDirs, gpu: GpuIndex, uid: u32) -> Result<()> {
+    fn start(&self, _dirs: &MpsDirs, gpu: GpuIndex, uid: u32, _multi: bool) -> Result<()> {
         self.calls.borrow_mut().push(format!("start {} {uid}", gpu.0));
         if self.fail {
             return Err(failed("nvidia-cuda-mps-control -d"));
@@ -241,7 +241,6 @@ fn job_env(job: u32, gpu: u32) -> JobEnv {
         node: "n1".into(),
         cluster: "c".into(),
         kace: true,
-        kace_value: String::new(),
         gpu: Some(GpuIndex(gpu)),
         mps_share: None,
     }
@@ -290,13 +289,12 @@ impl World {
 
     fn expected_choice(&self, lead: &str, cands: &[QueuedJob]) -> Option<u32> {
         let db = Db::open_read_only(&self.config.database.path).unwrap();
-        let specs: Vec<CandidateSpec> = cands
+        let specs: Vec<JobSpec> = cands
             .iter()
-            .map(|c| CandidateSpec { workload: c.workload.clone(), same_user: c.user == "alice" })
+            .map(|c| JobSpec { workload: c.workload.clone(), user: Some(c.user.clone()) })
             .collect();
-        let rules =
-            kace_selector::SelectionRules { gpu_memory_gib: Some(32.0), ..Default::default() };
-        let d = decide(&db, lead, &specs, &rules, None).unwrap();
+        let running = [JobSpec { workload: lead.into(), user: Some("alice".into()) }];
+        let d = decide(&db, &running, &specs, &self.config.policy(), Some(32.0), None).unwrap();
         d.selection.chosen.map(|i| cands[i].id)
     }
 }
@@ -338,7 +336,9 @@ fn a_lead_releases_the_predicted_best_onto_its_gpu_and_spools_every_verdict() {
     assert!(calls.contains(&format!("pin {expected} n1 Some(\"g1\") {shards}")), "{calls:?}");
     assert!(calls.contains(&format!("release {expected}")), "{calls:?}");
     assert_eq!(calls.iter().filter(|c| c.starts_with("release")).count(), 1, "{calls:?}");
-    assert_eq!(calls.iter().filter(|c| *c == "squeue").count(), 1, "one squeue: {calls:?}");
+    // One squeue lists the queue; one more, just before the release, checks that no other
+    // decider sent a joiner to the GPU meanwhile.
+    assert_eq!(calls.iter().filter(|c| *c == "squeue").count(), 2, "{calls:?}");
 
     let d = decision.unwrap();
     assert_eq!(d.decision.chosen_job, Some(expected.to_string()));
@@ -372,7 +372,7 @@ fn a_lead_releases_the_predicted_best_onto_its_gpu_and_spools_every_verdict() {
     w.slurm.on_node.borrow_mut().push(expected);
     let calls_before = w.slurm.calls.borrow().len();
     let out = w.with(|n| prolog::run(n, &job_env(expected, 1)));
-    assert_eq!(out, prolog::Outcome::Joined { with: vec![10] });
+    assert_eq!(out, prolog::Outcome::Joined { with: vec![10], partner: None });
     assert!(!w.slurm.calls.borrow()[calls_before..].contains(&"squeue".to_string()));
     assert_eq!(w.mps.calls.borrow().len(), 1);
 }
@@ -438,17 +438,45 @@ fn without_a_database_the_lead_runs_alone_and_says_why() {
 fn a_failing_mps_control_or_slurm_leaves_the_job_running_alone() {
     let mut w = World::new("mpsfail", FakeSlurm::default());
     w.mps.fail = true;
-    // Slurm knows nothing: scontrol show job fails, squeue lists nothing.
+    // Slurm knows nothing: the gate's mark cannot be checked, so the job runs as a plain one.
     let out = w.with(|n| prolog::run(n, &job_env(10, 0)));
-    assert!(matches!(out, prolog::Outcome::Stopped(_)), "{out:?}");
+    assert_eq!(out, prolog::Outcome::NotKace);
+    assert!(w.logs.borrow().join("\n").contains("couldn't read the job from Slurm"));
+    assert!(w.mps.calls.borrow().is_empty(), "no MPS daemon for an unconfirmed job");
+    // A marked job whose MPS daemon cannot start still runs (alone: nothing is held).
+    w.slurm.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    let out = w.with(|n| prolog::run(n, &job_env(10, 0)));
+    assert!(matches!(out, prolog::Outcome::Led { partner: None, .. }), "{out:?}");
     let logs = w.logs.borrow().join("\n");
     assert!(logs.contains("couldn't start the MPS control daemon for GPU 0"), "{logs}");
-    assert!(logs.contains("couldn't read the job from Slurm"), "{logs}");
     w.config.node.state_dir = w.dir.join("state2");
     let plain = JobEnv { kace: false, ..job_env(20, 0) };
     assert_eq!(w.with(|n| prolog::run(n, &plain)), prolog::Outcome::NotKace);
+    w.slurm.details.borrow_mut().insert(21, running_detail(21, "alpha", 0, None));
     let no_gpu = JobEnv { gpu: None, ..job_env(21, 0) };
     assert_eq!(w.with(|n| prolog::run(n, &no_gpu)), prolog::Outcome::NoGpu);
+}
+
+/// Reliability audit finding 1: a `SPANK_KACE_COLOCATE` entry a user sent past the gate (no
+/// AdminComment mark) does not make a kace job: no record, no MPS daemon, no release, and its
+/// epilog finds no record either.
+#[test]
+fn only_the_gates_mark_makes_a_kace_job() {
+    let s = lead_slurm(None);
+    let mut forged = running_detail(30, "alpha", 1, None);
+    forged.admin_comment = String::new();
+    s.details.borrow_mut().insert(30, forged);
+    let w = World::new("forged", s);
+    assert_eq!(w.with(|n| prolog::run(n, &job_env(30, 1))), prolog::Outcome::NotKace);
+    assert!(w.logs.borrow().iter().any(|l| l.contains("not the gate's AdminComment mark")));
+    assert!(w.mps.calls.borrow().is_empty());
+    assert!(!w.slurm.calls.borrow().iter().any(|c| c.starts_with("release")));
+    let out = w.with(|n| epilog::run(n, &job_env(30, 1)));
+    let epilog::Outcome::Done { refill, observations, stopped_mps } = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!((refill, observations.len(), stopped_mps), (None, 0, false));
+    assert!(!w.slurm.calls.borrow().iter().any(|c| c.starts_with("release")));
 }
 
 #[test]
@@ -465,8 +493,8 @@ fn epilogs_observe_each_interval_and_the_last_one_stops_mps() {
     let lines = |from: u32, to: u32, rate: f64| -> String {
         (from..=to).map(|t| format!("{t} {}\n", (f64::from(t - from) * rate) as u64)).collect()
     };
-    // 4 steps/s alone, 2 steps/s shared (alpha's exclusive throughput is 2: ingest refuses
-    // more than twice that as implausible).
+    // 4 steps/s alone, 2 steps/s shared (alpha's exclusive throughput is 2; ingest refuses
+    // more than 4 times that as implausible).
     let mut p10 = lines(2000, 2010, 4.0);
     p10.push_str(
         &(2011..=2030).map(|t| format!("{t} {}\n", 40 + (t - 2010) * 2)).collect::<String>(),
@@ -477,7 +505,7 @@ fn epilogs_observe_each_interval_and_the_last_one_stops_mps() {
 
     *w.clock.0.borrow_mut() = 2030.0;
     let out = w.with(|n| epilog::run(n, &job_env(10, 0)));
-    let epilog::Outcome::Done { observations, stopped_mps } = out else { panic!("{out:?}") };
+    let epilog::Outcome::Done { observations, stopped_mps, .. } = out else { panic!("{out:?}") };
     assert!(!stopped_mps, "job 11 still runs");
     assert_eq!(observations.len(), 2, "{observations:#?}");
     assert!(observations[0].partners.is_empty());
@@ -490,7 +518,7 @@ fn epilogs_observe_each_interval_and_the_last_one_stops_mps() {
     *w.slurm.on_node.borrow_mut() = vec![11];
     *w.clock.0.borrow_mut() = 2040.0;
     let out = w.with(|n| epilog::run(n, &job_env(11, 0)));
-    let epilog::Outcome::Done { observations, stopped_mps } = out else { panic!("{out:?}") };
+    let epilog::Outcome::Done { observations, stopped_mps, .. } = out else { panic!("{out:?}") };
     assert!(stopped_mps);
     assert_eq!(observations.len(), 2);
     assert_eq!(observations[0].partners[0].job, "10");
@@ -502,8 +530,12 @@ fn epilogs_observe_each_interval_and_the_last_one_stops_mps() {
     assert_eq!(db.observed_groups().unwrap().len(), 1);
 }
 
+fn dispatch_settings(w: &World) -> dispatch::Settings<'_> {
+    dispatch::Settings::of(&w.config)
+}
+
 #[test]
-fn dispatch_releases_leads_onto_free_gpus_and_expired_holds() {
+fn dispatch_releases_leads_onto_free_gpus_and_places_expired_holds() {
     let mut s = FakeSlurm::default();
     *s.pending.borrow_mut() = vec![
         held(5, "alpha", "alice", "gres:shard:1"),
@@ -521,18 +553,112 @@ fn dispatch_releases_leads_onto_free_gpus_and_expired_holds() {
         },
         NodeGpus { name: "n2".into(), gpus: vec![None], usable: false },
     ];
-    *s.running.borrow_mut() =
-        vec![RunningJob { id: 1, node: "n1".into(), gpus: vec![0], ..Default::default() }];
+    // GPU g0 is full (two kace jobs), g1 is free.
+    *s.running.borrow_mut() = vec![
+        RunningJob {
+            id: 1,
+            node: "n1".into(),
+            gpus: vec![0],
+            state: "R".into(),
+            ..Default::default()
+        },
+        RunningJob {
+            id: 2,
+            node: "n1".into(),
+            gpus: vec![0],
+            state: "R".into(),
+            ..Default::default()
+        },
+    ];
     s.details.borrow_mut().insert(1, running_detail(1, "zeta", 0, Some("g0")));
-    let r = dispatch::run(&s, 1100.0, 600).unwrap();
-    assert_eq!(r.expired, vec![8]);
-    assert_eq!(r.leads, vec![(5, "n1".to_string(), 1)]);
-    assert!(s.calls.borrow().contains(&"pin 5 n1 Some(\"g1\") 1".to_string()));
-    // Job 5 is now released but not started: it takes g1, so a second run releases nothing.
-    s.pending.borrow_mut()[0].req_nodes = "n1".into();
-    s.pending.borrow_mut()[0].tres_per_node = "gres:shard:g1:1".into();
-    let r = dispatch::run(&s, 1101.0, 600).unwrap();
-    assert!(r.leads.is_empty() && r.expired.is_empty(), "{r:?}");
+    s.details.borrow_mut().insert(2, running_detail(2, "beta", 0, Some("g0")));
+    let w = World::new("dispatch", s);
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1100.0).unwrap();
+    // The expired job takes the free GPU, never the full one; nothing is left for a lead.
+    assert_eq!(r.expired, vec![(8, "n1".to_string(), 1)], "{r:?}");
+    assert!(r.leads.is_empty() && r.joiners.is_empty(), "{r:?}");
+    assert!(w.slurm.calls.borrow().contains(&"pin 8 n1 Some(\"g1\") 1".to_string()));
+    // Job 8 is now released but not started: it takes g1, so a second pass releases nothing.
+    {
+        let mut p = w.slurm.pending.borrow_mut();
+        p[3].req_nodes = "n1".into();
+        p[3].tres_per_node = "gres:shard:g1:1".into();
+    }
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1101.0).unwrap();
+    assert!(r.leads.is_empty() && r.expired.is_empty() && r.joiners.is_empty(), "{r:?}");
+    assert!(r.still_held);
+
+    // While a kace job's epilog may be choosing (it is completing), dispatch releases nothing:
+    // it could pick the same held job. The watch loop passes again within a second.
+    let mut ending = held(2, "beta", "alice", "gres:shard:g0:1");
+    ending.state = "CG".into();
+    ending.reason = "None".into();
+    w.slurm.pending.borrow_mut().push(ending);
+    let before = w.slurm.calls.borrow().len();
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1102.0).unwrap();
+    assert_eq!(r.deferred.as_deref(), Some("kace job 2 is starting or ending"), "{r:?}");
+    assert!(!w.slurm.calls.borrow()[before..].iter().any(|c| c.starts_with("release")));
+}
+
+/// Dispatch offers held jobs to an open GPU (a kace job below the limit, nothing starting or
+/// ending there) by the same decision a lead makes, before it releases leads onto free GPUs;
+/// a GPU whose kace job is completing is left to that job's epilog.
+#[test]
+fn dispatch_fills_open_gpus_before_free_ones() {
+    let mut s = lead_slurm(Some("g1"));
+    s.nodes = vec![NodeGpus {
+        name: "n1".into(),
+        gpus: vec![Some("g0".into()), Some("g1".into())],
+        usable: true,
+    }];
+    *s.running.borrow_mut() = vec![RunningJob {
+        id: 10,
+        node: "n1".into(),
+        gpus: vec![1],
+        state: "R".into(),
+        ..Default::default()
+    }];
+    // The running job is in the queue listing too (squeue lists running kace jobs).
+    let mut me = held(10, "alpha", "alice", "gres:shard:g1:1");
+    me.state = "R".into();
+    me.reason = "None".into();
+    s.pending.borrow_mut().push(me);
+    let w = World::new("open", s);
+    let expected = w
+        .expected_choice(
+            "alpha",
+            &[
+                held(11, "beta", "alice", ""),
+                held(12, "zeta", "alice", ""),
+                held(16, "eps", "alice", ""),
+                held(17, "alpha", "alice", ""),
+            ],
+        )
+        .unwrap();
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1100.0).unwrap();
+    assert_eq!(r.joiners, vec![(expected, "n1".to_string(), 1)], "{r:?}");
+    // The oldest remaining held job leads on the free GPU g0.
+    let first_left = [11, 12, 13, 14, 16, 17].into_iter().find(|j| *j != expected).unwrap();
+    assert_eq!(r.leads, vec![(first_left, "n1".to_string(), 0)], "{r:?}");
+
+    // The same GPU with its kace job completing: its epilog refills it, dispatch does not.
+    let w2 = World::new("open-cg", lead_slurm(Some("g1")));
+    let mut s2 = FakeSlurm::default();
+    *s2.pending.borrow_mut() = w2.slurm.pending.borrow().clone();
+    s2.details.borrow_mut().insert(10, running_detail(10, "alpha", 1, Some("g1")));
+    s2.nodes =
+        vec![NodeGpus { name: "n1".into(), gpus: vec![None, Some("g1".into())], usable: true }];
+    *s2.running.borrow_mut() = vec![RunningJob {
+        id: 10,
+        node: "n1".into(),
+        gpus: vec![1],
+        state: "CG".into(),
+        ..Default::default()
+    }];
+    let w2 = World { slurm: s2, ..w2 };
+    let r = dispatch::run(&w2.slurm, &dispatch_settings(&w2), 1100.0).unwrap();
+    assert!(r.joiners.is_empty(), "{r:?}");
+    assert_eq!(r.leads.iter().map(|l| l.2).collect::<Vec<_>>(), vec![0], "{r:?}");
 }
 
 #[test]
@@ -550,21 +676,135 @@ fn leads_starting_together_split_the_held_queue() {
         decision.unwrap().decision.candidates.iter().map(|c| c.job.clone().unwrap()).collect();
     // Held queue 11..=17: rank 1 of 2 takes positions 1, 3, 5.
     assert_eq!(considered, ["12", "14", "16"]);
-    assert!(w.logs.borrow().iter().any(|l| l.contains("2 kace jobs are starting at once")));
+    assert!(w
+        .logs
+        .borrow()
+        .iter()
+        .any(|l| l.contains("2 kace jobs are starting or ending at once")));
+}
+
+/// The refill: when a kace job leaves a GPU that still runs a kace job, its epilog chooses and
+/// releases a new joiner for the survivor, by the same decision a lead makes, pinned to the
+/// survivor's node and GPU type, and spools it as a refill.
+#[test]
+fn a_survivor_gets_a_new_partner_from_the_leaving_jobs_epilog() {
+    let mut s = lead_slurm(Some("g1"));
+    // The survivor's GPU type comes from the node's configuration (sinfo), not from a job.
+    s.nodes = vec![NodeGpus {
+        name: "n1".into(),
+        gpus: vec![Some("g0".into()), Some("g1".into())],
+        usable: true,
+    }];
+    s.details.borrow_mut().insert(9, running_detail(9, "zeta", 1, Some("g1")));
+    *s.on_node.borrow_mut() = vec![9, 10];
+    let w = World::new("refill", s);
+    // Job 9 and job 10 share GPU 1 (9 led; 10 joined, filling the GPU: no joiner of its own).
+    let pending = w.slurm.pending.replace(Vec::new());
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(9, 1))), prolog::Outcome::Led { .. }));
+    let out = w.with(|n| prolog::run(n, &job_env(10, 1)));
+    assert_eq!(out, prolog::Outcome::Joined { with: vec![9], partner: None });
+    *w.slurm.pending.borrow_mut() = pending;
+    // Job 9 ends; 10 (alpha) survives and gets the partner a lead alpha would choose.
+    let expected = w
+        .expected_choice(
+            "alpha",
+            &[
+                held(11, "beta", "alice", ""),
+                held(12, "zeta", "alice", ""),
+                held(16, "eps", "alice", ""),
+                held(17, "alpha", "alice", ""),
+            ],
+        )
+        .unwrap();
+    *w.slurm.on_node.borrow_mut() = vec![10];
+    let out = w.with(|n| epilog::run(n, &job_env(9, 1)));
+    let epilog::Outcome::Done { refill, stopped_mps, .. } = out else { panic!("{out:?}") };
+    assert_eq!(refill, Some(expected));
+    assert!(!stopped_mps);
+    let shards = if expected == 16 { 2 } else { 1 };
+    let calls = w.slurm.calls.borrow().clone();
+    assert!(calls.contains(&format!("pin {expected} n1 Some(\"g1\") {shards}")), "{calls:?}");
+    let spooled = kace_sql::spool::spooled_decisions(&w.config.spool.dir).unwrap();
+    let refill = spooled
+        .iter()
+        .filter_map(|(_, d)| d.as_ref().ok())
+        .find(|d| d.key.starts_with("c/9/") && d.key.ends_with("/refill"))
+        .expect("the refill is spooled");
+    assert_eq!(refill.decision.lead_job.as_deref(), Some("10"));
+    assert_eq!(refill.decision.chosen_job, Some(expected.to_string()));
+
+    // While that joiner is on its way (released, pinned to n1, not started), a second end on
+    // the GPU releases nobody else.
+    {
+        let mut p = w.slurm.pending.borrow_mut();
+        let j = p.iter_mut().find(|j| j.id == expected).unwrap();
+        j.req_nodes = "n1".into();
+        j.tres_per_node = format!("gres:shard:g1:{shards}");
+    }
+    w.slurm.details.borrow_mut().insert(40, running_detail(40, "beta", 1, Some("g1")));
+    *w.slurm.on_node.borrow_mut() = vec![10, 40];
+    w.with(|n| prolog::run(n, &job_env(40, 1)));
+    let before = w.slurm.calls.borrow().iter().filter(|c| c.starts_with("release")).count();
+    *w.slurm.on_node.borrow_mut() = vec![10];
+    let out = w.with(|n| epilog::run(n, &job_env(40, 1)));
+    assert!(matches!(out, epilog::Outcome::Done { refill: None, .. }), "{out:?}");
+    let after = w.slurm.calls.borrow().iter().filter(|c| c.starts_with("release")).count();
+    assert_eq!(before, after);
+    assert!(w.logs.borrow().iter().any(|l| l.contains("already released to n1 GPU 1")));
+}
+
+/// Load audit finding 1: after a slurmctld restart the epilog gets no GPU variable. It finds
+/// the GPU in kace's own record, and a record Slurm no longer has is ended with a time, never
+/// deleted, so its partner's shared interval is not stored as "alone".
+#[test]
+fn an_epilog_without_gpu_variables_uses_the_record_and_stale_records_are_ended() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    s.details.borrow_mut().insert(11, running_detail(11, "beta", 0, None));
+    *s.on_node.borrow_mut() = vec![10, 11];
+    let w = World::new("restart", s);
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    *w.clock.0.borrow_mut() = 2010.0;
+    w.with(|n| prolog::run(n, &job_env(11, 0)));
+    std::fs::write(
+        w.config.node.progress_root.join("11.progress"),
+        (2010..=2040).map(|t| format!("{t} {}\n", (t - 2010) * 4)).collect::<String>(),
+    )
+    .unwrap();
+    // Job 10's epilog never ran (slurmd crashed); job 11 ends without GPU variables.
+    *w.slurm.on_node.borrow_mut() = vec![11];
+    *w.clock.0.borrow_mut() = 2040.0;
+    let out = w.with(|n| epilog::run(n, &JobEnv { gpu: None, ..job_env(11, 0) }));
+    let epilog::Outcome::Done { observations, stopped_mps, .. } = out else { panic!("{out:?}") };
+    assert!(stopped_mps);
+    assert!(!observations.is_empty());
+    assert!(
+        observations.iter().all(|o| o.partners.iter().any(|p| p.job == "10")),
+        "every interval of 11 overlapped 10's record: {observations:#?}"
+    );
+    let logs = w.logs.borrow().join("\n");
+    assert!(logs.contains("kace's record puts it on GPU 0"), "{logs}");
 }
 
 /// The audit's full spool: the observation could not be written, and the epilog deleted the
-/// progress file anyway (and blamed "too few progress lines"). The raw data are kept now.
+/// progress file anyway (and blamed "too few progress lines"). Now the observation is parked
+/// in the progress root and moved into the spool by a later epilog; when even that fails, the
+/// progress file is kept.
 #[test]
-fn a_full_spool_keeps_the_progress_file() {
+fn a_full_spool_loses_no_observation() {
     let s = FakeSlurm::default();
     s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    s.details.borrow_mut().insert(11, running_detail(11, "alpha", 0, None));
     *s.on_node.borrow_mut() = vec![10];
     let mut w = World::new("full-spool", s);
+    let spool = w.config.spool.dir.clone();
+    let progress = |job: u32, from: u32| {
+        let text: String =
+            (from..=from + 10).map(|t| format!("{t} {}\n", (t - from) * 2)).collect();
+        std::fs::write(w.config.node.progress_root.join(format!("{job}.progress")), text).unwrap();
+    };
     assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
-    let progress = w.config.node.progress_root.join("10.progress");
-    let text: String = (2000..=2010).map(|t| format!("{t} {}\n", (t - 2000) * 2)).collect();
-    std::fs::write(&progress, text).unwrap();
+    progress(10, 2000);
     // A spool that cannot take a file: a regular file where the directory should be.
     let blocked = w.dir.join("blocked-spool");
     std::fs::write(&blocked, "").unwrap();
@@ -572,12 +812,39 @@ fn a_full_spool_keeps_the_progress_file() {
     *w.clock.0.borrow_mut() = 2010.0;
     let out = w.with(|n| epilog::run(n, &job_env(10, 0)));
     let epilog::Outcome::Done { observations, .. } = out else { panic!("{out:?}") };
-    assert!(observations.is_empty());
-    let kept = w.config.node.progress_root.join("10.progress.unspooled");
-    assert!(kept.is_file(), "the progress file was not kept");
+    assert_eq!(observations.len(), 1);
     let logs = w.logs.borrow().join("\n");
-    assert!(logs.contains("kept the progress file"), "{logs}");
+    assert!(logs.contains("parked it as"), "{logs}");
     assert!(!logs.contains("too few progress lines"), "{logs}");
+
+    // The spool has room again: the next epilog on the node moves the parked one in.
+    w.config.spool.dir = spool;
+    *w.slurm.on_node.borrow_mut() = vec![11];
+    *w.clock.0.borrow_mut() = 3000.0;
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(11, 0))), prolog::Outcome::Led { .. }));
+    progress(11, 3000);
+    *w.clock.0.borrow_mut() = 3010.0;
+    w.with(|n| epilog::run(n, &job_env(11, 0)));
+    let mut db = Db::open(&w.config.database.path).unwrap();
+    let r = kace_sql::spool::ingest(&mut db, &w.config.spool.dir, &w.dir.join("q")).unwrap();
+    assert_eq!(r.inserted, 2, "{r:?}");
+
+    // Neither the spool nor the progress root can take it: the progress file is kept.
+    if kace_layout::trusted_dir::running_as_root() {
+        use std::os::unix::fs::PermissionsExt;
+        *w.slurm.on_node.borrow_mut() = vec![10];
+        *w.clock.0.borrow_mut() = 4000.0;
+        assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+        progress(10, 4000);
+        w.config.spool.dir = w.dir.join("blocked-spool");
+        let root = w.config.node.progress_root.clone();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o777)).unwrap();
+        *w.clock.0.borrow_mut() = 4010.0;
+        w.with(|n| epilog::run(n, &job_env(10, 0)));
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(root.join("10.progress.unspooled").is_file(), "the progress file was not kept");
+        assert!(w.logs.borrow().join("\n").contains("kept the progress file"));
+    }
 }
 
 /// The audit's requeue: a job id that runs twice kept only one run's observation (the second
@@ -630,4 +897,44 @@ fn a_poisoned_progress_file_never_reaches_the_database() {
     assert_eq!((r.inserted, r.quarantined.len()), (0, 1), "{r:?}");
     assert!(r.quarantined[0].1.contains("exclusive throughput"), "{r:?}");
     assert_eq!(db.observation_count().unwrap(), 0);
+}
+
+/// The audit's class of symlink races applies to `state_dir` too: root writes and renames the
+/// GPU records there. One a user could change is refused; the job runs alone.
+#[test]
+fn a_state_dir_others_can_write_is_refused() {
+    if !kace_layout::trusted_dir::running_as_root() {
+        return; // Only root's writes can be turned against the system; CI runs as root.
+    }
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    *s.on_node.borrow_mut() = vec![10];
+    let mut w = World::new("open-state", s);
+    let open = w.dir.join("open-state");
+    std::fs::create_dir_all(&open).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    w.config.node.state_dir = open.clone();
+    let out = w.with(|n| prolog::run(n, &job_env(10, 0)));
+    assert!(!matches!(out, prolog::Outcome::Led { .. }), "{out:?}");
+    let logs = w.logs.borrow().join("\n");
+    assert!(logs.contains("writable by its group or everyone"), "{logs}");
+    assert!(!open.join("n1/gpu0/jobs/10").exists());
+}
+
+/// The audit's information exposure: every user could list which jobs ran which workloads on
+/// each GPU. The per-node job records are 0750 now.
+#[test]
+fn job_records_are_not_world_readable() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    *s.on_node.borrow_mut() = vec![10];
+    let w = World::new("private-state", s);
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    use std::os::unix::fs::PermissionsExt;
+    let node_dir = w.config.node.state_dir.join("n1");
+    for d in [node_dir.clone(), node_dir.join("gpu0"), node_dir.join("gpu0/jobs")] {
+        let mode = std::fs::metadata(&d).unwrap().permissions().mode();
+        assert_eq!(mode & 0o007, 0, "{} is {mode:o}", d.display());
+    }
 }

@@ -10,15 +10,13 @@ use std::collections::{BTreeMap, HashMap};
 use kace_config::Config;
 use kace_layout::progress_file;
 use kace_node::slurm::{QueuedJob, Slurm};
-use kace_selector::{Member, Model, Objective, Predictor, Profile, SelectionRules};
-use kace_sql::decide::{decide, model_from_record, selector_profile, CandidateSpec};
+use kace_selector::decision::Policy;
+use kace_selector::{Member, Model, Objective, Predictor, Profile};
+use kace_sql::decide::{decide, model_from_record, selector_profile, JobSpec};
 use kace_sql::Db;
 use serde::Serialize;
 
 use crate::Result;
-
-/// How many jobs a GPU holds before it counts as full: kace forms pairs.
-pub const JOBS_PER_GPU: usize = 2;
 
 /// Held jobs for which the would-be partner is computed (each costs one prediction per other
 /// held job); beyond this the column is left empty and a problem says so.
@@ -49,7 +47,7 @@ pub struct Status {
 pub enum GpuState {
     /// No kace job: dispatch may release a lead onto it.
     Free,
-    /// Kace jobs below [`JOBS_PER_GPU`]: a partner may still join.
+    /// Kace jobs below `selection.max_jobs_per_gpu`: another may still join.
     Open,
     /// As many kace jobs as it takes.
     Full,
@@ -256,15 +254,9 @@ pub fn gather(
     let starting: Vec<u32> =
         queue.iter().filter(|j| j.pending() && !j.held() && mine(&j.user)).map(|j| j.id).collect();
     let max_hold = config.dispatch.max_hold_s as f64;
-    let rules = SelectionRules {
-        gpu_memory_gib: config.node.gpu_memory_gib,
-        memory_margin: config.selection.memory_margin,
-        require_same_user: true,
-        min_gain: config.selection.min_gain,
-        objective,
-        // As the prolog builds them (node/src/prolog.rs): the rest are the selector's defaults.
-        ..SelectionRules::default()
-    };
+    // The one decision's rules, as every decider builds them from the configuration.
+    let mut policy = config.policy();
+    policy.rules.objective = objective;
     if held_jobs.len() > MAX_OFFERS {
         problems.push(format!(
             "{} held jobs: would-be partners are shown for the oldest {MAX_OFFERS} only",
@@ -282,7 +274,7 @@ pub fn gather(
             _ if blocked.is_some() => (None, blocked.clone()),
             None => (None, Some("no database".to_string())),
             Some(_) if k >= MAX_OFFERS => (None, Some("not computed (queue too long)".into())),
-            Some(db) => would_pair_with(db, j, &held_jobs, &rules),
+            Some(db) => would_pair_with(db, j, &held_jobs, &policy, config.node.gpu_memory_gib),
         };
         held.push(Held {
             job: j.id,
@@ -318,7 +310,7 @@ fn gpu_status(
     let state = match (usable, jobs.len()) {
         (false, _) => GpuState::Unusable,
         (true, 0) => GpuState::Free,
-        (true, n) if n < JOBS_PER_GPU => GpuState::Open,
+        (true, n) if n < config.selection.max_jobs_per_gpu => GpuState::Open,
         _ => GpuState::Full,
     };
     let objective = config.selection.objective;
@@ -403,17 +395,18 @@ fn would_pair_with(
     db: &Db,
     lead: &QueuedJob,
     held: &[&QueuedJob],
-    rules: &SelectionRules,
+    policy: &Policy,
+    gpu_memory_gib: Option<f64>,
 ) -> (Option<Offer>, Option<String>) {
     let others: Vec<&&QueuedJob> = held.iter().filter(|j| j.id != lead.id).collect();
     if others.is_empty() {
         return (None, Some("no other held job".into()));
     }
-    let specs: Vec<CandidateSpec> = others
-        .iter()
-        .map(|j| CandidateSpec { workload: j.workload.clone(), same_user: j.user == lead.user })
-        .collect();
-    match decide(db, &lead.workload, &specs, rules, None) {
+    let user = |j: &QueuedJob| Some(j.user.clone()).filter(|u| !u.is_empty());
+    let specs: Vec<JobSpec> =
+        others.iter().map(|j| JobSpec { workload: j.workload.clone(), user: user(j) }).collect();
+    let running = [JobSpec { workload: lead.workload.clone(), user: user(lead) }];
+    match decide(db, &running, &specs, policy, gpu_memory_gib, None) {
         Ok(d) => match d.selection.chosen {
             Some(c) => {
                 let j = others[c];
@@ -493,6 +486,7 @@ mod tests {
             id,
             node: node.into(),
             gpus: vec![0],
+            state: "R".into(),
             user: user.into(),
             workload: "resnet".into(),
             started: Some(900.0),

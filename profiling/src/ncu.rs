@@ -194,6 +194,17 @@ pub enum NcuError {
     },
     /// All kernel durations are zero, so no weighted mean exists.
     ZeroDuration,
+    /// The raw layout has two rows (two launches) with one kernel ID.
+    DuplicateId(String),
+    /// The last kernel has fewer rows than the first: the export ends in its middle.
+    CutOff {
+        /// The last kernel's ID.
+        id: String,
+        /// Its rows.
+        rows: usize,
+        /// The first kernel's rows.
+        expected: usize,
+    },
 }
 
 impl fmt::Display for NcuError {
@@ -217,6 +228,13 @@ impl fmt::Display for NcuError {
                 write!(f, "kernel ID {id}: {metric} = {value:?}: {why}")
             }
             NcuError::ZeroDuration => write!(f, "every kernel has zero duration"),
+            NcuError::DuplicateId(id) => {
+                write!(f, "kernel ID {id} appears on two rows (two launches with one ID?)")
+            }
+            NcuError::CutOff { id, rows, expected } => write!(
+                f,
+                "the export ends inside kernel ID {id} ({rows} of {expected} rows): is it cut off?"
+            ),
         }
     }
 }
@@ -224,25 +242,37 @@ impl fmt::Display for NcuError {
 impl std::error::Error for NcuError {}
 
 /// Parses a number as ncu prints it: thousands separators, `n/a` or empty for missing.
+/// Separators must group the integer part by three (`1,234,567.5`): `1,2,3,4` is no number.
 fn number(text: &str) -> Option<f64> {
     let t = text.trim();
     if t.is_empty() || t.eq_ignore_ascii_case("n/a") {
         return None;
     }
+    if t.contains(',') {
+        let int = t.split(['.', 'e', 'E']).next().unwrap_or("");
+        let int = int.strip_prefix(['-', '+']).unwrap_or(int);
+        let mut groups = int.split(',');
+        let first_ok = groups.next().is_some_and(|g| (1..=3).contains(&g.len()));
+        if !first_ok || !groups.all(|g| g.len() == 3) || t[int.len()..].contains(',') {
+            return None;
+        }
+    }
     t.replace(',', "").parse::<f64>().ok().filter(|v| v.is_finite())
 }
 
-/// Parses `(x, y, z)` and multiplies it out; a plain number is returned as is.
+/// Parses `(x, y, z)` and multiplies it out; a plain number is returned as is. Every dimension
+/// must be a whole number ≥ 1 (a grid of 0.001 blocks is no launch).
 fn dims_product(text: &str) -> Option<f64> {
     let t = text.trim();
+    let dim = |v: f64| (v >= 1.0 && v.fract() == 0.0).then_some(v);
     if let Some(inner) = t.strip_prefix('(').and_then(|s| s.strip_suffix(')')) {
         let mut prod = 1.0;
         for part in inner.split(',') {
-            prod *= part.trim().parse::<f64>().ok()?;
+            prod *= dim(part.trim().parse::<f64>().ok()?)?;
         }
         return Some(prod);
     }
-    number(t)
+    number(t).and_then(dim)
 }
 
 /// Scale that converts a value in `unit` to the input's base unit (ns, bytes, %, count).
@@ -289,9 +319,16 @@ impl Kernel {
         self.human.get(&input).or_else(|| self.raw.get(&input)).copied()
     }
 
-    fn set(&mut self, input: Input, human: bool, value: f64) {
+    /// Records a value; the same metric again with a different value is an error (rows of two
+    /// launches sharing one ID would otherwise be merged silently).
+    fn set(&mut self, input: Input, human: bool, value: f64) -> Result<(), &'static str> {
         let map = if human { &mut self.human } else { &mut self.raw };
-        map.insert(input, value);
+        match map.insert(input, value) {
+            Some(old) if (old - value).abs() > 1e-9 * old.abs().max(value.abs()) => {
+                Err("given twice for one kernel ID with different values (IDs repeated?)")
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Duration in ns; when absent, elapsed SM cycles ÷ cycles per second (what ncu would
@@ -384,6 +421,10 @@ fn details(header: &csv::StringRecord, records: Records<'_>) -> Result<Vec<Kerne
     let c_grid = header.iter().position(|h| h == "Grid Size");
     let mut kernels: Vec<Kernel> = Vec::new();
     let mut index = HashMap::new();
+    // Rows per kernel ID: every launch of one export has the same rows, so a last kernel with
+    // fewer rows than the first is an export cut off in the middle.
+    let mut rows: HashMap<String, usize> = HashMap::new();
+    let mut last_id = String::new();
     for rec in records {
         let rec = rec.map_err(|e| NcuError::Csv(e.to_string()))?;
         let field = |i: usize| rec.get(i).unwrap_or("");
@@ -392,6 +433,8 @@ fn details(header: &csv::StringRecord, records: Records<'_>) -> Result<Vec<Kerne
             continue;
         }
         let name = field(c_name);
+        *rows.entry(id.to_string()).or_insert(0usize) += 1;
+        last_id = id.to_string();
         let k = kernel_slot(&mut kernels, &mut index, id);
         let tuple = |c: Option<usize>| c.and_then(|c| rec.get(c)).and_then(dims_product);
         if k.block_col.is_none() {
@@ -405,6 +448,12 @@ fn details(header: &csv::StringRecord, records: Records<'_>) -> Result<Vec<Kerne
             continue;
         }
         record_metric(k, field(c_sec), name, field(c_unit), field(c_val))?;
+    }
+    if let (Some(first), Some(&last)) = (kernels.first(), rows.get(&last_id)) {
+        let expected = rows.get(&first.id).copied().unwrap_or(0);
+        if last < expected {
+            return Err(NcuError::CutOff { id: last_id, rows: last, expected });
+        }
     }
     Ok(kernels)
 }
@@ -457,8 +506,20 @@ fn record_metric(
             why: "negative",
         });
     }
-    k.set(input, human, v * scale);
-    Ok(())
+    if matches!(input, Input::BlockSize | Input::GridSize) && !(v >= 1.0 && v.fract() == 0.0) {
+        return Err(NcuError::BadValue {
+            id: k.id.clone(),
+            metric: name.to_string(),
+            value: value.to_string(),
+            why: "a launch dimension must be a whole number of at least 1",
+        });
+    }
+    k.set(input, human, v * scale).map_err(|why| NcuError::BadValue {
+        id: k.id.clone(),
+        metric: name.to_string(),
+        value: value.to_string(),
+        why,
+    })
 }
 
 fn raw(header: &csv::StringRecord, mut records: Records<'_>) -> Result<Vec<Kernel>, NcuError> {
@@ -476,6 +537,11 @@ fn raw(header: &csv::StringRecord, mut records: Records<'_>) -> Result<Vec<Kerne
             let id = rec.get(c_id).unwrap_or("").trim();
             if id.is_empty() {
                 return Ok(());
+            }
+            // In the raw layout a row is a whole kernel launch: one ID twice is two launches
+            // that would be merged into one.
+            if index.contains_key(id) {
+                return Err(NcuError::DuplicateId(id.to_string()));
             }
             let k = kernel_slot(&mut kernels, &mut index, id);
             for (i, name) in header.iter().enumerate() {

@@ -1,28 +1,13 @@
 //! `ncu::aggregate` on the three real Nsight Compute exports in `shared/data/ncu-samples`
-//! (skipped with a message when absent) and on synthetic and malformed ones.
-
-use std::path::PathBuf;
+//! (ignored unless run with `--include-ignored`) and on synthetic and malformed ones.
 
 use kace_profiling::ncu::{aggregate, Layout, NcuError};
 
-/// `$KACE_DATA_DIR/ncu-samples`, default `<workspace>/../shared/data/ncu-samples`.
-fn samples_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("KACE_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
-    let dir = base.join("ncu-samples");
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        eprintln!("SKIP: {} not found (set KACE_DATA_DIR)", dir.display());
-        None
-    }
-}
-
-fn read(name: &str) -> Option<String> {
-    let path = samples_dir()?.join(name);
+/// A real export from `../shared/data/ncu-samples` (only tests marked ignored call this).
+fn read(name: &str) -> String {
+    let path = kace_test_support::shared_file(&format!("ncu-samples/{name}"));
     // The files are not all valid UTF-8 in kernel names; lossy is what the CLI does too.
-    Some(String::from_utf8_lossy(&std::fs::read(&path).expect("read sample")).into_owned())
+    String::from_utf8_lossy(&std::fs::read(&path).expect("read sample")).into_owned()
 }
 
 fn close(a: f64, b: f64, rel: f64) -> bool {
@@ -30,10 +15,9 @@ fn close(a: f64, b: f64, rel: f64) -> bool {
 }
 
 #[test]
+#[ignore = "needs ../shared/data/ncu-samples"]
 fn cgcnn_raw_metric_names_match_the_reference_values() {
-    let Some(text) = read("ai4materials_cgcnn-torch_ncu2020.2_details_cmdline-metrics.csv") else {
-        return;
-    };
+    let text = read("ai4materials_cgcnn-torch_ncu2020.2_details_cmdline-metrics.csv");
     let m = aggregate(&text).unwrap();
     assert_eq!(m.layout, Layout::Details);
     assert_eq!(m.kernels, 14);
@@ -48,10 +32,9 @@ fn cgcnn_raw_metric_names_match_the_reference_values() {
 }
 
 #[test]
+#[ignore = "needs ../shared/data/ncu-samples"]
 fn bert_without_dram_throughput_names_the_missing_metric() {
-    let Some(text) = read("leleucas_bert-mha-torch_ncu2021.2_details_launchstats.csv") else {
-        return;
-    };
+    let text = read("leleucas_bert-mha-torch_ncu2021.2_details_launchstats.csv");
     // Duration is absent too, but cycles ÷ rate stands in for it; DRAM % has no substitute.
     let err = aggregate(&text).unwrap_err();
     match &err {
@@ -68,10 +51,9 @@ fn bert_without_dram_throughput_names_the_missing_metric() {
 }
 
 #[test]
+#[ignore = "needs ../shared/data/ncu-samples"]
 fn bert_aggregates_once_dram_is_supplied() {
-    let Some(text) = read("leleucas_bert-mha-torch_ncu2021.2_details_launchstats.csv") else {
-        return;
-    };
+    let text = read("leleucas_bert-mha-torch_ncu2021.2_details_launchstats.csv");
     // Append a DRAM % row per kernel (30 %) to exercise the Launch Statistics names and the
     // cycles ÷ rate duration on real rows.
     let mut extra = String::new();
@@ -92,10 +74,9 @@ fn bert_aggregates_once_dram_is_supplied() {
 }
 
 #[test]
+#[ignore = "needs ../shared/data/ncu-samples"]
 fn deepseek_without_launch_stats_names_registers() {
-    let Some(text) = read("llm-perf-opt_deepseek-ocr_kernel0009_ncu2025_details_sol.csv") else {
-        return;
-    };
+    let text = read("llm-perf-opt_deepseek-ocr_kernel0009_ncu2025_details_sol.csv");
     // Threads is derivable from the (x, y, z) columns; registers per thread is not there.
     let err = aggregate(&text).unwrap_err();
     match &err {
@@ -108,10 +89,9 @@ fn deepseek_without_launch_stats_names_registers() {
 }
 
 #[test]
+#[ignore = "needs ../shared/data/ncu-samples"]
 fn deepseek_picks_the_sol_memory_throughput_and_multiplies_tuples() {
-    let Some(text) = read("llm-perf-opt_deepseek-ocr_kernel0009_ncu2025_details_sol.csv") else {
-        return;
-    };
+    let text = read("llm-perf-opt_deepseek-ocr_kernel0009_ncu2025_details_sol.csv");
     let extra = "\"0\",\"1\",\"p\",\"h\",\"k\",\"1\",\"7\",\"(32, 4, 1)\",\"(4, 12, 54)\",\"0\",\"12.0\",\
                  \"Launch Statistics\",\"Registers Per Thread\",\"register/thread\",\"96\",\n\
                  \"0\",\"1\",\"p\",\"h\",\"k\",\"1\",\"7\",\"(32, 4, 1)\",\"(4, 12, 54)\",\"0\",\"12.0\",\
@@ -181,4 +161,57 @@ fn malformed_exports_are_errors_not_panics() {
     // Binary junk.
     let junk: String = (0u8..=255).map(char::from).collect();
     assert!(aggregate(&junk).is_err());
+}
+
+/// A details-page export of two kernels built row by row, for the nonsense cases below.
+fn details(kernels: &[(&str, &str)], cut_last_after: Option<usize>) -> String {
+    let mut s =
+        String::from("\"ID\",\"Section Name\",\"Metric Name\",\"Metric Unit\",\"Metric Value\"\n");
+    let rows = |id: &str, grid: &str| {
+        [
+            ("gpu__time_duration.sum", "ns", "100"),
+            ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "%", "10"),
+            ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "%", "10"),
+            ("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", "%", "10"),
+            ("launch__block_size", "", "128"),
+            ("launch__grid_size", "", grid),
+            ("launch__registers_per_thread", "register/thread", "32"),
+            ("launch__shared_mem_per_block_static", "byte/block", "0"),
+        ]
+        .iter()
+        .map(|(m, u, v)| format!("\"{id}\",\"s\",\"{m}\",\"{u}\",\"{v}\"\n"))
+        .collect::<Vec<_>>()
+    };
+    for (i, (id, grid)) in kernels.iter().enumerate() {
+        let mut r = rows(id, grid);
+        if i + 1 == kernels.len() {
+            if let Some(n) = cut_last_after {
+                r.truncate(n);
+            }
+        }
+        s.extend(r);
+    }
+    s
+}
+
+/// The audit's silent acceptances in `profile import-ncu` (§B.2).
+#[test]
+fn nonsense_exports_are_refused() {
+    assert!(aggregate(&details(&[("0", "10"), ("1", "20")], None)).is_ok());
+    // Cut at a line boundary inside the last kernel.
+    let e = aggregate(&details(&[("0", "10"), ("1", "20")], Some(5))).unwrap_err();
+    assert_eq!(e, NcuError::CutOff { id: "1".into(), rows: 5, expected: 8 });
+    // Two launches sharing ID 0: merged silently before.
+    let e = aggregate(&details(&[("0", "10"), ("0", "20")], None)).unwrap_err();
+    assert!(e.to_string().contains("given twice for one kernel ID"), "{e}");
+    let dup_raw =
+        format!("{RAW}\"1\",\"k\",\"3\",\"50\",\"60\",\"70\",\"256\",\"4\",\"64\",\"0\"\n");
+    assert_eq!(aggregate(&dup_raw), Err(NcuError::DuplicateId("1".into())));
+    // A fractional grid.
+    let e = aggregate(&details(&[("0", "0.001")], None)).unwrap_err();
+    assert!(e.to_string().contains("whole number of at least 1"), "{e}");
+    // Commas that are no thousands separators.
+    let e = aggregate(&details(&[("0", "1,2,3,4")], None)).unwrap_err();
+    assert!(matches!(e, NcuError::MissingMetric { .. }), "{e}");
+    assert!(aggregate(&details(&[("0", "1,024")], None)).is_ok());
 }

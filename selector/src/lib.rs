@@ -9,7 +9,8 @@
 //! - [`zscore`], [`linear`]: normalisation and the paper's OLS model.
 //! - [`policy`]: single-feature rules, argmax/argmin with the artifact's tie rule, objectives.
 //! - [`slowdown`], [`model`]: kace's per-job slowdown model, and the deployable [`Model`].
-//! - [`selection`]: the filters and choice the prolog runs.
+//! - [`selection`]: the filters and the choice among candidates.
+//! - [`decision`]: the one decision for a GPU (job limit, users), which every caller makes.
 //! - [`tuning`]: settings chosen by cross-validation inside the training data.
 //! - [`training`]: the fit / validate / activate policy of `kace train`.
 //! - [`dataset`]: the artifact's `wN_` tables and split files.
@@ -17,6 +18,7 @@
 //! - [`numpy_rng`]: NumPy-compatible permutations, to re-derive the paper's splits.
 
 pub mod dataset;
+pub mod decision;
 pub mod error;
 pub mod eval;
 pub mod features;

@@ -77,6 +77,13 @@ pub enum Rejection {
     },
     /// Another user's job: MPS would time-slice it, not share.
     DifferentUser,
+    /// The GPU already holds as many kace jobs as it may (`selection.max_jobs_per_gpu`).
+    GpuFull {
+        /// Kace jobs on the GPU.
+        running: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The group is predicted to progress no better than its jobs one after the other, by the
     /// predictor's margin for doubt.
     LikelyHarmful {
@@ -102,6 +109,9 @@ impl std::fmt::Display for Rejection {
                 write!(f, "memory does not fit ({needed_gib:.1} GiB > {usable_gib:.1} GiB)")
             }
             Rejection::DifferentUser => write!(f, "different user (MPS would serialise)"),
+            Rejection::GpuFull { running, limit } => {
+                write!(f, "the GPU is full ({running} kace jobs, at most {limit})")
+            }
             Rejection::LikelyHarmful { predicted, required } => {
                 write!(f, "likely harmful (predicted progress {predicted:.3} ≤ {required:.3})")
             }
@@ -141,9 +151,14 @@ pub fn select(
     predictor: &dyn Predictor,
     rules: &SelectionRules,
 ) -> Selection {
-    let baseline = match rules.objective {
-        Objective::ThroughputSum => running.iter().map(|m| m.profile.exclusive_throughput()).sum(),
-        Objective::NormalisedProgress => running.len() as f64,
+    // One job alone is measured; a group already sharing is predicted, so that a joiner must
+    // raise what the GPU does now, not what its jobs would do each alone.
+    let baseline = match (running.len(), rules.objective) {
+        (0 | 1, Objective::ThroughputSum) => {
+            running.iter().map(|m| m.profile.exclusive_throughput()).sum()
+        }
+        (0 | 1, Objective::NormalisedProgress) => running.len() as f64,
+        _ => predictor.predict(running, rules.objective),
     };
     let required = baseline * (1.0 + rules.min_gain);
     // Normalised progress of the running jobs without a partner: one job alone progresses at 1.

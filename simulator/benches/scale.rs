@@ -77,7 +77,8 @@ fn main() {
                 (PolicyKind::Memcap, _) => Policy::memcap(&world, &rules),
                 (PolicyKind::Oracle, _) => Policy::oracle(&world, &rules),
                 (PolicyKind::Kace, Some(m)) => Policy::kace(&world, m, &rules),
-                (PolicyKind::Kace, None) => continue,
+                (PolicyKind::KaceAtStart, Some(m)) => Policy::kace_at_start(&world, m, &rules),
+                (PolicyKind::Kace | PolicyKind::KaceAtStart, None) => continue,
             };
             let t = Instant::now();
             let o = simulate(&world, &policy, black_box(&jobs), gpus, DEFAULT_WINDOW)

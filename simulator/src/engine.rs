@@ -2,6 +2,9 @@
 //! fills a GPU's free slot from the first `window` pending jobs.
 //!
 //! # Model
+//! - Under `kace-at-start` (kace before its refill and dispatch of open GPUs) a GPU asks only
+//!   when its lead starts: a survivor runs alone, and a lead that found no partner is never
+//!   open.
 //! - Each GPU holds a *first* job (the lead, or the job left when its partner ended) and at
 //!   most one partner. Alone, a job runs at its workload's exclusive throughput; beside a
 //!   partner, at the measured colocated throughput of the pair. Rates change only when a
@@ -295,7 +298,10 @@ impl Sim<'_> {
             shared += usize::from(b != NONE);
             let listed = self.open.iter().position(|set| set.contains(&(g as u32)));
             let alone = a != NONE && b == NONE;
-            let shareable = alone && self.policy.shares() && !self.st[a as usize].alone_only;
+            let shareable = alone
+                && self.policy.shares()
+                && !self.policy.at_start_only()
+                && !self.st[a as usize].alone_only;
             if shareable {
                 let wa = self.workload(a);
                 assert_eq!(listed, Some(usize::from(wa)), "GPU {g}: alone, shareable, not open");
@@ -421,7 +427,9 @@ impl Sim<'_> {
             self.shared -= 1;
             let survivor = self.slots[base];
             self.retime(g);
-            self.fill(g, survivor);
+            if !self.policy.at_start_only() {
+                self.fill(g, survivor);
+            }
             return;
         }
         self.slots[base] = NONE;
@@ -466,7 +474,8 @@ impl Sim<'_> {
                 }
             }
             let Some((pos, _)) = best else {
-                if self.open[usize::from(wf)].insert(g) {
+                // Kace at start only: a lead that found no partner stays alone.
+                if !self.policy.at_start_only() && self.open[usize::from(wf)].insert(g) {
                     self.open_total += 1;
                 }
                 return;
@@ -614,6 +623,35 @@ mod tests {
         let q = simulate(&w, &Policy::queue_order(&w), &jobs, 1, 8).unwrap();
         assert_times(&q.start, &[0.0, 0.0, 7.5]);
         assert_times(&q.finish, &[7.5, 10.0, 14.0]);
+    }
+
+    /// Predicts a group's summed exclusive throughput: every fitting pair beats a job alone.
+    struct Optimist;
+    impl kace_selector::Predictor for Optimist {
+        fn predict(&self, m: &[kace_selector::Member<'_>], _: kace_selector::Objective) -> f64 {
+            m.iter().map(|m| m.profile.exclusive_throughput()).sum()
+        }
+    }
+
+    #[test]
+    fn kace_at_start_neither_refills_nor_takes_late_arrivals() {
+        let w = tiny_world();
+        let deployed = Policy::kace(&w, &Optimist, &rules());
+        let at_start = Policy::kace_at_start(&w, &Optimist, &rules());
+        // A late arrival: a leads alone at t=0, b arrives at t=2.
+        let late = [job(&w, 0.0, "a", 100.0), job(&w, 2.0, "b", 20.0)];
+        let o = simulate(&w, &deployed, &late, 1, 8).unwrap();
+        assert_times(&o.start, &[0.0, 2.0]);
+        let o = simulate(&w, &at_start, &late, 1, 8).unwrap();
+        assert!(o.start[1] >= o.finish[0] - 1e-9, "joined an open GPU: {o:?}");
+        // A survivor: a takes b at t=0; when b ends, the deployed mechanism gives a the next b.
+        let survivor = [job(&w, 0.0, "a", 100.0), job(&w, 0.0, "b", 8.0), job(&w, 0.0, "b", 8.0)];
+        let o = simulate(&w, &deployed, &survivor, 1, 8).unwrap();
+        assert!(o.start[2] < o.finish[0], "no refill: {o:?}");
+        assert_eq!(o.pairings, 2);
+        let o = simulate(&w, &at_start, &survivor, 1, 8).unwrap();
+        assert!(o.start[2] >= o.finish[0] - 1e-9, "refilled: {o:?}");
+        assert_eq!(o.pairings, 1);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! A job's choice depends only on the two workloads, so the table is computed once per world
 //! and a choice inside the simulation is a lookup per candidate.
 
-use kace_selector::{select, Candidate, Member, Predictor, SelectionRules};
+use kace_selector::decision::{decide, GpuState, Joiner, OnGpu, Policy as DecisionPolicy};
+use kace_selector::{Predictor, SelectionRules};
 
 use crate::world::{PairKind, WorkloadId, World};
 
@@ -16,18 +17,24 @@ pub enum PolicyKind {
     QueueOrder,
     /// A free slot takes the pending job with the smallest memcap that fits.
     Memcap,
-    /// A free slot takes the job kace's model predicts best, through kace's own selection.
+    /// kace as deployed: the job kace's one decision predicts best, whenever a GPU has room
+    /// (a lead's start, a partner's end, a later arrival while the GPU is open).
     Kace,
+    /// kace choosing only at a lead's start (kace before the refill and dispatch of open
+    /// GPUs): a survivor runs alone until it ends, and a lead that found no partner never gets
+    /// one.
+    KaceAtStart,
     /// As kace, with the measured throughput instead of a prediction.
     Oracle,
 }
 
 impl PolicyKind {
     /// Every policy, in report order.
-    pub const ALL: [PolicyKind; 5] = [
+    pub const ALL: [PolicyKind; 6] = [
         PolicyKind::Exclusive,
         PolicyKind::QueueOrder,
         PolicyKind::Memcap,
+        PolicyKind::KaceAtStart,
         PolicyKind::Kace,
         PolicyKind::Oracle,
     ];
@@ -39,6 +46,7 @@ impl PolicyKind {
             PolicyKind::QueueOrder => "queue-order",
             PolicyKind::Memcap => "memcap",
             PolicyKind::Kace => "kace",
+            PolicyKind::KaceAtStart => "kace-at-start",
             PolicyKind::Oracle => "oracle",
         }
     }
@@ -101,18 +109,42 @@ impl Policy {
         })
     }
 
-    /// kace: the production [`select`] with `predictor` and `rules` (memory fit, gain
-    /// threshold), one candidate at a time; the merit is the predicted throughput sum.
+    /// kace: the production decision ([`decide`]) with `predictor` and `rules` (memory fit,
+    /// gain threshold), one candidate at a time; the merit is the predicted objective. Users
+    /// are not in the table: callers filter by user (the same-user rule) at lookup.
     pub fn kace(world: &World, predictor: &dyn Predictor, rules: &SelectionRules) -> Policy {
-        Policy::table(PolicyKind::Kace, world, |a, b| {
-            let cand = [Candidate {
-                profile: Some(world.profile(b)),
-                workload: Some(world.name(b)),
-                same_user: true,
-            }];
-            let running = [Member { profile: world.profile(a), workload: Some(world.name(a)) }];
-            let s = select(&running, &cand, predictor, rules);
-            s.chosen.and(s.verdicts[0].prediction)
+        Policy::kace_as(PolicyKind::Kace, world, predictor, rules)
+    }
+
+    /// kace deciding only at a lead's start (see [`PolicyKind::KaceAtStart`]).
+    pub fn kace_at_start(
+        world: &World,
+        predictor: &dyn Predictor,
+        rules: &SelectionRules,
+    ) -> Policy {
+        Policy::kace_as(PolicyKind::KaceAtStart, world, predictor, rules)
+    }
+
+    fn kace_as(
+        kind: PolicyKind,
+        world: &World,
+        predictor: &dyn Predictor,
+        rules: &SelectionRules,
+    ) -> Policy {
+        let policy = DecisionPolicy {
+            rules: rules.clone(),
+            max_jobs_per_gpu: 2,
+            // Users are checked by the engine, so the table holds every user's pairs.
+            multi_user: true,
+        };
+        Policy::table(kind, world, |a, b| {
+            let cand =
+                [Joiner { profile: Some(world.profile(b)), workload: world.name(b), user: None }];
+            let running =
+                [OnGpu { profile: world.profile(a), workload: world.name(a), user: None }];
+            let gpu = GpuState { running: &running, memory_gib: rules.gpu_memory_gib };
+            let d = decide(&gpu, &cand, predictor, &policy);
+            d.chosen().and(d.selection.verdicts[0].prediction)
         })
     }
 
@@ -151,6 +183,12 @@ impl Policy {
         self.kind != PolicyKind::Exclusive
     }
 
+    /// Whether a GPU asks for a partner only when its lead starts: no refill when a partner
+    /// leaves, and no later arrival for a GPU whose lead found none.
+    pub fn at_start_only(&self) -> bool {
+        self.kind == PolicyKind::KaceAtStart
+    }
+
     /// The merit of `candidate` joining a GPU running `first`, or `None` if it may not.
     #[inline]
     pub fn score(&self, first: WorkloadId, candidate: WorkloadId) -> Option<f64> {
@@ -172,7 +210,7 @@ fn usable_memory(world: &World, rules: &SelectionRules) -> f64 {
 mod tests {
     use super::*;
     use crate::world::tests_support::tiny_world;
-    use kace_selector::Objective;
+    use kace_selector::{Member, Objective};
 
     /// Predicts the pair's summed exclusive throughput (a deliberately naive model).
     struct SumOfExclusive;

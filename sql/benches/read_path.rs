@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kace_selector::dataset::Group;
-use kace_selector::{Model, ModelKind, Objective, Profile, SelectionRules, SlowdownParams};
-use kace_sql::decide::{decide, model_to_new_model, CandidateSpec};
+use kace_selector::{Model, ModelKind, Objective, Profile, SlowdownParams};
+use kace_sql::decide::{decide, model_to_new_model, JobSpec};
 use kace_sql::{Db, NewProfile, Observation, Partner, FEATURE_COUNT};
 
 const WORKLOADS: usize = 1_001;
@@ -133,7 +133,7 @@ fn ms(d: Duration) -> String {
 fn main() {
     let dir = std::env::temp_dir().join(format!("kace-bench-read-path-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let rules = SelectionRules { gpu_memory_gib: Some(141.0), ..SelectionRules::default() };
+    let policy = kace_selector::decision::Policy::default();
     println!("prolog read path: open read-only + active model + profiles + predict + choose");
     println!(
         "median and p95 of {RUNS} runs; {WORKLOADS} profiled workloads, 2 measurements each\n"
@@ -150,15 +150,16 @@ fn main() {
             std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0) as f64 / (1024.0 * 1024.0);
         eprintln!("built {} in {:.1} s", path.display(), t.elapsed().as_secs_f64());
         for n in [10usize, 100, 1_000] {
-            let cands: Vec<CandidateSpec> =
-                (1..=n).map(|i| CandidateSpec { workload: name(i), same_user: true }).collect();
+            let cands: Vec<JobSpec> =
+                (1..=n).map(|i| JobSpec { workload: name(i), user: None }).collect();
             let lead = name(0);
             let mut times = Vec::with_capacity(RUNS);
             let mut chosen = None;
             for _ in 0..RUNS {
                 let start = Instant::now();
                 let db = Db::open_read_only(&path).expect("open");
-                let d = decide(&db, &lead, &cands, &rules, None).expect("decide");
+                let running = [JobSpec { workload: lead.clone(), user: None }];
+                let d = decide(&db, &running, &cands, &policy, Some(141.0), None).expect("decide");
                 times.push(start.elapsed());
                 chosen = d.selection.chosen;
                 std::hint::black_box(&d);

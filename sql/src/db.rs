@@ -95,13 +95,19 @@ impl Db {
     /// Opens an existing, up-to-date database read-only: what the prolog does. Never writes,
     /// never creates, never takes the write lock.
     pub fn open_read_only(path: &Path) -> Result<Db> {
+        Db::open_read_only_within(path, BUSY_TIMEOUT)
+    }
+
+    /// [`Db::open_read_only`], waiting at most `busy` for a writer's lock (a prolog passes what
+    /// is left of its time budget, so a locked database cannot run it into its watchdog).
+    pub fn open_read_only_within(path: &Path, busy: Duration) -> Result<Db> {
         if !path.exists() {
             return Err(Error::Missing { path: path.to_path_buf() });
         }
         let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(path, flags).map_err(sql("open database", path))?;
         let db = Db { conn, path: path.to_path_buf(), read_only: true };
-        db.configure()?;
+        db.configure(busy)?;
         db.require_current()?;
         Ok(db)
     }
@@ -135,7 +141,7 @@ impl Db {
         }
         let conn = Connection::open_with_flags(path, flags).map_err(sql("open database", path))?;
         let db = Db { conn, path: path.to_path_buf(), read_only: false };
-        db.configure()?;
+        db.configure(BUSY_TIMEOUT)?;
         // A rollback journal, never WAL: WAL needs shared memory that network file systems do
         // not provide, and the DB may sit on NFS next to slurm.conf. Setting it also converts a
         // file someone switched to WAL back.
@@ -154,8 +160,8 @@ impl Db {
         Ok(db)
     }
 
-    fn configure(&self) -> Result<()> {
-        self.conn.busy_timeout(BUSY_TIMEOUT).map_err(sql("set busy timeout", &self.path))?;
+    fn configure(&self, busy: Duration) -> Result<()> {
+        self.conn.busy_timeout(busy).map_err(sql("set busy timeout", &self.path))?;
         // Reading the schema here turns "not a database" into an error at open time, not at
         // the first query deep inside a command.
         self.conn

@@ -1,13 +1,12 @@
 //! The bridge between stored rows and the selector: model (de)serialisation, the training set
-//! built from observations, and the prolog's read path (load the active model and the profiles
-//! of the lead and candidates, predict, choose).
+//! built from observations, and the read path of every decision (load the active model and
+//! the profiles of the GPU's jobs and the candidates, then the selector's one decision).
 
 use std::collections::HashMap;
 
 use kace_selector::dataset::Group;
-use kace_selector::{
-    select, Candidate, Feature, Member, Model, ModelKind, Profile, Selection, SelectionRules,
-};
+use kace_selector::decision::{GpuState, Joiner, OnGpu, Policy};
+use kace_selector::{Feature, Model, ModelKind, Profile, Rejection, Selection};
 use serde_json::json;
 
 use crate::db::Db;
@@ -164,13 +163,20 @@ pub fn training_set(db: &Db) -> Result<TrainingSet> {
     Ok(set)
 }
 
-/// One candidate of a decision, as the prolog knows it.
+/// A job of a decision (running on the GPU, or a held candidate), as Slurm shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CandidateSpec {
+pub struct JobSpec {
     /// Its workload.
     pub workload: String,
-    /// Whether it belongs to the lead's user.
-    pub same_user: bool,
+    /// Its user (`None`: unknown, matches anyone, as in `kace select --dry-run`).
+    pub user: Option<String>,
+}
+
+impl JobSpec {
+    /// A job of `workload` whose user is unknown.
+    pub fn anyone(workload: &str) -> JobSpec {
+        JobSpec { workload: workload.to_string(), user: None }
+    }
 }
 
 /// Everything a decision needed and produced.
@@ -178,8 +184,10 @@ pub struct CandidateSpec {
 pub struct Decision {
     /// Version of the model used.
     pub model_version: i64,
-    /// Verdicts parallel to the candidates, and the chosen index.
+    /// Verdicts parallel to the candidates, the chosen index and the baseline.
     pub selection: Selection,
+    /// The passing candidates, best first: the order in which to release them.
+    pub ranked: Vec<usize>,
     /// Per candidate, the features its profile lacks (empty when complete or absent).
     pub incomplete: Vec<Vec<&'static str>>,
     /// Time spent reading the model and the profiles.
@@ -188,53 +196,80 @@ pub struct Decision {
     pub predict_time: std::time::Duration,
 }
 
+impl Decision {
+    /// Candidate `i`'s reason for not being chosen, in the words every caller shows
+    /// (`None`: it passed).
+    pub fn reason(&self, i: usize) -> Option<String> {
+        let r = self.selection.verdicts.get(i)?.rejection.as_ref()?;
+        let missing = self.incomplete.get(i).map(Vec::as_slice).unwrap_or_default();
+        Some(match r {
+            Rejection::UnknownProfile if !missing.is_empty() => {
+                format!("incomplete profile (missing {})", missing.join(", "))
+            }
+            other => other.to_string(),
+        })
+    }
+}
+
 /// The active model, decoded.
 pub fn active_model(db: &Db) -> Result<(i64, Model)> {
     let rec = db.active_model()?.ok_or(Error::NoActiveModel)?;
     Ok((rec.version, model_from_record(&rec)?))
 }
 
-/// The prolog's read path: active model, profiles of the lead and candidates (one query), the
-/// selector's filters and choice. The lead must have a complete profile; candidates without one
-/// are rejected as unknown by the selector.
+/// The read path of every decision: the active model, the profiles of the jobs on the GPU and
+/// of the candidates (one query), then [`kace_selector::decision::decide`]. The jobs on the GPU
+/// must have complete profiles; candidates without one are rejected as unknown.
 pub fn decide(
     db: &Db,
-    lead: &str,
-    candidates: &[CandidateSpec],
-    rules: &SelectionRules,
+    running: &[JobSpec],
+    candidates: &[JobSpec],
+    policy: &Policy,
+    gpu_memory_gib: Option<f64>,
     gpu_model: Option<&str>,
 ) -> Result<Decision> {
     let started = std::time::Instant::now();
     let (model_version, model) = active_model(db)?;
-    if !model.serves(rules.objective) {
+    let objective = policy.rules.objective;
+    if !model.serves(objective) {
         return Err(Error::BadModel {
             version: model_version,
             reason: format!(
                 "a {} model trained for another objective cannot predict {}",
                 model.kind().key(),
-                rules.objective.key()
+                objective.key()
             ),
         });
     }
-    let mut names: Vec<&str> = Vec::with_capacity(candidates.len() + 1);
-    names.push(lead);
-    names.extend(candidates.iter().map(|c| c.workload.as_str()));
+    let mut names: Vec<&str> =
+        running.iter().chain(candidates).map(|c| c.workload.as_str()).collect();
     names.sort_unstable();
     names.dedup();
     let stored = db.profiles(&names, gpu_model)?;
-    let lead_profile = match stored.get(lead) {
-        Some(p) => selector_profile(p)
-            .ok_or_else(|| Error::NoProfile { workload: lead.into(), missing: p.missing() })?,
-        None => return Err(Error::NoProfile { workload: lead.into(), missing: Vec::new() }),
-    };
     let converted: HashMap<&str, Profile> =
         stored.iter().filter_map(|(w, p)| selector_profile(p).map(|sp| (w.as_str(), sp))).collect();
-    let cands: Vec<Candidate<'_>> = candidates
+    for r in running {
+        if !converted.contains_key(r.workload.as_str()) {
+            let missing = stored.get(&r.workload).map(|p| p.missing()).unwrap_or_default();
+            return Err(Error::NoProfile { workload: r.workload.clone(), missing });
+        }
+    }
+    let on_gpu: Vec<OnGpu<'_>> = running
         .iter()
-        .map(|c| Candidate {
+        .filter_map(|r| {
+            Some(OnGpu {
+                profile: converted.get(r.workload.as_str())?,
+                workload: &r.workload,
+                user: r.user.as_deref(),
+            })
+        })
+        .collect();
+    let joiners: Vec<Joiner<'_>> = candidates
+        .iter()
+        .map(|c| Joiner {
             profile: converted.get(c.workload.as_str()),
-            workload: Some(c.workload.as_str()),
-            same_user: c.same_user,
+            workload: &c.workload,
+            user: c.user.as_deref(),
         })
         .collect();
     let incomplete = candidates
@@ -242,8 +277,15 @@ pub fn decide(
         .map(|c| stored.get(&c.workload).map(|p| p.missing()).unwrap_or_default())
         .collect();
     let db_time = started.elapsed();
-    let running = [Member { profile: &lead_profile, workload: Some(lead) }];
-    let selection = select(&running, &cands, &model, rules);
+    let gpu = GpuState { running: &on_gpu, memory_gib: gpu_memory_gib };
+    let d = kace_selector::decision::decide(&gpu, &joiners, &model, policy);
     let predict_time = started.elapsed().saturating_sub(db_time);
-    Ok(Decision { model_version, selection, incomplete, db_time, predict_time })
+    Ok(Decision {
+        model_version,
+        selection: d.selection,
+        ranked: d.ranked,
+        incomplete,
+        db_time,
+        predict_time,
+    })
 }

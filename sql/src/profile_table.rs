@@ -87,7 +87,7 @@ fn parse_value(text: &str) -> Result<Option<f64>> {
 /// Where a quoted field that never closes starts (1-based line and column), if one does. The
 /// csv crate takes such a field, cut off by the end of the file, as complete: a truncated file
 /// would import its last row with a wrong value.
-fn unterminated_quote(text: &str) -> Option<(usize, usize)> {
+pub fn unterminated_quote(text: &str) -> Option<(usize, usize)> {
     /// Where the scan is; a quoted field carries where it opened.
     enum State {
         FieldStart,

@@ -106,6 +106,76 @@ pub fn write_record(dir: &Path, obs: &Observation) -> Result<PathBuf> {
     write_atomic(dir, &record_file_name(&obs.key), &body)
 }
 
+/// Suffix of an observation parked outside the spool (see [`write_or_park`]).
+pub const PARKED_SUFFIX: &str = ".parked.json";
+
+/// Where [`write_or_park`] put an observation.
+#[derive(Debug)]
+pub enum Written {
+    /// In the spool, as usual.
+    Spooled(PathBuf),
+    /// Parked, because the spool could not take it (`cause`).
+    Parked {
+        /// The parked file.
+        path: PathBuf,
+        /// Why the spool could not take it.
+        cause: Error,
+    },
+}
+
+/// Writes `obs` into `spool`; when that fails (a full spool), parks it in `park` instead, a
+/// root-owned directory on the node (the progress root), from which [`unpark`] moves it into
+/// the spool later. An error only when neither worked: then the observation is lost.
+pub fn write_or_park(spool: &Path, park: &Path, obs: &Observation) -> Result<Written> {
+    match write_record(spool, obs) {
+        Ok(p) => Ok(Written::Spooled(p)),
+        Err(Error::Invalid { reason }) => Err(Error::Invalid { reason }),
+        Err(cause) => {
+            trusted(park)?;
+            let body = serde_json::to_vec(obs).map_err(|source| Error::Json {
+                what: format!("observation {}", obs.key),
+                source,
+            })?;
+            let name = record_file_name(&obs.key).replace(RECORD_SUFFIX, PARKED_SUFFIX);
+            let path = write_atomic(park, &name, &body)?;
+            Ok(Written::Parked { path, cause })
+        }
+    }
+}
+
+/// Moves observations parked in `park` into `spool`; returns how many moved. Stops at the first
+/// that cannot be written (the spool is still full): the rest stay parked for the next call.
+pub fn unpark(park: &Path, spool: &Path) -> Result<usize> {
+    let entries = match fs::read_dir(park) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io_err("read parked observations", park)(e)),
+    };
+    let mut parked: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            !name.starts_with('.') && name.ends_with(PARKED_SUFFIX)
+        })
+        .map(|e| e.path())
+        .collect();
+    parked.sort();
+    let mut moved = 0;
+    for p in parked {
+        let obs = match read_bounded(&p, MAX_RECORD_BYTES)? {
+            None => continue,
+            Some(Ok(buf)) => serde_json::from_slice::<Observation>(&buf).ok(),
+            Some(Err(_)) => None,
+        };
+        // Only kace parks here; anything unreadable is left for the admin, not deleted.
+        let Some(obs) = obs else { continue };
+        write_record(spool, &obs)?;
+        fs::remove_file(&p).map_err(io_err("remove parked observation", &p))?;
+        moved += 1;
+    }
+    Ok(moved)
+}
+
 /// Sub-directory of the spool that holds decision records.
 pub const DECISIONS_DIR: &str = "decisions";
 

@@ -109,6 +109,11 @@ fn kace_reads_what_this_slurm_prints() {
     let held = roles["held"].to_string();
     save("job-held.json", "squeue", &["--json", "-j", &held]);
     save("job-partner.json", "squeue", &["--json", "-j", &partner.to_string()]);
+    // `scontrol --json` exists from 23.02 (kace uses it there; 22.05 refuses the option).
+    let sc = c.run("scontrol", &["--json", "show", "job", &held]).unwrap();
+    if sc.status.success() {
+        std::fs::write(out.join("scontrol-held.json"), &sc.stdout).unwrap();
+    }
     save("running.json", "squeue", &["--json", "-t", "R,CF"]);
     save("nodes.txt", "sinfo", &["-h", "-N", "-O", "NodeList:|,Gres:|,StateLong:|"]);
     save("on-n1.txt", "squeue", &["-h", "-w", "n1", "-O", "JobID:|"]);

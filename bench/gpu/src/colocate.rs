@@ -111,7 +111,7 @@ pub fn run(
     }
     let dirs = mps_dirs(&config.node.mps_root, spec.gpu);
     if !mps.running(&dirs) {
-        mps.start(&dirs, spec.gpu, spec.uid)?;
+        mps.start(&dirs, spec.gpu, spec.uid, config.mps.multi_user)?;
     }
     let root = &config.node.progress_root;
     std::fs::create_dir_all(root).map_err(|cause| kace_node::Error::Io {
@@ -130,7 +130,7 @@ pub fn run(
             spec.gpu,
             Instant::now() + Duration::from_secs(5),
         )?;
-        lock.add(job, w, clock.now())?;
+        lock.add(job, w, clock.now(), None)?;
         drop(lock);
         let child = Command::new(&spec.runner)
             .arg(w)
@@ -173,7 +173,6 @@ pub fn run(
                 node: spec.node.clone(),
                 cluster: spec.cluster.clone(),
                 kace: true,
-                kace_value: w.clone(),
                 gpu: Some(spec.gpu),
                 mps_share: None,
             };
@@ -186,7 +185,7 @@ pub fn run(
                 deadline: Instant::now() + Duration::from_millis(config.node.prolog_budget_ms),
                 log,
             };
-            if let Outcome::Done { observations, stopped_mps } = epilog::run(&node, &env) {
+            if let Outcome::Done { observations, stopped_mps, .. } = epilog::run(&node, &env) {
                 out.observations.extend(observations);
                 out.stopped_mps |= stopped_mps;
             }

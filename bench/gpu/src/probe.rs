@@ -10,7 +10,8 @@ use serde_json::{json, Value};
 pub fn run(mps: &NvidiaMps, mps_root: &std::path::Path, gpu: GpuIndex, uid: u32) -> Value {
     let dirs = mps_dirs(mps_root, gpu);
     let before = mps.running(&dirs);
-    let start = mps.start(&dirs, gpu, uid);
+    // One user, as a single-user MPS daemon serves (mps.multi_user off, the default).
+    let start = mps.start(&dirs, gpu, uid, false);
     let up = mps.running(&dirs);
     let quit = if up { Some(mps.quit(&dirs)) } else { None };
     let after = mps.running(&dirs);

@@ -10,8 +10,8 @@ use std::process::Command;
 
 use kace_e2e::{kace as setup, Cluster, JobInfo};
 use kace_node::slurm_json::JsonJob;
-use kace_selector::SelectionRules;
-use kace_sql::decide::{decide, CandidateSpec, Decision};
+use kace_selector::decision::Policy;
+use kace_sql::decide::{decide, Decision, JobSpec};
 use kace_sql::Db;
 
 /// GPU memory the tests configure (no NVML here).
@@ -113,10 +113,8 @@ pub fn profiled_workloads(db: &Db) -> Vec<String> {
 
 /// The prolog's decision for `lead` among `others` (same user, the test GPU's memory).
 pub fn decision(db: &Db, lead: &str, others: &[&String]) -> Decision {
-    let rules = SelectionRules { gpu_memory_gib: Some(GPU_GIB), ..SelectionRules::default() };
-    let specs: Vec<CandidateSpec> =
-        others.iter().map(|w| CandidateSpec { workload: w.to_string(), same_user: true }).collect();
-    decide(db, lead, &specs, &rules, None).unwrap()
+    let specs: Vec<JobSpec> = others.iter().map(|w| JobSpec::anyone(w)).collect();
+    decide(db, &[JobSpec::anyone(lead)], &specs, &Policy::default(), Some(GPU_GIB), None).unwrap()
 }
 
 /// The candidates of decision `d` (made among `others`) that passed every filter, with their

@@ -1,0 +1,104 @@
+//! What `kace dispatch` must never release: a job an admin held (`JobHeldAdmin`), and, while
+//! Slurm would not start it, a job with an unmet dependency or a `--begin` ahead — neither as a
+//! lead nor for `max_hold`. A job held by the gate alone is released as usual.
+
+use std::cell::RefCell;
+
+use kace_node::slurm::{JobDetail, NodeGpus, QueuedJob, RunningJob, Slurm, Target};
+use kace_node::{dispatch, Error, Result};
+
+struct Queue {
+    jobs: Vec<QueuedJob>,
+    released: RefCell<Vec<u32>>,
+}
+
+impl Slurm for Queue {
+    fn kace_queue(&self) -> Result<Vec<QueuedJob>> {
+        Ok(self.jobs.clone())
+    }
+    /// Dispatch re-reads a job just before moving it: as Slurm would show it, still held.
+    fn job(&self, id: u32) -> Result<JobDetail> {
+        let j = self.jobs.iter().find(|j| j.id == id).ok_or_else(|| Error::Parse {
+            what: format!("job {id}"),
+            text: "not in this fake".into(),
+        })?;
+        Ok(JobDetail {
+            id,
+            state: "PENDING".into(),
+            reason: j.reason.clone(),
+            admin_comment: format!("kace:{}", j.workload),
+            user: j.user.clone(),
+            submitted: j.submitted,
+            ..JobDetail::default()
+        })
+    }
+    fn jobs_on_node(&self, _node: &str) -> Result<Vec<u32>> {
+        Ok(vec![])
+    }
+    fn pin(&self, _id: u32, _target: &Target, _shards: u32) -> Result<()> {
+        Ok(())
+    }
+    fn release(&self, id: u32) -> Result<()> {
+        self.released.borrow_mut().push(id);
+        Ok(())
+    }
+    fn running_kace_jobs(&self) -> Result<Vec<RunningJob>> {
+        Ok(vec![])
+    }
+    fn nodes(&self) -> Result<Vec<NodeGpus>> {
+        Ok(vec![NodeGpus { name: "n1".into(), gpus: vec![None, None, None, None], usable: true }])
+    }
+}
+
+fn job(
+    id: u32,
+    reason: &str,
+    dependency: &str,
+    eligible: Option<f64>,
+    submitted: f64,
+) -> QueuedJob {
+    QueuedJob {
+        id,
+        workload: "w".into(),
+        user: "alice".into(),
+        reason: reason.into(),
+        tres_per_node: "gres/shard:1".into(),
+        submitted: Some(submitted),
+        state: "PD".into(),
+        dependency: dependency.into(),
+        eligible,
+        ..QueuedJob::default()
+    }
+}
+
+#[test]
+fn admin_holds_dependencies_and_begin_times_are_never_released() {
+    let now = 10_000.0;
+    let q = Queue {
+        jobs: vec![
+            job(1, "JobHeldAdmin", "", None, 0.0),
+            job(2, "JobHeldUser", "afterok:9(unfulfilled)", None, 0.0),
+            job(3, "JobHeldUser", "", Some(now + 3600.0), 0.0),
+            // Its --begin passed 10 s ago: max_hold (600 s) counts from then.
+            job(4, "JobHeldUser", "", Some(now - 10.0), 0.0),
+        ],
+        released: RefCell::new(vec![]),
+    };
+    // max_hold_s is 600 by default.
+    let config = kace_config::Config::default();
+    let settings = dispatch::Settings::of(&config);
+    let r = dispatch::run(&q, &settings, now).unwrap();
+    assert!(r.expired.is_empty(), "{r:?}");
+    // Only job 4 may lead (free to start, held by the gate alone).
+    assert_eq!(r.leads.iter().map(|l| l.0).collect::<Vec<_>>(), vec![4], "{r:?}");
+    assert_eq!(*q.released.borrow(), vec![4]);
+
+    // Much later every job has waited past max_hold, but only the free ones are released.
+    let q = Queue { jobs: q.jobs, released: RefCell::new(vec![]) };
+    let later = now + 7200.0;
+    let r = dispatch::run(&q, &settings, later).unwrap();
+    let mut expired: Vec<u32> = r.expired.iter().map(|e| e.0).collect();
+    expired.sort_unstable();
+    assert_eq!(expired, vec![3, 4], "{r:?}");
+    assert!(!q.released.borrow().contains(&1) && !q.released.borrow().contains(&2));
+}

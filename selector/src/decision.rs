@@ -1,0 +1,227 @@
+//! The one decision kace makes, wherever it is made (a lead's prolog, the epilog of a job that
+//! leaves a partner behind, dispatch offering new jobs to open GPUs, `kace select --dry-run`
+//! and the simulator): given the kace jobs on one GPU and the held candidates, which candidate's
+//! joining raises the GPU's predicted objective most, or none, with every candidate's reason.
+//!
+//! It adds to [`select`] what a GPU's state decides: the job limit per GPU, and who may
+//! share it (MPS time-slices clients of different users unless the control daemon runs in
+//! multi-user mode). Callers do not re-rank or re-word what it returns: [`Decision::ranked`] is
+//! the order in which to try candidates when the first can no longer be released.
+
+use crate::features::Profile;
+use crate::selection::{select, Candidate, Predictor, Rejection, Selection, SelectionRules};
+use crate::slowdown::Member;
+
+/// The site's rules for filling a GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    /// Memory margin, gain threshold and objective. Its `gpu_memory_gib` and
+    /// `require_same_user` are set from the GPU's state and [`Policy::multi_user`].
+    pub rules: SelectionRules,
+    /// At most this many kace jobs share one GPU (`selection.max_jobs_per_gpu`, ≥ 2).
+    pub max_jobs_per_gpu: usize,
+    /// Whether jobs of different users may share a GPU (`mps.multi_user`: the MPS control
+    /// daemon runs with `-M`, one server for all users, no isolation between them).
+    pub multi_user: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy { rules: SelectionRules::default(), max_jobs_per_gpu: 2, multi_user: false }
+    }
+}
+
+/// A kace job running on the GPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OnGpu<'a> {
+    /// Its workload's profile.
+    pub profile: &'a Profile,
+    /// Its workload's name.
+    pub workload: &'a str,
+    /// Its user (`None`: unknown, as in a dry run; it matches any user).
+    pub user: Option<&'a str>,
+}
+
+/// A held job that might join.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Joiner<'a> {
+    /// Its workload's profile, when known.
+    pub profile: Option<&'a Profile>,
+    /// Its workload's name.
+    pub workload: &'a str,
+    /// Its user (`None`: unknown; it matches any user).
+    pub user: Option<&'a str>,
+}
+
+/// One GPU as the decision sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuState<'a> {
+    /// The kace jobs on it, oldest first (at least one: a free GPU gets a lead from dispatch,
+    /// in queue order, not a joiner).
+    pub running: &'a [OnGpu<'a>],
+    /// Its memory in GiB (`None`: unknown, memory is not checked).
+    pub memory_gib: Option<f64>,
+}
+
+/// What the decision returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// Every candidate's verdict (parallel to the candidates), the chosen one and the
+    /// baseline: the GPU's objective without a joiner.
+    pub selection: Selection,
+    /// The candidates that passed, best first (the chosen one first; equal predictions in
+    /// candidate order): the order in which to release them.
+    pub ranked: Vec<usize>,
+}
+
+impl Decision {
+    /// The chosen candidate, if any.
+    pub fn chosen(&self) -> Option<usize> {
+        self.selection.chosen
+    }
+}
+
+fn same_user(a: Option<&str>, b: Option<&str>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a == b,
+        _ => true,
+    }
+}
+
+/// Decides which candidate joins `gpu`. Candidates are in queue order (oldest first), which
+/// breaks ties.
+pub fn decide(
+    gpu: &GpuState<'_>,
+    candidates: &[Joiner<'_>],
+    predictor: &dyn Predictor,
+    policy: &Policy,
+) -> Decision {
+    let limit = policy.max_jobs_per_gpu;
+    if gpu.running.is_empty() || gpu.running.len() >= limit {
+        let rejection = Rejection::GpuFull { running: gpu.running.len(), limit };
+        let verdicts = candidates
+            .iter()
+            .map(|_| crate::selection::Verdict {
+                prediction: None,
+                rejection: Some(rejection.clone()),
+            })
+            .collect();
+        return Decision {
+            selection: Selection { verdicts, chosen: None, baseline: f64::NAN },
+            ranked: Vec::new(),
+        };
+    }
+    let running: Vec<Member<'_>> = gpu
+        .running
+        .iter()
+        .map(|r| Member { profile: r.profile, workload: Some(r.workload) })
+        .collect();
+    let cands: Vec<Candidate<'_>> = candidates
+        .iter()
+        .map(|c| Candidate {
+            profile: c.profile,
+            workload: Some(c.workload),
+            same_user: gpu.running.iter().all(|r| same_user(r.user, c.user)),
+        })
+        .collect();
+    let rules = SelectionRules {
+        gpu_memory_gib: gpu.memory_gib,
+        require_same_user: !policy.multi_user,
+        ..policy.rules.clone()
+    };
+    let selection = select(&running, &cands, predictor, &rules);
+    let mut ranked: Vec<usize> =
+        (0..candidates.len()).filter(|&i| selection.verdicts[i].rejection.is_none()).collect();
+    // Stable: equal predictions keep queue order, as `select` breaks its own ties.
+    ranked.sort_by(|&a, &b| {
+        let p = |i: usize| selection.verdicts[i].prediction.unwrap_or(f64::NEG_INFINITY);
+        p(b).total_cmp(&p(a))
+    });
+    if let Some(c) = selection.chosen {
+        ranked.retain(|&i| i != c);
+        ranked.insert(0, c);
+    }
+    Decision { selection, ranked }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::features::{combine, Feature, FEATURE_COUNT};
+    use crate::policy::Objective;
+
+    /// Predicts the group's summed exclusive throughput minus its memcap.
+    struct Toy;
+    impl Predictor for Toy {
+        fn predict(&self, m: &[Member<'_>], _: Objective) -> f64 {
+            let f = combine(m.iter().map(|m| m.profile));
+            f[Feature::ExclusiveThroughput.index()] - f[Feature::Memcap.index()]
+        }
+    }
+
+    fn prof(excl: f64, mem: f64) -> Profile {
+        let mut f = [0.0; FEATURE_COUNT];
+        f[Feature::ExclusiveThroughput.index()] = excl;
+        f[Feature::Memcap.index()] = mem;
+        Profile::new(f)
+    }
+
+    fn joiner<'a>(p: &'a Profile, w: &'a str, user: &'a str) -> Joiner<'a> {
+        Joiner { profile: Some(p), workload: w, user: Some(user) }
+    }
+
+    #[test]
+    fn ranks_passing_candidates_and_keeps_every_reason() {
+        let lead = prof(10.0, 4.0);
+        let running = [OnGpu { profile: &lead, workload: "lead", user: Some("ann") }];
+        let (a, b, c) = (prof(5.0, 2.0), prof(9.0, 3.0), prof(8.0, 3.0));
+        let cands = [
+            joiner(&a, "a", "ann"),
+            joiner(&b, "b", "bob"),
+            joiner(&c, "c", "ann"),
+            joiner(&b, "b", "ann"),
+            Joiner { profile: None, workload: "x", user: Some("ann") },
+        ];
+        let gpu = GpuState { running: &running, memory_gib: Some(32.0) };
+        let d = decide(&gpu, &cands, &Toy, &Policy::default());
+        assert_eq!(d.chosen(), Some(3));
+        assert_eq!(d.ranked, vec![3, 2]);
+        assert_eq!(d.selection.verdicts[1].rejection, Some(Rejection::DifferentUser));
+        assert_eq!(d.selection.verdicts[4].rejection, Some(Rejection::UnknownProfile));
+        // Under mps.multi_user, bob's job ties with ann's and the older one wins.
+        let multi = Policy { multi_user: true, ..Policy::default() };
+        let d = decide(&gpu, &cands, &Toy, &multi);
+        assert_eq!((d.chosen(), d.ranked.clone()), (Some(1), vec![1, 3, 2]));
+    }
+
+    #[test]
+    fn a_full_gpu_takes_nobody_and_a_third_job_must_raise_the_group() {
+        let (x, y) = (prof(10.0, 4.0), prof(6.0, 2.0));
+        let two = [
+            OnGpu { profile: &x, workload: "x", user: None },
+            OnGpu { profile: &y, workload: "y", user: None },
+        ];
+        let small = prof(3.0, 1.0);
+        let cands = [Joiner { profile: Some(&small), workload: "s", user: None }];
+        let gpu = GpuState { running: &two, memory_gib: None };
+        let d = decide(&gpu, &cands, &Toy, &Policy::default());
+        assert_eq!(d.chosen(), None);
+        assert_eq!(
+            d.selection.verdicts[0].rejection,
+            Some(Rejection::GpuFull { running: 2, limit: 2 })
+        );
+        let three = Policy { max_jobs_per_gpu: 3, ..Policy::default() };
+        let d = decide(&gpu, &cands, &Toy, &three);
+        // The pair is predicted at 16 − 6 = 10; with s, 19 − 7 = 12.
+        assert_eq!(d.selection.baseline, 10.0);
+        assert_eq!((d.chosen(), d.selection.verdicts[0].prediction), (Some(0), Some(12.0)));
+        let greedy = prof(1.0, 5.0);
+        let cands = [Joiner { profile: Some(&greedy), workload: "g", user: None }];
+        let d = decide(&gpu, &cands, &Toy, &three);
+        assert!(matches!(
+            d.selection.verdicts[0].rejection,
+            Some(Rejection::BelowGainThreshold { .. })
+        ));
+        assert_eq!(d.chosen(), None);
+    }
+}
