@@ -28,7 +28,6 @@
 //! [profiling]
 //! warmup_steps = 10
 //! sample_interval_ms = 1000
-//! min_alone_runs = 1      # observed alone runs before an unprofiled workload is a candidate
 //!
 //! [sampler]               # kace-sampler: GPU readings while kace jobs run
 //! dir = "/run/kace/samples"
@@ -197,15 +196,11 @@ pub struct Profiling {
     pub warmup_steps: u64,
     /// NVML sampling period in milliseconds (the artifact used `nvidia-smi pmon`, 1 s).
     pub sample_interval_ms: u64,
-    /// Runs a workload must have been observed alone (with `kace-sampler` readings) before a
-    /// workload nobody profiled becomes a candidate from its observed system profile.
-    /// Default 1.
-    pub min_alone_runs: u32,
 }
 
 impl Default for Profiling {
     fn default() -> Self {
-        Profiling { warmup_steps: 10, sample_interval_ms: 1000, min_alone_runs: 1 }
+        Profiling { warmup_steps: 10, sample_interval_ms: 1000 }
     }
 }
 
@@ -406,7 +401,6 @@ impl Config {
                 min_gain: s.min_gain,
                 objective: s.objective,
                 refuse_likely_harm: s.refuse_likely_harm,
-                ..kace_selector::SelectionRules::default()
             },
             max_jobs_per_gpu: s.max_jobs_per_gpu,
             multi_user: self.mps.multi_user,
