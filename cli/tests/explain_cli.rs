@@ -2,46 +2,16 @@
 //! a decision from the spool, then from the database after `kace ingest`; dispatch with Slurm's
 //! commands missing fails with a message, and a second dispatch defers to the running one.
 
-use std::fs;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use kace_sql::spool::{write_decision, SpooledDecision};
 use kace_sql::{DecisionCandidate, NewDecision};
-use kace_test_support::TempDir;
 
-struct Env {
-    dir: TempDir,
-}
+mod common;
+use common::Env;
 
-impl Env {
-    fn new(tag: &str) -> Env {
-        let dir = TempDir::new(&format!("explain-{tag}"));
-        let d = dir.path().display();
-        fs::write(
-            dir.join("kace.conf"),
-            format!(
-                "[database]\npath = \"{d}/kace.db\"\n[spool]\ndir = \"{d}/spool\"\n\
-                 quarantine = \"{d}/q\"\n[node]\nscontrol = \"{d}/none\"\nsqueue = \"{d}/none\"\n\
-                 sinfo = \"{d}/none\"\n[dispatch]\nlock = \"{d}/dispatch.lock\"\n"
-            ),
-        )
-        .unwrap();
-        Env { dir }
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_kace"))
-            .env("KACE_CONFIG", self.dir.join("kace.conf"))
-            .args(args)
-            .output()
-            .unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
+fn env(tag: &str) -> Env {
+    Env::new(&format!("explain-{tag}"), true)
 }
 
 fn cand(job: &str, w: &str, p: Option<f64>, r: Option<&str>) -> DecisionCandidate {
@@ -55,7 +25,7 @@ fn cand(job: &str, w: &str, p: Option<f64>, r: Option<&str>) -> DecisionCandidat
 
 #[test]
 fn explain_reads_the_spool_then_the_database() {
-    let e = Env::new("spool");
+    let e = env("spool");
     e.ok(&["db", "init"]);
     let d = SpooledDecision {
         key: "c/10/decision".into(),
@@ -98,7 +68,7 @@ fn explain_reads_the_spool_then_the_database() {
 
 #[test]
 fn dispatch_without_slurm_fails_clearly_and_one_runs_at_a_time() {
-    let e = Env::new("dispatch");
+    let e = env("dispatch");
     let out = e.run(&["dispatch"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -116,7 +86,7 @@ fn dispatch_without_slurm_fails_clearly_and_one_runs_at_a_time() {
 /// reason, and `kace explain` printed it raw to the admin's terminal.
 #[test]
 fn explain_escapes_control_characters_from_decisions() {
-    let e = Env::new("escapes");
+    let e = env("escapes");
     let evil = "chosen, but no longer held (\u{1b}]0;owned-title\u{7}\u{1b}[2J\nforged line)";
     let d = SpooledDecision {
         key: "c/20/decision".into(),
@@ -144,7 +114,7 @@ fn explain_escapes_control_characters_from_decisions() {
 /// broken-pipe panic, exit 101).
 #[test]
 fn a_closed_stdout_ends_the_command_quietly() {
-    let e = Env::new("pipe");
+    let e = env("pipe");
     e.ok(&["db", "init"]);
     for args in [&["db", "check"][..], &["explain", "1"], &["model", "list"]] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_kace"))

@@ -5,44 +5,15 @@
 
 use std::fs;
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
-use kace_test_support::TempDir;
+mod common;
+use common::Env;
 
-struct Env {
-    dir: TempDir,
+fn env(tag: &str) -> Env {
+    Env::new(&format!("obs-cli-{tag}"), false)
 }
 
 impl Env {
-    fn new(tag: &str) -> Env {
-        let dir = TempDir::new(&format!("obs-cli-{tag}"));
-        let d = dir.display();
-        fs::write(
-            dir.join("kace.conf"),
-            format!(
-                "[database]\npath = \"{d}/kace.db\"\n[spool]\ndir = \"{d}/spool\"\n\
-                 quarantine = \"{d}/q\"\n"
-            ),
-        )
-        .unwrap();
-        fs::create_dir_all(dir.join("spool")).unwrap();
-        Env { dir }
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_kace"))
-            .env("KACE_CONFIG", self.dir.join("kace.conf"))
-            .args(args)
-            .output()
-            .unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
     /// A database with the demo's profiles and pairs, and model version 1 trained on them.
     fn demo(&self) {
         let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../packaging/demo");
@@ -71,7 +42,7 @@ fn pair(key: &str, job: &str, partner: &str, thr: f64) -> serde_json::Value {
 /// activated a model with held-out MSE inf.
 #[test]
 fn poisoned_imports_are_refused_and_stored_ones_can_be_taken_out() {
-    let e = Env::new("poison");
+    let e = env("poison");
     e.demo();
     let poison = e.dir.join("poison.json");
     let items: Vec<_> = (0..20)
@@ -105,7 +76,7 @@ fn poisoned_imports_are_refused_and_stored_ones_can_be_taken_out() {
 
 #[test]
 fn retrain_on_unchanged_data_stores_no_new_version() {
-    let e = Env::new("unchanged");
+    let e = env("unchanged");
     e.demo();
     assert_eq!(e.model_count(), 1);
     let out = e.ok(&["retrain"]);
@@ -129,7 +100,7 @@ fn retrain_on_unchanged_data_stores_no_new_version() {
 /// file names itself, the line and the column, and stores nothing.
 #[test]
 fn profile_import_is_idempotent_and_names_file_line_and_column() {
-    let e = Env::new("profiles");
+    let e = env("profiles");
     e.ok(&["db", "init"]);
     let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../packaging/demo/profiles.csv");
     let first: serde_json::Value = serde_json::from_str(&e.ok(&[
@@ -166,7 +137,7 @@ fn profile_import_is_idempotent_and_names_file_line_and_column() {
 /// silently as "already stored".
 #[test]
 fn conflicting_duplicate_observations_are_refused() {
-    let e = Env::new("dup-obs");
+    let e = env("dup-obs");
     e.ok(&["db", "init"]);
     let f = e.dir.join("dup.json");
     let items = vec![pair("d/1", "a", "b", 5.0), pair("d/1", "a", "b", 7.0)];
@@ -180,7 +151,7 @@ fn conflicting_duplicate_observations_are_refused() {
 /// A colocation table cut off inside a quoted field imported its last row with a wrong value.
 #[test]
 fn a_cut_off_colocation_table_is_refused() {
-    let e = Env::new("cut-table");
+    let e = env("cut-table");
     e.ok(&["db", "init"]);
     let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../packaging/demo/pairs.csv");
     let text = fs::read_to_string(demo).unwrap();

@@ -6,53 +6,17 @@
 //! well-formed and to hold the point.
 
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Command;
 
 use kace_sql::spool::{write_decision, write_record, SpooledDecision};
 use kace_sql::{DecisionCandidate, NewDecision, Observation, Partner};
 
-struct Env {
-    dir: PathBuf,
-}
+mod common;
+use common::Env;
 
-impl Env {
-    fn new(tag: &str) -> Env {
-        let dir = std::env::temp_dir().join(format!("kace-observe-{}-{tag}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        let d = dir.display();
-        fs::write(
-            dir.join("kace.conf"),
-            format!(
-                "[database]\npath = \"{d}/kace.db\"\n[spool]\ndir = \"{d}/spool\"\n\
-                 quarantine = \"{d}/q\"\n[node]\nscontrol = \"{d}/none\"\nsqueue = \"{d}/none\"\n\
-                 sinfo = \"{d}/none\"\n"
-            ),
-        )
-        .unwrap();
-        Env { dir }
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_kace"))
-            .env("KACE_CONFIG", self.dir.join("kace.conf"))
-            .args(args)
-            .output()
-            .unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.dir);
-    }
+fn env(tag: &str) -> Env {
+    Env::new(&format!("observe-{tag}"), true)
 }
 
 fn demo(f: &str) -> String {
@@ -92,7 +56,7 @@ fn obs(
 /// A database with the demo's model and one observed pair (jobs 1 and 7, decided by job 1's
 /// prolog predicting 28.8) plus job 1 alone for 10 s before its partner came.
 fn prepared(tag: &str) -> Env {
-    let e = Env::new(tag);
+    let e = env(tag);
     e.ok(&["db", "init"]);
     e.ok(&["profile", "import", &demo("profiles.csv")]);
     e.ok(&["observations", "import", &demo("pairs.csv")]);
