@@ -464,8 +464,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn learns_partner_driven_slowdown_and_ranks_partners() {
+    /// Eight workloads (exclusive throughput and SM % rising together) and every pair of them.
+    fn eight_workloads_paired() -> (Vec<(String, Profile)>, Vec<Group>) {
         let ws: Vec<(String, Profile)> = (0..8)
             .map(|i| (format!("w{i}"), prof(10.0 + 5.0 * i as f64, 10.0 + 11.0 * i as f64)))
             .collect();
@@ -475,6 +475,12 @@ mod tests {
                 groups.push(group((&ws[i].0, ws[i].1), (&ws[j].0, ws[j].1)));
             }
         }
+        (ws, groups)
+    }
+
+    #[test]
+    fn learns_partner_driven_slowdown_and_ranks_partners() {
+        let (ws, groups) = eight_workloads_paired();
         let refs: Vec<&Group> = groups.iter().collect();
         let m = SlowdownModel::fit(
             &refs,
@@ -594,15 +600,7 @@ mod tests {
 
     #[test]
     fn one_absurd_observation_cannot_dominate_the_robust_fit() {
-        let ws: Vec<(String, Profile)> = (0..8)
-            .map(|i| (format!("w{i}"), prof(10.0 + 5.0 * i as f64, 10.0 + 11.0 * i as f64)))
-            .collect();
-        let mut clean = Vec::new();
-        for i in 0..8 {
-            for j in (i + 1)..8 {
-                clean.push(group((&ws[i].0, ws[i].1), (&ws[j].0, ws[j].1)));
-            }
-        }
+        let (ws, clean) = eight_workloads_paired();
         // One finite but absurd rate: w3 beside w5 "ran" a million times faster than alone.
         let mut dirty = clean.clone();
         let bad = dirty.iter().position(|g| g.workloads == ["w3", "w5"]).unwrap();
