@@ -600,7 +600,7 @@ mod tests {
 
     #[test]
     fn one_absurd_observation_cannot_dominate_the_robust_fit() {
-        let (ws, clean) = eight_workloads_paired();
+        let (_, clean) = eight_workloads_paired();
         // One finite but absurd rate: w3 beside w5 "ran" a million times faster than alone.
         let mut dirty = clean.clone();
         let bad = dirty.iter().position(|g| g.workloads == ["w3", "w5"]).unwrap();
