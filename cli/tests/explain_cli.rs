@@ -20,6 +20,7 @@ fn cand(job: &str, w: &str, p: Option<f64>, r: Option<&str>) -> DecisionCandidat
         workload: w.into(),
         prediction: p,
         rejected: r.map(str::to_string),
+        held_s: None,
     }
 }
 

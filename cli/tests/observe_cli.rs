@@ -79,6 +79,7 @@ fn prepared(tag: &str) -> Env {
                     workload: "bert-infer".into(),
                     prediction: Some(28.8),
                     rejected: None,
+held_s: None,
                 }],
             },
         },
