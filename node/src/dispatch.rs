@@ -294,44 +294,43 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
         );
     }
     // The decision for one open GPU among `cands` (indices into `held`).
-    let choose = |slot: &Slot,
-                  cands: &[usize],
-                  policy: &Policy|
-     -> std::result::Result<Chosen, String> {
-        let (Some(db), Some(mem)) = (db.as_ref(), s.gpu_memory_gib) else {
-            return Ok(Chosen::default());
+    let choose =
+        |slot: &Slot, cands: &[usize], policy: &Policy| -> std::result::Result<Chosen, String> {
+            let (Some(db), Some(mem)) = (db.as_ref(), s.gpu_memory_gib) else {
+                return Ok(Chosen::default());
+            };
+            let running: Vec<JobSpec> = slot
+                .jobs
+                .iter()
+                .map(|(_, w, u)| JobSpec {
+                    workload: w.clone(),
+                    user: Some(u.clone()).filter(|u| !u.is_empty()),
+                })
+                .collect();
+            let specs: Vec<JobSpec> = cands
+                .iter()
+                .map(|&i| JobSpec {
+                    workload: held[i].workload.clone(),
+                    user: Some(held[i].user.clone()).filter(|u| !u.is_empty()),
+                })
+                .collect();
+            let d =
+                decide(db, &running, &specs, policy, Some(mem), None).map_err(|e| e.to_string())?;
+            let records = cands
+                .iter()
+                .enumerate()
+                .map(|(k, &i)| DecisionCandidate {
+                    prediction: d.selection.verdicts.get(k).and_then(|v| v.prediction),
+                    rejected: d.reason(k),
+                    ..candidate_record(held[i], now)
+                })
+                .collect();
+            Ok(Chosen {
+                ranked: d.ranked.iter().map(|&k| cands[k]).collect(),
+                records,
+                model_version: Some(d.model_version),
+            })
         };
-        let running: Vec<JobSpec> = slot
-            .jobs
-            .iter()
-            .map(|(_, w, u)| JobSpec {
-                workload: w.clone(),
-                user: Some(u.clone()).filter(|u| !u.is_empty()),
-            })
-            .collect();
-        let specs: Vec<JobSpec> = cands
-            .iter()
-            .map(|&i| JobSpec {
-                workload: held[i].workload.clone(),
-                user: Some(held[i].user.clone()).filter(|u| !u.is_empty()),
-            })
-            .collect();
-        let d = decide(db, &running, &specs, policy, Some(mem), None).map_err(|e| e.to_string())?;
-        let records = cands
-            .iter()
-            .enumerate()
-            .map(|(k, &i)| DecisionCandidate {
-                prediction: d.selection.verdicts.get(k).and_then(|v| v.prediction),
-                rejected: d.reason(k),
-                ..candidate_record(held[i], now)
-            })
-            .collect();
-        Ok(Chosen {
-            ranked: d.ranked.iter().map(|&k| cands[k]).collect(),
-            records,
-            model_version: Some(d.model_version),
-        })
-    };
     // The record of one release into `slot`; `chosen` is what the decision saw (an open GPU).
     let record = |report: &mut Report,
                   kind: ReleaseKind,
@@ -360,7 +359,9 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
         };
         match write_decision(s.spool, &d) {
             Ok(_) => report.records.push(d),
-            Err(e) => report.problems.push(format!("couldn't spool the release of job {}: {e}", j.id)),
+            Err(e) => {
+                report.problems.push(format!("couldn't spool the release of job {}: {e}", j.id))
+            }
         }
     };
     let mut taken: Vec<usize> = Vec::new(); // indices into `held` released this pass

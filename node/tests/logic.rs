@@ -668,7 +668,10 @@ fn dispatch_fills_open_gpus_before_free_ones() {
     assert!(c.prediction.is_some() && c.rejected.is_none(), "{c:?}");
     assert_eq!(c.held_s, Some(100.0 - f64::from(expected)));
     let lead = &r.records[1].decision;
-    assert_eq!((lead.lead_job.clone(), lead.chosen_job.clone()), (Some(first_left.to_string()), None));
+    assert_eq!(
+        (lead.lead_job.clone(), lead.chosen_job.clone()),
+        (Some(first_left.to_string()), None)
+    );
 
     // The same GPU with its kace job completing: its epilog refills it, dispatch does not.
     let w2 = World::new("open-cg", lead_slurm(Some("g1")));

@@ -281,7 +281,7 @@ fn decisions_round_trip() {
                 workload: "wb".into(),
                 prediction: Some(7.5),
                 rejected: None,
-held_s: None,
+                held_s: None,
             },
             DecisionCandidate {
                 job: None,
