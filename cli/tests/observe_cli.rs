@@ -7,7 +7,6 @@
 
 use std::fs;
 use std::path::Path;
-use std::process::Command;
 
 use kace_sql::spool::{write_decision, write_record, SpooledDecision};
 use kace_sql::{DecisionCandidate, NewDecision, Observation, Partner};
@@ -124,43 +123,6 @@ fn prepared(tag: &str) -> Env {
     e
 }
 
-/// Parses the file with prometheus_client and prints `name type sample=value…` per family;
-/// `None` (with the reason) when python3 or the module is missing outside CI.
-fn parse_with_prometheus_client(path: &Path) -> Option<String> {
-    const SCRIPT: &str = r#"
-import sys
-from prometheus_client.parser import text_string_to_metric_families
-text = open(sys.argv[1]).read()
-for fam in text_string_to_metric_families(text):
-    samples = " ".join("%s%s=%r" % (s.name, sorted(s.labels.items()), s.value) for s in fam.samples)
-    print(fam.name, fam.type, samples)
-"#;
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-    let mut why = Vec::new();
-    // Debian's python3-prometheus-client is in the system Python, which a pyenv or venv on
-    // PATH may shadow.
-    for python in ["python3", "/usr/bin/python3"] {
-        match Command::new(python).arg("-c").arg(SCRIPT).arg(path).output() {
-            Ok(o) if o.status.success() => {
-                return Some(String::from_utf8_lossy(&o.stdout).into_owned())
-            }
-            Ok(o) => {
-                let err = String::from_utf8_lossy(&o.stderr).into_owned();
-                assert!(
-                    err.contains("No module named 'prometheus_client'"),
-                    "prometheus_client refused {}: {err}",
-                    path.display()
-                );
-                why.push(format!("{python}: no prometheus_client"));
-            }
-            Err(e) => why.push(format!("{python}: {e}")),
-        }
-    }
-    assert!(!ci, "CI=true but no Python with prometheus_client: {why:?}");
-    eprintln!("SKIPPED the parser check ({why:?}): install python3-prometheus-client");
-    None
-}
-
 #[test]
 fn metrics_textfile_is_valid_prometheus_text() {
     let e = prepared("metrics");
@@ -246,7 +208,7 @@ fn metrics_textfile_is_valid_prometheus_text() {
     }
     assert!(queried >= 15, "{queried}");
 
-    let Some(parsed) = parse_with_prometheus_client(&prom) else { return };
+    let Some(parsed) = kace_test_support::parse_with_prometheus_client(&prom) else { return };
     let families: Vec<&str> = parsed.lines().collect();
     let find = |name: &str| {
         families
