@@ -150,12 +150,8 @@ pub fn render(db: &Db, objective: Objective, live: &Live, now: f64) -> Result<St
     o.sample("kace_hold_seconds_sum", &[], holds.iter().sum());
     o.sample("kace_hold_seconds_count", &[], holds.len() as f64);
     // Only the hooks' records are decisions that may choose no one.
-    let hooks: Vec<_> = decisions
-        .iter()
-        .filter(|d| {
-            matches!(ReleaseKind::of_key(d.key.as_deref()), ReleaseKind::Lead | ReleaseKind::Refill)
-        })
-        .collect();
+    let hooks: Vec<_> =
+        decisions.iter().filter(|d| ReleaseKind::of_key(d.key.as_deref()).by_hook()).collect();
     let paired = hooks.iter().filter(|d| d.decision.chosen_job.is_some()).count();
     o.family(
         "kace_decisions_total",

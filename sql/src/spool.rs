@@ -112,6 +112,11 @@ impl ReleaseKind {
         ReleaseKind::ALL.into_iter().find(|k| k.suffix() == last).unwrap_or(ReleaseKind::Lead)
     }
 
+    /// Whether a prolog or an epilog made it (dispatch's own releases are also in its log).
+    pub fn by_hook(self) -> bool {
+        matches!(self, ReleaseKind::Lead | ReleaseKind::Refill)
+    }
+
     /// Whether the one decision function ranked candidates for it (dispatch's releases onto
     /// free GPUs rank nothing: they record the release and the hold).
     pub fn decides(self) -> bool {
