@@ -100,23 +100,6 @@ impl Drop for TempDir {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn temp_dirs_are_distinct_and_removed_on_drop() {
-        let a = TempDir::new("x");
-        let b = TempDir::new("x");
-        assert_ne!(a.path(), b.path());
-        fs::write(a.join("f"), "1").unwrap();
-        let p = a.path().to_path_buf();
-        drop(a);
-        assert!(!p.exists());
-        assert!(b.path().is_dir());
-    }
-}
-
 /// Parses a Prometheus text file with Prometheus's own Python parser (`prometheus_client`,
 /// Debian's python3-prometheus-client) and prints `name type sample=value…` per family;
 /// `None` (with the reason) when python3 or the module is missing outside CI.
@@ -153,4 +136,21 @@ for fam in text_string_to_metric_families(text):
     assert!(!ci, "CI=true but no Python with prometheus_client: {why:?}");
     eprintln!("SKIPPED the parser check ({why:?}): install python3-prometheus-client");
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temp_dirs_are_distinct_and_removed_on_drop() {
+        let a = TempDir::new("x");
+        let b = TempDir::new("x");
+        assert_ne!(a.path(), b.path());
+        fs::write(a.join("f"), "1").unwrap();
+        let p = a.path().to_path_buf();
+        drop(a);
+        assert!(!p.exists());
+        assert!(b.path().is_dir());
+    }
 }
