@@ -1003,3 +1003,82 @@ fn job_records_are_not_world_readable() {
         assert_eq!(mode & 0o007, 0, "{} is {mode:o}", d.display());
     }
 }
+
+/// A job may append to its progress file without bound (the file shares a disk with the spool);
+/// kace-sampler's cap compacts it while the job keeps appending, and the epilog still measures
+/// both intervals exactly: 4 steps/s alone, 2 steps/s with its partner.
+#[test]
+fn a_runaway_progress_writer_is_capped_and_still_observed() {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    s.details.borrow_mut().insert(11, running_detail(11, "beta", 0, None));
+    *s.on_node.borrow_mut() = vec![10, 11];
+    let w = World::new("runaway", s);
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    *w.clock.0.borrow_mut() = 2010.0;
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(11, 0))), prolog::Outcome::Joined { .. }));
+    let file = w.config.node.progress_root.join("10.progress");
+
+    // 1.2 million lines (about 30 MB) over the job's 30 s, appended 2 000 at a time.
+    const LINES: u32 = 1_200_000;
+    let writer = {
+        let file = file.clone();
+        std::thread::spawn(move || {
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&file)
+                .unwrap();
+            let mut written = 0u64;
+            for chunk in 0..LINES / 2000 {
+                let mut text = String::new();
+                for i in chunk * 2000..(chunk + 1) * 2000 {
+                    let t = 2000.0 + 30.0 * f64::from(i) / f64::from(LINES);
+                    let steps =
+                        if t <= 2010.0 { (t - 2000.0) * 4.0 } else { 40.0 + (t - 2010.0) * 2.0 };
+                    text.push_str(&format!("{t} {steps}\n"));
+                }
+                f.write_all(text.as_bytes()).unwrap();
+                written += text.len() as u64;
+            }
+            f.write_all(b"2030 80\n").unwrap();
+            written + 8
+        })
+    };
+    const CAP: u64 = 1 << 20;
+    let mut cap =
+        kace_sampler::progress_cap::ProgressCap::new(&w.config.node.progress_root, CAP, 0);
+    let lines = RefCell::new(Vec::new());
+    let log = |l: &str| lines.borrow_mut().push(l.to_string());
+    let mut compactions = 0;
+    while !writer.is_finished() {
+        compactions += cap.tick(&log);
+    }
+    let written = writer.join().unwrap();
+    compactions += cap.tick(&log);
+    let logs = lines.borrow().join("\n");
+    assert!(compactions >= 2, "{compactions} compactions: {logs}");
+    assert!(!logs.contains("couldn't"), "{logs}");
+    let meta = std::fs::metadata(&file).unwrap();
+    let f = std::fs::File::open(&file).unwrap();
+    let data = meta.len() - kace_profiling::progress::data_start(&f).unwrap();
+    assert!(written > 20 * CAP && data <= CAP, "{written} bytes written, {data} left");
+    // Nothing the job appended during a compaction was torn or lost.
+    let (prog, _) = epilog::read_progress(&file).unwrap();
+    assert_eq!(prog.skipped, 0);
+    assert_eq!(
+        prog.points.last(),
+        Some(&kace_profiling::progress::Point { time: 2030.0, steps: 80.0 })
+    );
+
+    *w.clock.0.borrow_mut() = 2030.0;
+    let out = w.with(|n| epilog::run(n, &job_env(10, 0)));
+    let epilog::Outcome::Done { observations, .. } = out else { panic!("{out:?}") };
+    assert_eq!(observations.len(), 2, "{observations:#?}");
+    assert!(observations[0].partners.is_empty());
+    assert!((observations[0].throughput - 4.0).abs() < 1e-6, "{observations:#?}");
+    assert_eq!(observations[1].partners[0].job, "11");
+    assert!((observations[1].throughput - 2.0).abs() < 1e-6, "{observations:#?}");
+}
