@@ -194,9 +194,13 @@ impl Profile {
     }
 
     /// Whether this profile may stand for its workload in a decision: an admin measured part
-    /// of it, or kace observed the workload alone at least `min_alone_runs` times.
+    /// of its system metrics (exclusive throughput, SM %, memory %, memcap), or kace observed
+    /// the workload alone at least `min_alone_runs` times. Kernel metrics alone (an ncu import)
+    /// do not lift the rule: the system part is then still kace's observation.
     pub fn usable(&self, min_alone_runs: u32) -> bool {
-        self.has_admin_values() || self.observed_runs >= min_alone_runs
+        let admin_system =
+            self.sources[FIRST_SYSTEM_FEATURE..].iter().flatten().any(|s| !is_observed_source(s));
+        admin_system || self.observed_runs >= min_alone_runs
     }
 
     /// Names of the features that are still unknown.
@@ -254,8 +258,9 @@ impl ObservedProfile {
         if self.job.is_empty() || self.job.len() > MAX_KEY_LEN {
             return bad("bad job id");
         }
-        if !self.created_at.is_finite()
-            || !(self.alone_seconds.is_finite() && self.alone_seconds >= 0.0)
+        if !(self.created_at.is_finite()
+            && self.alone_seconds.is_finite()
+            && self.alone_seconds >= 0.0)
         {
             return bad("bad time");
         }
