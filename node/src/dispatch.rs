@@ -18,6 +18,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kace_config::Config;
+use kace_log::Logger;
 use kace_selector::decision::Policy;
 use kace_sql::decide::{decide, JobSpec};
 
@@ -60,20 +61,13 @@ impl<'a> Settings<'a> {
 
 /// One dispatch pass as configured (real Slurm commands), under the dispatch lock. `Ok(None)`
 /// when another dispatch holds the lock: it does the work.
-pub fn run_configured(config: &Config, now: f64) -> Result<Option<Report>> {
+pub fn run_configured(config: &Config, now: f64, logger: &Logger) -> Result<Option<Report>> {
     let lock_path = &config.dispatch.lock;
     if let Some(dir) = lock_path.parent() {
         std::fs::create_dir_all(dir).map_err(io("create the directory of", lock_path))?;
     }
     let Some(_lock) = crate::state::try_lock_file(lock_path)? else { return Ok(None) };
-    let node = &config.node;
-    let slurm = Commands {
-        scontrol: node.scontrol.clone(),
-        squeue: node.squeue.clone(),
-        sinfo: node.sinfo.clone(),
-        timeout: Duration::from_millis(node.command_timeout_ms),
-        deadline: Some(Instant::now() + BUDGET),
-    };
+    let slurm = Commands::configured(&config.node, Some(Instant::now() + BUDGET), logger.clone());
     run(&slurm, &Settings::of(config), now).map(Some)
 }
 
