@@ -477,7 +477,7 @@ fn only_the_gates_mark_makes_a_kace_job() {
     assert!(w.mps.calls.borrow().is_empty());
     assert!(!w.slurm.calls.borrow().iter().any(|c| c.starts_with("release")));
     let out = w.with(|n| epilog::run(n, &job_env(30, 1)));
-    let epilog::Outcome::Done { refill, observations, stopped_mps } = out else {
+    let epilog::Outcome::Done { refill, observations, stopped_mps, .. } = out else {
         panic!("{out:?}")
     };
     assert_eq!((refill, observations.len(), stopped_mps), (None, 0, false));
@@ -1081,4 +1081,86 @@ fn a_runaway_progress_writer_is_capped_and_still_observed() {
     assert!((observations[0].throughput - 4.0).abs() < 1e-6, "{observations:#?}");
     assert_eq!(observations[1].partners[0].job, "11");
     assert!((observations[1].throughput - 2.0).abs() < 1e-6, "{observations:#?}");
+}
+
+/// A workload no admin measured alone (kernel metrics only, from an ncu import) is no candidate
+/// until it has run alone once: its epilog then measures it from the sampler's readings and its
+/// progress lines (source `observed`), ingest stores that, and the next decision takes it.
+#[test]
+fn an_unprofiled_workload_profiles_itself_alone_and_then_is_a_candidate() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(20, running_detail(20, "newbie", 0, None));
+    *s.on_node.borrow_mut() = vec![20];
+    let mut w = World::new("onboard", s);
+    w.config.sampler.dir = w.dir.join("samples");
+    w.config.profile.min_samples = 5;
+    let mut kernel = [None; FEATURE_COUNT];
+    for (i, v) in kernel.iter_mut().enumerate().take(6) {
+        *v = Some(10.0 * (i as f64 + 1.0));
+    }
+    Db::open(&w.config.database.path)
+        .unwrap()
+        .insert_profiles(&[NewProfile {
+            workload: "newbie".into(),
+            gpu_model: "Fake".into(),
+            source: "ncu:newbie.csv".into(),
+            values: kernel,
+        }])
+        .unwrap();
+    let verdict = |w: &World| {
+        let db = Db::open_read_only(&w.config.database.path).unwrap();
+        let cand = [JobSpec { workload: "newbie".into(), user: Some("alice".into()) }];
+        let lead = [JobSpec { workload: "alpha".into(), user: Some("alice".into()) }];
+        let d = decide(&db, &lead, &cand, &w.config.policy(), Some(32.0), None).unwrap();
+        (d.reason(0), d.selection.verdicts[0].prediction)
+    };
+    let (reason, _) = verdict(&w);
+    assert_eq!(
+        reason.as_deref(),
+        Some("unknown profile (observed alone in 0 of the 1 runs needed)")
+    );
+
+    // The sampler's ring: start-up (idle, until the warm-up ends at 2002), then 40 % SM, 20 %
+    // memory bandwidth and 3 GiB while the job runs alone from 2000 to 2030.
+    std::fs::create_dir_all(&w.config.sampler.dir).unwrap();
+    let ring = kace_sampler::ring::ring_path(&w.config.sampler.dir, 0);
+    let mut r = kace_sampler::Ring::create(&ring, 600).unwrap();
+    for t in 1990..=2040 {
+        let busy = (2002..=2030).contains(&t);
+        r.push(&kace_sampler::Reading {
+            time: f64::from(t),
+            sm_pct: Some(if busy { 40.0 } else { 0.0 }),
+            mem_pct: Some(if busy { 20.0 } else { 0.0 }),
+            used_bytes: Some(if busy { 3 << 30 } else { 0 }),
+        })
+        .unwrap();
+    }
+    w.config.profiling.warmup_steps = 8;
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(20, 0))), prolog::Outcome::Led { .. }));
+    let progress: String = (2000..=2030).map(|t| format!("{t} {}\n", (t - 2000) * 4)).collect();
+    std::fs::write(w.config.node.progress_root.join("20.progress"), progress).unwrap();
+    *w.clock.0.borrow_mut() = 2030.0;
+    let out = w.with(|n| epilog::run(n, &job_env(20, 0)));
+    let epilog::Outcome::Done { profile: Some(p), .. } = out else { panic!("{out:?}") };
+    assert_eq!(p.profile.source, kace_sql::OBSERVED_SOURCE);
+    assert_eq!(&p.profile.values[6..], &[Some(4.0), Some(40.0), Some(20.0), Some(3.0)]);
+    assert_eq!((p.samples, p.alone_seconds, p.job.as_str()), (29, 28.0, "20"));
+
+    let mut db = Db::open(&w.config.database.path).unwrap();
+    let r =
+        kace_sql::spool::ingest_profiles(&mut db, &w.config.spool.dir, &w.dir.join("q")).unwrap();
+    assert_eq!((r.inserted, r.quarantined.len()), (1, 0));
+    let stored = &db.profiles(&["newbie"], None).unwrap()["newbie"];
+    assert_eq!(stored.sources[0].as_deref(), Some("ncu:newbie.csv"));
+    assert_eq!(stored.sources[9].as_deref(), Some(kace_sql::OBSERVED_SOURCE));
+    let (reason, prediction) = verdict(&w);
+    assert_eq!(reason, None, "a candidate after one alone run");
+    assert!(prediction.is_some());
+    // A site that wants two alone runs first still waits.
+    w.config.profile.min_alone_runs = 2;
+    let (reason, _) = verdict(&w);
+    assert_eq!(
+        reason.as_deref(),
+        Some("unknown profile (observed alone in 1 of the 2 runs needed)")
+    );
 }
