@@ -24,6 +24,12 @@
 //!
 //! [mps]
 //! multi_user = false      # true: one MPS server for all users (-M), jobs of different users share
+//! memory_limit = true     # each kace job's tasks get CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+//! memory_limit_margin = 0.1   # that limit is memcap × (1 + this)
+//!
+//! [profile]               # profiles kace measures itself from jobs that ran alone
+//! min_alone_runs = 1      # observed alone runs before an unprofiled workload is a candidate
+//! min_samples = 10        # sampler readings an alone run needs to count
 //!
 //! [profiling]
 //! warmup_steps = 10
@@ -84,6 +90,8 @@ pub struct Config {
     pub selection: Selection,
     /// The MPS control daemons.
     pub mps: Mps,
+    /// Profiles kace measures itself (the epilog, from the sampler's readings).
+    pub profile: ProfileSection,
     /// `kace profile run`.
     pub profiling: Profiling,
     /// `kace train` / nightly retrain.
@@ -178,7 +186,7 @@ impl Default for Selection {
 }
 
 /// `[mps]`
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Mps {
     /// Start each GPU's MPS control daemon in multi-user mode (`nvidia-cuda-mps-control -d
@@ -187,6 +195,38 @@ pub struct Mps {
     /// another's (memory faults and hangs reach all clients). Off, MPS time-slices clients of
     /// different users, so kace pairs only jobs of the same user.
     pub multi_user: bool,
+    /// Give each kace job's tasks `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` for its GPU (the memory
+    /// guard), so that a job outgrowing its profile fails alone instead of ending its partner
+    /// with an out-of-memory error. Default true; a workload without a memcap gets no limit.
+    pub memory_limit: bool,
+    /// The limit is memcap × (1 + this). Default 0.1; in [0, 10].
+    pub memory_limit_margin: f64,
+}
+
+impl Default for Mps {
+    fn default() -> Self {
+        Mps { multi_user: false, memory_limit: true, memory_limit_margin: 0.1 }
+    }
+}
+
+/// `[profile]`: the profiles kace measures itself. While kace jobs run, `kace-sampler` reads
+/// each GPU; the epilog turns the readings of a job's alone intervals into a profile
+/// measurement of source `observed` (and, with progress lines, its exclusive throughput).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProfileSection {
+    /// Observed alone runs after which a workload no admin profiled becomes a candidate.
+    /// Default 1; in [1, 1000].
+    pub min_alone_runs: u32,
+    /// Sampler readings (both utilizations known) an alone run needs before the epilog makes
+    /// a measurement of it. Default 10 (10 s at the sampler's default 1 Hz); at least 1.
+    pub min_samples: u32,
+}
+
+impl Default for ProfileSection {
+    fn default() -> Self {
+        ProfileSection { min_alone_runs: 1, min_samples: 10 }
+    }
 }
 
 /// `[profiling]`
@@ -421,6 +461,7 @@ impl Config {
             },
             max_jobs_per_gpu: s.max_jobs_per_gpu,
             multi_user: self.mps.multi_user,
+            min_alone_runs: self.profile.min_alone_runs,
         }
     }
 
@@ -452,6 +493,20 @@ impl Config {
         let h = self.training.holdout_fraction;
         if !(h > 0.0 && h < 1.0) {
             return Err(format!("training.holdout_fraction = {h}: must be in (0, 1)"));
+        }
+        let pr = &self.profile;
+        if !(1..=1000).contains(&pr.min_alone_runs) {
+            return Err(format!(
+                "profile.min_alone_runs = {}: must be between 1 and 1000",
+                pr.min_alone_runs
+            ));
+        }
+        if pr.min_samples == 0 {
+            return Err("profile.min_samples must be at least 1".into());
+        }
+        let m = self.mps.memory_limit_margin;
+        if !(m.is_finite() && (0.0..=10.0).contains(&m)) {
+            return Err(format!("mps.memory_limit_margin = {m}: must be in [0, 10]"));
         }
         if self.profiling.sample_interval_ms == 0 {
             return Err("profiling.sample_interval_ms must be at least 1".into());
@@ -641,6 +696,14 @@ mod tests {
         assert!(e.to_string().contains("progress_cap"), "{e}");
         let c = Config::parse("[sampler]\nprogress_max_bytes = 65536\n", p()).unwrap();
         assert_eq!(c.sampler.progress_max_bytes, 65536);
+        let e = Config::parse("[profile]\nmin_alone_runs = 0\n", p()).unwrap_err();
+        assert!(e.to_string().contains("profile.min_alone_runs"), "{e}");
+        let e = Config::parse("[profile]\nmin_alone_run = 2\n", p()).unwrap_err();
+        assert!(e.to_string().contains("min_alone_run"), "{e}");
+        let e = Config::parse("[mps]\nmemory_limit_margin = -0.1\n", p()).unwrap_err();
+        assert!(e.to_string().contains("mps.memory_limit_margin"), "{e}");
+        let c = Config::parse("[profile]\nmin_alone_runs = 3\n", p()).unwrap();
+        assert_eq!(c.policy().min_alone_runs, 3);
         let e = Config::parse("this is = = not toml", p()).unwrap_err();
         assert!(e.to_string().starts_with("couldn't parse config test.conf"), "{e}");
     }

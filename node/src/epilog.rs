@@ -1,8 +1,9 @@
 //! `kace-epilog`'s logic: end the job's record on its GPU; when kace jobs remain there, choose
 //! and release a new joiner for them (the refill, [`crate::fill`], under the GPU's lock); stop
-//! the GPU's MPS daemon when no kace job is left; and turn the job's progress file into
+//! the GPU's MPS daemon when no kace job is left; turn the job's progress file into
 //! observations: one per interval in which the set of kace jobs sharing the GPU stayed the same
-//! (alone, or with partners).
+//! (alone, or with partners); and turn kace-sampler's readings of the job's alone intervals
+//! into a profile measurement of source `observed` ([`crate::measure`]), spooled for ingest.
 //!
 //! A job is a kace job here when kace's own record holds it (the prolog wrote it after checking
 //! the gate's mark). That record also names the GPU when Slurm passes no GPU variable (after a
@@ -18,7 +19,7 @@ use std::path::Path;
 use kace_layout::{mps_dirs, progress_file, GpuIndex};
 use kace_profiling::progress::{self, Point, Progress};
 use kace_sql::spool::{unpark, write_or_park, Written};
-use kace_sql::{Observation, Partner};
+use kace_sql::{Observation, ObservedProfile, Partner};
 
 use crate::env::JobEnv;
 use crate::error::{io, Error, Result};
@@ -40,6 +41,8 @@ pub enum Outcome {
         refill: Option<u32>,
         /// Observations written to the spool.
         observations: Vec<Observation>,
+        /// The profile measurement of the job's alone intervals written to the spool, if any.
+        profile: Option<Box<ObservedProfile>>,
         /// Whether this was the GPU's last kace job (and its daemon was told to quit).
         stopped_mps: bool,
     },
@@ -178,12 +181,26 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         Ok(moved) => log(&format!("moved {moved} parked observation(s) into the spool")),
         Err(e) => log(&format!("couldn't move parked observations into the spool: {e}")),
     }
-    let observations = match me {
+    let (observations, profile) = match me {
         None => {
             log("has no kace record on its GPU (not marked by the gate, or its prolog did not run); no observation");
-            Vec::new()
+            (Vec::new(), None)
         }
-        Some(me) => observe(n, env, gpu, &me, &history, &path),
+        Some(me) => {
+            let progress = match read_progress(&path) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    log(&format!("couldn't use the progress file: {e}; no observation"));
+                    None
+                }
+            };
+            let observations = progress
+                .as_ref()
+                .map(|p| observe(n, env, gpu, &me, &history, &path, p))
+                .unwrap_or_default();
+            let points = progress.as_ref().map(|(p, _)| p.points.as_slice()).unwrap_or(&[]);
+            (observations, measure_profile(n, env, gpu, &me, &history, points))
+        }
     };
     match std::fs::symlink_metadata(&path) {
         Ok(m) if m.file_type().is_file() || m.file_type().is_symlink() => {
@@ -193,7 +210,7 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         }
         _ => {}
     }
-    Outcome::Done { refill, observations, stopped_mps }
+    Outcome::Done { refill, observations, profile, stopped_mps }
 }
 
 type Finished = (Option<JobRecord>, Vec<JobRecord>, Option<u32>, bool);
@@ -256,6 +273,76 @@ fn finish_on_gpu(
     Ok((me, history, refill, stopped))
 }
 
+/// The profile measurement of the job's alone intervals ([`crate::measure`]), spooled; `None`
+/// (logged) when there was nothing to measure or it could not be spooled.
+fn measure_profile(
+    n: &Node,
+    env: &JobEnv,
+    gpu: GpuIndex,
+    me: &JobRecord,
+    history: &[JobRecord],
+    points: &[Point],
+) -> Option<Box<ObservedProfile>> {
+    let log = |m: &str| (n.log)(&format!("kace: epilog: job {}: {m}", env.job));
+    if kace_sql::validate_workload_name(&me.workload).is_err() {
+        return None;
+    }
+    let end = me.end.unwrap_or(me.start);
+    let segs = segments(me.start, end, history);
+    if !segs.iter().any(|s| s.partners.is_empty()) {
+        log("never ran alone on its GPU; no profile measurement");
+        return None;
+    }
+    let ring = kace_sampler::ring::ring_path(&n.config.sampler.dir, gpu.0);
+    let readings = match kace_sampler::Ring::open(&ring).and_then(|r| r.readings(me.start, end)) {
+        Ok(r) => r,
+        Err(e) => {
+            // Without the sampler the progress lines still give the exclusive throughput.
+            log(&format!("couldn't read the GPU's samples (is kace-sampler running?): {e}"));
+            Vec::new()
+        }
+    };
+    let warmup = n.config.profiling.warmup_steps;
+    let min_samples = n.config.profile.min_samples as usize;
+    let run = crate::measure::alone_run(&segs, &readings, points, warmup, min_samples);
+    if run.system.is_none() && run.readings > 0 {
+        log(&format!(
+            "{} sampler reading(s) in {:.0} s alone, fewer than profile.min_samples = {min_samples} with both utilizations; no system profile",
+            run.readings, run.seconds
+        ));
+    }
+    let model = n.gpus.model(gpu).unwrap_or_else(|_| UNKNOWN_GPU_MODEL.to_string());
+    let Some(profile) = run.profile(&me.workload, &model) else {
+        log("no sampler readings and no progress lines while it ran alone; no profile measurement");
+        return None;
+    };
+    let record = ObservedProfile {
+        key: kace_sql::spool::profile_key(&env.cluster, &env.job.to_string(), &env.node, me.start),
+        job: env.job.to_string(),
+        created_at: end,
+        profile,
+        samples: run.system.map_or(0, |s| s.samples as u64),
+        alone_seconds: run.seconds,
+        oom_limit_mib: None,
+    };
+    match kace_sql::spool::write_profile(&n.config.spool.dir, &record) {
+        Ok(_) => {
+            log(&format!(
+                "measured its profile alone over {:.0} s ({} readings): spooled as {}",
+                run.seconds, record.samples, record.key
+            ));
+            Some(Box::new(record))
+        }
+        Err(e) => {
+            log(&format!("couldn't spool the profile measurement {}: {e}", record.key));
+            None
+        }
+    }
+}
+
+/// GPU model recorded when NVML cannot tell it (as `kace profile import` records "unspecified").
+pub const UNKNOWN_GPU_MODEL: &str = "unspecified";
+
 fn observe(
     n: &Node,
     env: &JobEnv,
@@ -263,19 +350,14 @@ fn observe(
     me: &JobRecord,
     history: &[JobRecord],
     path: &Path,
+    (prog, truncated): &(Progress, bool),
 ) -> Vec<Observation> {
     let log = |m: &str| (n.log)(&format!("kace: epilog: job {}: {m}", env.job));
     if kace_sql::validate_workload_name(&me.workload).is_err() {
         log("couldn't name the job's workload; no observation");
         return Vec::new();
     }
-    let (prog, truncated) = match read_progress(path) {
-        Ok(p) => p,
-        Err(e) => {
-            log(&format!("couldn't use the progress file: {e}; no observation"));
-            return Vec::new();
-        }
-    };
+    let truncated = *truncated;
     if truncated {
         log(&format!("read only the first {} bytes of the progress file", progress::MAX_BYTES));
     }
