@@ -412,10 +412,15 @@ impl Slurm for Commands {
             }
             // Slurm up to 25.05 refuses a direct untyped→typed GRES change; clearing
             // TresPerNode first works on every release (shared/reference/slurm-lab-2.md §2).
+            // The direct change is tried first: where Slurm takes it, the request is never
+            // empty, which is when a release by a decider racing this one (between the read
+            // above and the clear) crashes 22.05's scheduler.
             (Some(kind), None) => {
-                self.scontrol(&["update", &job, "TresPerNode="])?;
                 let gres = format!("Gres=shard:{kind}:{shards}");
-                self.scontrol(&["update", &job, &gres, &nodes])?;
+                if self.scontrol(&["update", &job, &gres, &nodes]).is_err() {
+                    self.scontrol(&["update", &job, "TresPerNode="])?;
+                    self.scontrol(&["update", &job, &gres, &nodes])?;
+                }
             }
         }
         Ok(())
