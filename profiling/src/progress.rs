@@ -1,5 +1,7 @@
 //! The progress-file protocol: a job appends `<unix-seconds> <steps-done>` lines to the file
-//! named by `KACE_PROGRESS_FILE`; throughput is steps per second after the warm-up.
+//! named by `KACE_PROGRESS_FILE`; throughput is steps per second after the warm-up. A line
+//! `<unix-seconds> oom` says the job ran out of GPU memory then (kace's PyTorch hook writes it
+//! for an uncaught CUDA out-of-memory error); the epilog reads it with the job's exit status.
 //!
 //! The file is written by user code, so it is untrusted: reading is bounded, and malformed or
 //! backwards-going lines are skipped and counted rather than trusted. Its creation by the root
@@ -32,6 +34,8 @@ pub struct Progress {
     pub points: Vec<Point>,
     /// Lines that were malformed, not finite, or went backwards.
     pub skipped: usize,
+    /// When the job reported running out of GPU memory (the first `<unix-seconds> oom` line).
+    pub oom_at: Option<f64>,
 }
 
 /// Throughput over the measured window.
@@ -139,7 +143,17 @@ pub fn parse(text: &str) -> Progress {
             continue;
         }
         let mut it = line.split_whitespace();
-        let point = match (it.next(), it.next(), it.next()) {
+        let fields = (it.next(), it.next(), it.next());
+        if let (Some(t), Some("oom"), None) = fields {
+            match t.parse::<f64>() {
+                Ok(time) if time.is_finite() => {
+                    out.oom_at.get_or_insert(time);
+                }
+                _ => out.skipped += 1,
+            }
+            continue;
+        }
+        let point = match fields {
             (Some(t), Some(s), None) => match (t.parse::<f64>(), s.parse::<f64>()) {
                 (Ok(time), Ok(steps)) if time.is_finite() && steps.is_finite() && steps >= 0.0 => {
                     Some(Point { time, steps })
@@ -250,6 +264,23 @@ mod tests {
         assert_eq!(p.points.len(), 3);
         assert_eq!(p.skipped, 4);
         assert_eq!(p.points[2], Point { time: 104.0, steps: 20.0 });
+        assert_eq!(p.oom_at, None);
+    }
+
+    #[test]
+    fn an_out_of_memory_line_is_kept_apart_from_the_points() {
+        let p = parse(
+            "100 0
+101 5
+101.5 oom
+102 oom
+NaN oom
+x oom
+",
+        );
+        assert_eq!(p.points.len(), 2);
+        assert_eq!(p.oom_at, Some(101.5));
+        assert_eq!(p.skipped, 2);
     }
 
     #[test]
