@@ -254,22 +254,28 @@ fn finish_on_gpu(
         let asker = Asker { trigger: Trigger::End, job: env.job, cluster: &env.cluster };
         refill = fill(n, &lock, &at, asker, timings, started).partner;
     }
+    let dirs = mps_dirs(&n.config.node.mps_root, gpu);
+    if n.mps.running(&dirs) {
+        // Slurm has killed the job's tasks by now; a client that outlived that (blocked in the
+        // driver) still holds work on the server its partners share: end it in NVIDIA's order.
+        let procs = crate::mps::ProcFs { root: "/proc".into() };
+        let (ended, problems) =
+            crate::mps::end_job_clients(n.mps, &procs, &dirs, env.job, env.uid, n.deadline);
+        if !ended.is_empty() {
+            log(&format!("terminated its {} remaining MPS client(s) {ended:?}", ended.len()));
+        }
+        for p in problems {
+            log(&p);
+        }
+    }
     let mut stopped = false;
-    if running.is_empty() {
-        let dirs = mps_dirs(&n.config.node.mps_root, gpu);
-        if n.mps.running(&dirs) {
-            match n.mps.quit(&dirs) {
-                Ok(()) => {
-                    stopped = true;
-                    log(&format!(
-                        "stopped the MPS control daemon of GPU {}: no kace job left",
-                        gpu.0
-                    ));
-                }
-                Err(e) => {
-                    log(&format!("couldn't stop the MPS control daemon of GPU {}: {e}", gpu.0))
-                }
+    if running.is_empty() && n.mps.running(&dirs) {
+        match n.mps.quit(&dirs) {
+            Ok(()) => {
+                stopped = true;
+                log(&format!("stopped the MPS control daemon of GPU {}: no kace job left", gpu.0));
             }
+            Err(e) => log(&format!("couldn't stop the MPS control daemon of GPU {}: {e}", gpu.0)),
         }
     }
     let mut history = running;

@@ -12,8 +12,9 @@ use crate::{HarnessError, Hook, SlurmInstall};
 
 const BINS: [&str; 4] = ["kace", "kace-prolog", "kace-epilog", "kace-dispatch"];
 /// The crates the binaries are built from (for the staleness check).
-const CRATES: [&str; 9] =
-    ["node", "cli", "sql", "selector", "config", "layout", "profiling", "simulator", "log"];
+const CRATES: [&str; 10] = [
+    "node", "cli", "sql", "selector", "config", "layout", "profiling", "simulator", "log", "sampler",
+];
 
 /// The directory holding fresh `kace`, `kace-prolog` and `kace-epilog`: `$KACE_BIN_DIR` if set,
 /// else cargo's own output next to the test binary, else a build into `target/kace-e2e-plugin`.
