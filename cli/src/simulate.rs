@@ -11,7 +11,7 @@ use kace_selector::dataset::read_colocations;
 use kace_selector::eval::paper::PAPER_SEEDS;
 use kace_selector::SelectionRules;
 use kace_simulator::metrics::mean_std;
-use kace_simulator::onboarding::{new_workload_cost, NewWorkloadCost, Treatment};
+use kace_simulator::onboarding::{new_workload_cost, NewWorkloadCost, Summary, Treatment};
 use kace_simulator::plot::comparison_svg;
 use kace_simulator::trace::write_trace;
 use kace_simulator::{
@@ -394,6 +394,19 @@ fn render(
                 "kace_vs_kace_at_start": ratio(runs, PolicyKind::Kace, PolicyKind::KaceAtStart)
                     .map(|(m, s)| json!({"mean": m, "std": s})),
                 "new_workload": onboarding.iter().filter_map(|c| onboarding_json(c)).collect::<Vec<_>>(),
+                "new_workload_summary": Summary::of(&onboarding.concat()).map(|s| json!({
+                    "comparisons": s.comparisons,
+                    "partners_known": s.partners_known,
+                    "partners_new": s.partners_new,
+                    "harmful_share_known": s.harmful_share_known,
+                    "harmful_share_new": s.harmful_share_new,
+                    "first_jobs_jct_new_over_known": s.first_jobs_jct_ratio,
+                    "cluster_work_new_over_known": {
+                        "mean": s.cluster_work_ratio,
+                        "min": s.cluster_work_ratio_min,
+                        "max": s.cluster_work_ratio_max,
+                    },
+                })),
             });
             let mut s = serde_json::to_string_pretty(&doc).unwrap_or_default();
             s.push('\n');
@@ -482,6 +495,22 @@ fn render(
                     "pairs kace formed that were in its training fit: {:.1} % ± {:.1}\n",
                     100.0 * m,
                     100.0 * sd
+                ));
+            }
+            if let Some(sm) = Summary::of(&onboarding.concat()).filter(|s| s.comparisons > 1) {
+                s.push_str(&format!(
+                    "new workloads ({} comparisons): {:.1} partners ({:.1} % harmful) new vs \
+                     {:.1} ({:.1} %) known; first jobs' completion time new / known {:.3}; \
+                     cluster throughput new / known {:.4} ({:.4}–{:.4})\n",
+                    sm.comparisons,
+                    sm.partners_new,
+                    100.0 * sm.harmful_share_new,
+                    sm.partners_known,
+                    100.0 * sm.harmful_share_known,
+                    sm.first_jobs_jct_ratio,
+                    sm.cluster_work_ratio,
+                    sm.cluster_work_ratio_min,
+                    sm.cluster_work_ratio_max,
                 ));
             }
             for costs in onboarding.iter().filter(|c| !c.is_empty()) {

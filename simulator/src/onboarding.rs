@@ -127,3 +127,95 @@ pub fn new_workload_cost(
     let new = treatment(world, &new_policy, jobs, gpus, window, w, first_jobs)?;
     Ok(NewWorkloadCost { workload: workload.to_string(), first_jobs, known, new })
 }
+
+/// New against known over many comparisons (workloads × traces), each weighing the same.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Summary {
+    /// Comparisons summarised.
+    pub comparisons: usize,
+    /// Mean partners kace accepts for a known workload.
+    pub partners_known: f64,
+    /// … for a new one.
+    pub partners_new: f64,
+    /// Harmful share of the partners kace accepts for known workloads (pooled).
+    pub harmful_share_known: f64,
+    /// … for new ones.
+    pub harmful_share_new: f64,
+    /// Mean over comparisons of the first jobs' mean completion time, new over known.
+    pub first_jobs_jct_ratio: f64,
+    /// Mean over comparisons of the cluster's sustained work per second, new over known.
+    pub cluster_work_ratio: f64,
+    /// Smallest such ratio.
+    pub cluster_work_ratio_min: f64,
+    /// Largest such ratio.
+    pub cluster_work_ratio_max: f64,
+}
+
+impl Summary {
+    /// The summary of `costs` (`None` when empty).
+    pub fn of(costs: &[NewWorkloadCost]) -> Option<Summary> {
+        if costs.is_empty() {
+            return None;
+        }
+        let n = costs.len() as f64;
+        let mean = |f: &dyn Fn(&NewWorkloadCost) -> f64| costs.iter().map(f).sum::<f64>() / n;
+        let share = |f: &dyn Fn(&NewWorkloadCost) -> &Treatment| {
+            let all: usize = costs.iter().map(|c| f(c).partners).sum();
+            let bad: usize = costs.iter().map(|c| f(c).harmful_partners).sum();
+            if all == 0 {
+                0.0
+            } else {
+                bad as f64 / all as f64
+            }
+        };
+        let work: Vec<f64> = costs
+            .iter()
+            .map(|c| c.new.sustained_work_per_s / c.known.sustained_work_per_s)
+            .collect();
+        Some(Summary {
+            comparisons: costs.len(),
+            partners_known: mean(&|c| c.known.partners as f64),
+            partners_new: mean(&|c| c.new.partners as f64),
+            harmful_share_known: share(&|c| &c.known),
+            harmful_share_new: share(&|c| &c.new),
+            first_jobs_jct_ratio: mean(&|c| {
+                c.new.first_jobs_mean_jct_s / c.known.first_jobs_mean_jct_s
+            }),
+            cluster_work_ratio: work.iter().sum::<f64>() / n,
+            cluster_work_ratio_min: work.iter().copied().fold(f64::INFINITY, f64::min),
+            cluster_work_ratio_max: work.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cost(known: (usize, usize, f64, f64), new: (usize, usize, f64, f64)) -> NewWorkloadCost {
+        let t = |(p, h, jct, work): (usize, usize, f64, f64)| Treatment {
+            partners: p,
+            harmful_partners: h,
+            first_jobs_mean_jct_s: jct,
+            first_jobs_mean_run_s: jct,
+            sustained_work_per_s: work,
+        };
+        NewWorkloadCost { workload: "w".into(), first_jobs: 10, known: t(known), new: t(new) }
+    }
+
+    #[test]
+    fn summary_weighs_each_comparison_and_pools_partners() {
+        let c = [
+            cost((10, 2, 100.0, 50.0), (2, 0, 50.0, 49.0)),
+            cost((6, 0, 10.0, 40.0), (2, 1, 20.0, 42.0)),
+        ];
+        let s = Summary::of(&c).unwrap();
+        assert_eq!(s.comparisons, 2);
+        assert_eq!((s.partners_known, s.partners_new), (8.0, 2.0));
+        assert_eq!((s.harmful_share_known, s.harmful_share_new), (2.0 / 16.0, 0.25));
+        assert_eq!(s.first_jobs_jct_ratio, 1.25);
+        assert!((s.cluster_work_ratio - (0.98 + 1.05) / 2.0).abs() < 1e-12);
+        assert_eq!((s.cluster_work_ratio_min, s.cluster_work_ratio_max), (0.98, 1.05));
+        assert_eq!(Summary::of(&[]), None);
+    }
+}
