@@ -199,9 +199,17 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
                 .map(|p| observe(n, env, gpu, &me, &history, &path, p))
                 .unwrap_or_default();
             let points = progress.as_ref().map(|(p, _)| p.points.as_slice()).unwrap_or(&[]);
-            (observations, measure_profile(n, env, gpu, &me, &history, points))
+            let oom_at = progress.as_ref().and_then(|(p, _)| p.oom_at);
+            let profile = match out_of_memory(n, env, gpu, &me, oom_at) {
+                Some(record) => Some(record),
+                None => measure_profile(n, env, gpu, &me, &history, points),
+            };
+            (observations, profile)
         }
     };
+    if let Err(e) = kace_layout::memory_limit::write(&n.config.node.progress_root, env.job, None) {
+        log(&format!("couldn't remove the job's memory limit file: {e}"));
+    }
     match std::fs::symlink_metadata(&path) {
         Ok(m) if m.file_type().is_file() || m.file_type().is_symlink() => {
             if let Err(e) = std::fs::remove_file(&path) {
@@ -250,22 +258,28 @@ fn finish_on_gpu(
         let asker = Asker { trigger: Trigger::End, job: env.job, cluster: &env.cluster };
         refill = fill(n, &lock, &at, asker, timings, started).partner;
     }
+    let dirs = mps_dirs(&n.config.node.mps_root, gpu);
+    if n.mps.running(&dirs) {
+        // Slurm has killed the job's tasks by now; a client that outlived that (blocked in the
+        // driver) still holds work on the server its partners share: end it in NVIDIA's order.
+        let procs = crate::mps::ProcFs { root: "/proc".into() };
+        let (ended, problems) =
+            crate::mps::end_job_clients(n.mps, &procs, &dirs, env.job, env.uid, n.deadline);
+        if !ended.is_empty() {
+            log(&format!("terminated its {} remaining MPS client(s) {ended:?}", ended.len()));
+        }
+        for p in problems {
+            log(&p);
+        }
+    }
     let mut stopped = false;
-    if running.is_empty() {
-        let dirs = mps_dirs(&n.config.node.mps_root, gpu);
-        if n.mps.running(&dirs) {
-            match n.mps.quit(&dirs) {
-                Ok(()) => {
-                    stopped = true;
-                    log(&format!(
-                        "stopped the MPS control daemon of GPU {}: no kace job left",
-                        gpu.0
-                    ));
-                }
-                Err(e) => {
-                    log(&format!("couldn't stop the MPS control daemon of GPU {}: {e}", gpu.0))
-                }
+    if running.is_empty() && n.mps.running(&dirs) {
+        match n.mps.quit(&dirs) {
+            Ok(()) => {
+                stopped = true;
+                log(&format!("stopped the MPS control daemon of GPU {}: no kace job left", gpu.0));
             }
+            Err(e) => log(&format!("couldn't stop the MPS control daemon of GPU {}: {e}", gpu.0)),
         }
     }
     let mut history = running;
@@ -335,6 +349,75 @@ fn measure_profile(
         }
         Err(e) => {
             log(&format!("couldn't spool the profile measurement {}: {e}", record.key));
+            None
+        }
+    }
+}
+
+/// The memory guard's record of a job that ran out of GPU memory at its limit, spooled: its
+/// workload's memcap is at least that limit, so the next limit is higher. kace knows it only
+/// when the job says so (an `<unix-seconds> oom` progress line, which its PyTorch hook writes
+/// for an uncaught CUDA out-of-memory error) and failed (Slurm's exit status, when given): an
+/// allocation failure under MPS is an ordinary error exit, with no signal of its own. `None`
+/// when that did not happen, or the job had no limit (then its alone run still measures it).
+fn out_of_memory(
+    n: &Node,
+    env: &JobEnv,
+    gpu: GpuIndex,
+    me: &JobRecord,
+    oom_at: Option<f64>,
+) -> Option<Box<ObservedProfile>> {
+    let log = |m: &str| (n.log)(&format!("kace: epilog: job {}: {m}", env.job));
+    let at = oom_at?;
+    if env.exit.is_some_and(|x| !x.failed()) {
+        log("reported running out of GPU memory but ended successfully (it recovered); not recorded");
+        return None;
+    }
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let me_uid = unsafe { libc::geteuid() };
+    let limit = match kace_layout::memory_limit::read(&n.config.node.progress_root, env.job, me_uid)
+    {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            log("ran out of GPU memory with no kace memory limit (no memcap was known)");
+            return None;
+        }
+        Err(e) => {
+            log(&format!("ran out of GPU memory; couldn't read its memory limit: {e}"));
+            return None;
+        }
+    };
+    let mut values = [None; kace_sql::FEATURE_COUNT];
+    values[kace_sql::MEMCAP] = Some(limit.mib as f64 / 1024.0);
+    let end = me.end.unwrap_or(me.start);
+    let record = ObservedProfile {
+        key: format!(
+            "{}-oom",
+            kace_sql::spool::profile_key(&env.cluster, &env.job.to_string(), &env.node, me.start)
+        ),
+        job: env.job.to_string(),
+        created_at: end,
+        profile: kace_sql::NewProfile {
+            workload: me.workload.clone(),
+            gpu_model: n.gpus.model(gpu).unwrap_or_else(|_| UNKNOWN_GPU_MODEL.into()),
+            source: kace_sql::OOM_SOURCE.to_string(),
+            values,
+        },
+        samples: 0,
+        alone_seconds: 0.0,
+        oom_limit_mib: Some(limit.mib),
+    };
+    match kace_sql::spool::write_profile(&n.config.spool.dir, &record) {
+        Ok(_) => {
+            log(&format!(
+                "ran out of GPU memory at {at:.0} under its limit of {} MiB ({}); recorded, so its memcap rises to at least that",
+                limit.mib,
+                env.exit.map_or("exit status unknown".to_string(), |x| format!("exit {}:{}", x.code, x.signal))
+            ));
+            Some(Box::new(record))
+        }
+        Err(e) => {
+            log(&format!("couldn't spool the out-of-memory record {}: {e}", record.key));
             None
         }
     }

@@ -244,6 +244,7 @@ fn job_env(job: u32, gpu: u32) -> JobEnv {
         kace: true,
         gpu: Some(GpuIndex(gpu)),
         mps_share: None,
+        exit: None,
     }
 }
 
@@ -1163,4 +1164,89 @@ fn an_unprofiled_workload_profiles_itself_alone_and_then_is_a_candidate() {
         reason.as_deref(),
         Some("unknown profile (observed alone in 1 of the 2 runs needed)")
     );
+}
+
+/// The memory guard: each kace job gets memcap × (1 + margin) as its limit file for the plugin;
+/// a partner that runs out of memory under it is recorded (its memcap rises, so its next limit
+/// is higher) while the lead's run and observations are untouched.
+#[test]
+fn a_partner_out_of_memory_under_its_limit_is_recorded_and_its_next_limit_is_higher() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    s.details.borrow_mut().insert(11, running_detail(11, "beta", 0, None));
+    s.details.borrow_mut().insert(12, running_detail(12, "beta", 0, None));
+    *s.on_node.borrow_mut() = vec![10, 11];
+    let w = World::new("oom", s);
+    let limit_of = |job: u32| {
+        let f = kace_layout::memory_limit::file(&w.config.node.progress_root, job);
+        std::fs::read_to_string(f).ok()
+    };
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    *w.clock.0.borrow_mut() = 2010.0;
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(11, 0))), prolog::Outcome::Joined { .. }));
+    // alpha's memcap is 2 GiB, beta's 5 GiB; the margin is 10 %.
+    assert_eq!(limit_of(10).as_deref(), Some("0=2253M\n"));
+    assert_eq!(limit_of(11).as_deref(), Some("0=5632M\n"));
+
+    let lines = |from: u32, to: u32| -> String {
+        (from..=to).map(|t| format!("{t} {}\n", (t - from) * 2)).collect()
+    };
+    std::fs::write(w.config.node.progress_root.join("10.progress"), lines(2000, 2040)).unwrap();
+    let mut p11 = lines(2010, 2020);
+    p11.push_str("2020.5 oom\n");
+    std::fs::write(w.config.node.progress_root.join("11.progress"), p11).unwrap();
+    *w.clock.0.borrow_mut() = 2021.0;
+    let failed =
+        JobEnv { exit: Some(kace_node::env::JobExit { code: 1, signal: 0 }), ..job_env(11, 0) };
+    let out = w.with(|n| epilog::run(n, &failed));
+    let epilog::Outcome::Done { profile: Some(p), stopped_mps, .. } = out else {
+        panic!("{out:?}")
+    };
+    assert!(!stopped_mps, "the lead still runs");
+    assert_eq!(p.profile.source, kace_sql::OOM_SOURCE);
+    assert_eq!(p.oom_limit_mib, Some(5632));
+    assert_eq!(p.profile.values[kace_sql::MEMCAP], Some(5.5));
+    assert_eq!(limit_of(11), None, "the limit file goes with the job");
+    assert!(w
+        .logs
+        .borrow()
+        .iter()
+        .any(|l| l.contains("ran out of GPU memory at 2020 under its limit of 5632 MiB")));
+
+    // The lead runs on and ends normally, observed alone and with its partner.
+    *w.slurm.on_node.borrow_mut() = vec![10];
+    *w.clock.0.borrow_mut() = 2040.0;
+    let out = w.with(|n| epilog::run(n, &job_env(10, 0)));
+    let epilog::Outcome::Done { observations, stopped_mps, .. } = out else { panic!("{out:?}") };
+    assert!(stopped_mps);
+    assert_eq!(observations.len(), 3, "{observations:#?}");
+    assert_eq!(observations[1].partners[0].job, "11");
+
+    let mut db = Db::open(&w.config.database.path).unwrap();
+    kace_sql::spool::ingest_profiles(&mut db, &w.config.spool.dir, &w.dir.join("q")).unwrap();
+    drop(db);
+    // beta's next job gets a higher limit: 5.5 GiB × 1.1.
+    *w.slurm.on_node.borrow_mut() = vec![12];
+    *w.clock.0.borrow_mut() = 2050.0;
+    w.with(|n| prolog::run(n, &job_env(12, 0)));
+    assert_eq!(limit_of(12).as_deref(), Some("0=6196M\n"));
+}
+
+#[test]
+fn an_oom_line_from_a_job_that_succeeded_or_without_a_limit_raises_nothing() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    *s.on_node.borrow_mut() = vec![10];
+    let mut w = World::new("oom-not", s);
+    w.with(|n| prolog::run(n, &job_env(10, 0)));
+    std::fs::write(w.config.node.progress_root.join("10.progress"), "2000 0\n2001 oom\n").unwrap();
+    let ok =
+        JobEnv { exit: Some(kace_node::env::JobExit { code: 0, signal: 0 }), ..job_env(10, 0) };
+    let out = w.with(|n| epilog::run(n, &ok));
+    let epilog::Outcome::Done { profile, .. } = out else { panic!("{out:?}") };
+    assert!(profile.is_none_or(|p| p.profile.source != kace_sql::OOM_SOURCE));
+    // With the guard off, no limit file is written and an OOM has no limit to record.
+    w.config.mps.memory_limit = false;
+    w.with(|n| prolog::run(n, &job_env(10, 0)));
+    assert!(!kace_layout::memory_limit::file(&w.config.node.progress_root, 10).exists());
 }

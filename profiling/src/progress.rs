@@ -1,5 +1,7 @@
 //! The progress-file protocol: a job appends `<unix-seconds> <steps-done>` lines to the file
-//! named by `KACE_PROGRESS_FILE`; throughput is steps per second after the warm-up.
+//! named by `KACE_PROGRESS_FILE`; throughput is steps per second after the warm-up. A line
+//! `<unix-seconds> oom` says the job ran out of GPU memory then (kace's PyTorch hook writes it
+//! for an uncaught CUDA out-of-memory error); the epilog reads it with the job's exit status.
 //!
 //! The file is written by user code, so it is untrusted: reading is bounded, and malformed or
 //! backwards-going lines are skipped and counted rather than trusted. Its creation by the root
@@ -34,6 +36,8 @@ pub struct Progress {
     pub points: Vec<Point>,
     /// Lines that were malformed, not finite, or went backwards.
     pub skipped: usize,
+    /// When the job reported running out of GPU memory (the first `<unix-seconds> oom` line).
+    pub oom_at: Option<f64>,
 }
 
 /// Throughput over the measured window.
@@ -132,19 +136,31 @@ pub fn create_for_job(root: &Path, file: &Path, uid: u32) -> Result<(), CreateEr
     std::os::unix::fs::fchown(&f, Some(uid), None).map_err(io("hand over progress file"))
 }
 
-/// One line's point, `None` when it is malformed or not finite (empty lines included: callers
+/// What one line says, `None` when it is malformed or not finite (empty lines included: callers
 /// skip those without counting them).
-fn parse_line(line: &str) -> Option<Point> {
+fn parse_line(line: &str) -> Option<Line> {
     let mut it = line.split_whitespace();
     match (it.next(), it.next(), it.next()) {
+        (Some(t), Some("oom"), None) => match t.parse::<f64>() {
+            Ok(time) if time.is_finite() => Some(Line::Oom(time)),
+            _ => None,
+        },
         (Some(t), Some(s), None) => match (t.parse::<f64>(), s.parse::<f64>()) {
             (Ok(time), Ok(steps)) if time.is_finite() && steps.is_finite() && steps >= 0.0 => {
-                Some(Point { time, steps })
+                Some(Line::Point(Point { time, steps }))
             }
             _ => None,
         },
         _ => None,
     }
+}
+
+/// What one well-formed progress line says.
+enum Line {
+    /// `<time> <steps>`.
+    Point(Point),
+    /// `<time> oom`: the job ran out of GPU memory then.
+    Oom(f64),
 }
 
 /// Whether `p` may follow `last`: neither time nor steps go backwards.
@@ -161,7 +177,10 @@ pub fn parse(text: &str) -> Progress {
             continue;
         }
         match parse_line(line) {
-            Some(p) if follows(out.points.last(), &p) => out.points.push(p),
+            Some(Line::Oom(time)) => {
+                out.oom_at.get_or_insert(time);
+            }
+            Some(Line::Point(p)) if follows(out.points.last(), &p) => out.points.push(p),
             _ => out.skipped += 1,
         }
     }
@@ -204,6 +223,8 @@ pub struct Thinner {
     /// Kept points, and whether each is pinned (the first past the warm-up: never replaced).
     kept: Vec<(Point, bool)>,
     warm: bool,
+    /// The first out-of-memory line's time: kept whatever else is thinned.
+    oom_at: Option<f64>,
     /// Lines dropped as malformed or backwards.
     pub skipped: usize,
 }
@@ -220,6 +241,7 @@ impl Thinner {
             resolution: FINEST_RESOLUTION,
             kept: Vec::new(),
             warm: false,
+            oom_at: None,
             skipped: 0,
         }
     }
@@ -236,7 +258,10 @@ impl Thinner {
             return;
         }
         match parse_line(line) {
-            Some(p) if follows(self.kept.last().map(|k| &k.0), &p) => self.push(p),
+            Some(Line::Oom(time)) => {
+                self.oom_at.get_or_insert(time);
+            }
+            Some(Line::Point(p)) if follows(self.kept.last().map(|k| &k.0), &p) => self.push(p),
             _ => self.skipped += 1,
         }
     }
@@ -277,6 +302,16 @@ impl Thinner {
     /// The points kept, in order.
     pub fn points(&self) -> impl Iterator<Item = &Point> {
         self.kept.iter().map(|k| &k.0)
+    }
+
+    /// The kept lines as text that [`parse`] reads back to the same points and out-of-memory
+    /// time: the points, then the first `oom` line if there was one.
+    pub fn text(&self) -> String {
+        let mut text: String = self.points().map(format_point).collect();
+        if let Some(t) = self.oom_at {
+            text.push_str(&format!("{t} oom\n"));
+        }
+        text
     }
 }
 
@@ -390,6 +425,23 @@ mod tests {
         assert_eq!(p.points.len(), 3);
         assert_eq!(p.skipped, 4);
         assert_eq!(p.points[2], Point { time: 104.0, steps: 20.0 });
+        assert_eq!(p.oom_at, None);
+    }
+
+    #[test]
+    fn an_out_of_memory_line_is_kept_apart_from_the_points() {
+        let p = parse(
+            "100 0
+101 5
+101.5 oom
+102 oom
+NaN oom
+x oom
+",
+        );
+        assert_eq!(p.points.len(), 2);
+        assert_eq!(p.oom_at, Some(101.5));
+        assert_eq!(p.skipped, 2);
     }
 
     #[test]
@@ -457,8 +509,24 @@ mod thinner_tests {
             let (x, y) = (x.unwrap(), y.unwrap());
             assert!((x - y).abs() <= 0.02 * x, "[{a}, {b}]: {x} vs {y} (resolution {r})");
         }
-        let (whole, thin) = (full.throughput(20).unwrap(), Progress { points: kept, skipped: 0 });
+        let (whole, thin) =
+            (full.throughput(20).unwrap(), Progress { points: kept, ..Progress::default() });
         assert_eq!(thin.throughput(20).unwrap(), whole);
+    }
+
+    /// The cap must not erase the epilog's evidence that a job ran out of memory.
+    #[test]
+    fn thinning_keeps_the_first_out_of_memory_line() {
+        let mut text: String = (0..1000).map(|i| format!("{} {}\n", 100 + i, 5 * i)).collect();
+        text.push_str("1100.5 oom\n1101 oom\n");
+        let mut th = Thinner::new(0, 8);
+        for line in text.lines() {
+            th.push_line(line);
+        }
+        let back = parse(&th.text());
+        assert_eq!(back.oom_at, Some(1100.5));
+        assert!(back.points.len() <= 8, "{}", back.points.len());
+        assert_eq!(back.points.last(), parse(&text).points.last());
     }
 
     #[test]

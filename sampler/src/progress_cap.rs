@@ -22,7 +22,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use kace_profiling::progress::{data_start, format_point, Thinner, MAX_FORMATTED_LINE};
+use kace_profiling::progress::{data_start, Thinner, MAX_FORMATTED_LINE};
 
 /// A line longer than this is junk, not a progress line (the longest real one is ~40 bytes).
 const MAX_LINE: usize = 4096;
@@ -196,7 +196,7 @@ fn cap_file_with(
     let mut thinner = Thinner::new(warmup_steps, budget);
     f.seek(SeekFrom::Start(start)).map_err(io("seek in"))?;
     let end = thin(&mut f, size - start, &mut thinner).map_err(io("read"))? + start;
-    let kept: String = thinner.points().map(format_point).collect();
+    let kept = thinner.text();
     let block = meta.blksize().max(512);
     let cut = (end.saturating_sub(kept.len() as u64) / block) * block;
     if cut <= start {

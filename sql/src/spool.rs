@@ -434,6 +434,33 @@ fn parse_profile(buf: &[u8]) -> std::result::Result<ObservedProfile, String> {
     Ok(p)
 }
 
+/// The profile measurements still in `<spool>/profiles/` (not yet ingested) that parse, in
+/// file-name order (for `kace explain`; ingest quarantines the others).
+pub fn spooled_profiles(spool: &Path) -> Result<Vec<ObservedProfile>> {
+    let dir = spool.join(PROFILES_DIR);
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err("read profile spool", &dir)(e)),
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            !name.starts_with('.') && name.ends_with(RECORD_SUFFIX)
+        })
+        .collect();
+    paths.sort();
+    let mut out = Vec::new();
+    for p in paths {
+        if let Some(Ok(buf)) = read_bounded(&p, MAX_RECORD_BYTES)? {
+            out.extend(parse_profile(&buf).ok());
+        }
+    }
+    Ok(out)
+}
+
 /// Moves the profile measurements of `<spool>/profiles/` into `db`, each key once (see
 /// [`ingest`]); a record that does not parse or validate goes to quarantine with its reason.
 pub fn ingest_profiles(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<IngestReport> {
