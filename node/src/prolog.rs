@@ -170,7 +170,9 @@ fn write_memory_limit(
     kace_layout::memory_limit::write(root, env.job, None)
         .map_err(|e| format!("couldn't remove the old {}: {e}", shown()))?;
     n.check_budget("reading the job's memcap").map_err(|e| e.to_string())?;
-    let left = n.deadline.saturating_duration_since(std::time::Instant::now());
+    // Half of what is left at most: a writer holding the database's lock (a long retrain) must
+    // not leave the prolog without the time to record the job and start its MPS daemon.
+    let left = n.deadline.saturating_duration_since(std::time::Instant::now()) / 2;
     let db = kace_sql::Db::open_read_only_within(&n.config.database.path, left)
         .map_err(|e| e.to_string())?;
     let profiles = db.profiles(&[workload], None).map_err(|e| e.to_string())?;

@@ -1250,3 +1250,23 @@ fn an_oom_line_from_a_job_that_succeeded_or_without_a_limit_raises_nothing() {
     w.with(|n| prolog::run(n, &job_env(10, 0)));
     assert!(!kace_layout::memory_limit::file(&w.config.node.progress_root, 10).exists());
 }
+
+/// A writer holding the database's lock (a long `kace retrain`) cannot hold a lead's prolog past
+/// its budget: the prolog waits for the lock only as long as its budget allows (SQLite's own
+/// busy timeout is 10 s), then runs the lead alone and says why.
+#[test]
+fn a_locked_database_cannot_hold_the_prolog_past_its_budget() {
+    let w = World::new("db-locked", lead_slurm(Some("g1")));
+    let writer = rusqlite::Connection::open(&w.config.database.path).unwrap();
+    writer.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let started = Instant::now();
+    let out = w.with(|n| prolog::run(n, &job_env(10, 1)));
+    let took = started.elapsed();
+    writer.execute_batch("ROLLBACK").unwrap();
+    assert!(matches!(out, prolog::Outcome::Led { .. }), "{out:?}");
+    // World gives every hook a 5 s budget.
+    assert!(took < Duration::from_secs(7), "the prolog took {took:?}");
+    let logs = w.logs.borrow().join("\n");
+    assert!(logs.contains("couldn't choose a partner"), "{logs}");
+    assert!(!w.slurm.calls.borrow().iter().any(|c| c.starts_with("release")));
+}
