@@ -1,6 +1,8 @@
 //! `kace explain JOB`: what Slurm says about the job (held how long, released when and by
 //! what, with whom it ran: `kace_observe::history`) and why it was or was not paired, from the
-//! prolog's decisions: those in the database (after `kace ingest`) and those still in the spool.
+//! prolog's decisions: those in the database (after `kace ingest`) and those still in the spool;
+//! and what its epilog measured: its profile from its alone intervals, or an out-of-memory exit
+//! under the memory guard.
 
 use std::time::Duration;
 
@@ -10,8 +12,8 @@ use kace_node::{Clock, SystemClock};
 use kace_observe::history::{story, ReleasedBy, Story};
 use kace_observe::releases::Place;
 use kace_observe::time::{date, span};
-use kace_sql::spool::{spooled_decisions, ReleaseKind};
-use kace_sql::{DecisionCandidate, NewDecision};
+use kace_sql::spool::{spooled_decisions, spooled_profiles, ReleaseKind};
+use kace_sql::{DecisionCandidate, NewDecision, ObservedProfile, FEATURE_COLUMNS};
 use serde_json::json;
 
 use crate::context::{num, print_json, Ctx};
@@ -45,6 +47,7 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
     let mut all: Vec<Found> = Vec::new();
     let job = args.job.trim();
     let mut observations = Vec::new();
+    let mut measured: Vec<(ObservedProfile, &'static str)> = Vec::new();
     match ctx.open_read_only() {
         Ok(db) => {
             all.extend(db.decisions(MAX_DECISIONS)?.into_iter().map(|d| Found {
@@ -54,6 +57,7 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
                 key: d.key,
             }));
             observations = db.observations()?.into_iter().filter(|o| o.job == job).collect();
+            measured.extend(db.observed_profiles_of_job(job)?.into_iter().map(|p| (p, "database")));
         }
         Err(e) => {
             eprintln!("kace: explain: couldn't read the database ({e:#}); using the spool only")
@@ -72,6 +76,11 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
                 printable(&path.display().to_string()),
                 printable(&why)
             ),
+        }
+    }
+    for p in spooled_profiles(&ctx.config.spool.dir)? {
+        if p.job == job && !measured.iter().any(|(m, _)| m.key == p.key) {
+            measured.push((p, "spool"));
         }
     }
     all.sort_by(|a, b| a.created_at.total_cmp(&b.created_at));
@@ -115,9 +124,15 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
                        "candidate": c, "at": f.created_at, "source": f.source})
             })
             .collect();
-        return print_json(&json!({"job": job, "story": st, "led": led, "candidate_in": seen}));
+        let measured: Vec<_> =
+            measured.iter().map(|(p, source)| json!({"record": p, "source": source})).collect();
+        return print_json(&json!({"job": job, "story": st, "led": led, "candidate_in": seen,
+                                  "measured": measured}));
     }
     print!("{}", render_story(&st));
+    for (p, source) in &measured {
+        println!("{} [{source}]", printable(&measurement(&job, p)));
+    }
     if led.is_empty() && seen.is_empty() {
         println!(
             "job {job} appears in no kace decision: no lead chose among held kace jobs while it \
@@ -180,6 +195,31 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// What the epilog measured of the job, in one sentence.
+fn measurement(job: &str, p: &ObservedProfile) -> String {
+    let w = &p.profile.workload;
+    if let Some(limit) = p.oom_limit_mib {
+        return format!(
+            "job {job} ({w}) ran out of GPU memory under its memory limit of {limit} MiB \
+             (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT): it failed alone, its partners ran on, and \
+             {w}'s memcap is now at least {} GiB, so its next limit is higher",
+            num(limit as f64 / 1024.0)
+        );
+    }
+    let values: Vec<String> = FEATURE_COLUMNS
+        .iter()
+        .zip(p.profile.values)
+        .filter_map(|(k, v)| Some(format!("{k} {}", num(v?))))
+        .collect();
+    format!(
+        "job {job} ({w}) ran alone for {:.0} s; its epilog measured {w}'s profile from {} \
+         sampler reading(s): {}",
+        p.alone_seconds,
+        p.samples,
+        values.join(", ")
+    )
 }
 
 /// Why one candidate fared as it did in one decision.

@@ -107,6 +107,55 @@ fn explain_tells_late_arrivals_and_max_hold_releases_from_dispatchs_records() {
     assert!(out.contains("kace dispatch offered held jobs to the open GPU of job 20"), "{out}");
 }
 
+/// What the epilog measured of a job: an out-of-memory exit under the memory guard, and a
+/// profile from its alone run, read from the spool and, after ingest, from the database.
+#[test]
+fn explain_says_a_job_ran_out_of_memory_under_its_limit_and_what_its_alone_run_measured() {
+    let e = env("measured");
+    e.ok(&["db", "init"]);
+    let mut memcap = [None; kace_sql::FEATURE_COUNT];
+    memcap[kace_sql::MEMCAP] = Some(5.5);
+    let oom = kace_sql::ObservedProfile {
+        key: "c/21/1/n1/profile-oom".into(),
+        job: "21".into(),
+        created_at: 1000.0,
+        profile: kace_sql::NewProfile {
+            workload: "beta".into(),
+            gpu_model: "Fake".into(),
+            source: kace_sql::OOM_SOURCE.into(),
+            values: memcap,
+        },
+        samples: 0,
+        alone_seconds: 0.0,
+        oom_limit_mib: Some(5632),
+    };
+    let mut alone = oom.clone();
+    alone.key = "c/22/1/n1/profile".into();
+    alone.job = "22".into();
+    alone.profile.source = kace_sql::OBSERVED_SOURCE.into();
+    alone.profile.values[7] = Some(40.0);
+    (alone.samples, alone.alone_seconds, alone.oom_limit_mib) = (29, 28.0, None);
+    for r in [&oom, &alone] {
+        kace_sql::spool::write_profile(&e.dir.join("spool"), r).unwrap();
+    }
+    for source in ["spool", "database"] {
+        if source == "database" {
+            let out = e.ok(&["ingest"]);
+            assert!(out.contains("ingested 2 new profile measurement(s)"), "{out}");
+        }
+        let out = e.ok(&["explain", "21"]);
+        assert!(
+            out.contains("job 21 (beta) ran out of GPU memory under its memory limit of 5632 MiB"),
+            "{out}"
+        );
+        assert!(out.contains("memcap is now at least 5.500 GiB"), "{out}");
+        assert!(out.contains(&format!("[{source}]")), "{out}");
+        let out = e.ok(&["explain", "22"]);
+        assert!(out.contains("job 22 (beta) ran alone for 28 s"), "{out}");
+        assert!(out.contains("from 29 sampler reading(s): sm_pct 40.000"), "{out}");
+    }
+}
+
 #[test]
 fn dispatch_without_slurm_fails_clearly_and_one_runs_at_a_time() {
     let e = env("dispatch");

@@ -144,6 +144,7 @@ impl Policy {
             max_jobs_per_gpu: 2,
             // Users are checked by the engine, so the table holds every user's pairs.
             multi_user: true,
+            ..DecisionPolicy::default()
         };
         Policy::table(kind, world, |a, b| {
             let cand =

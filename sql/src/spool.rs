@@ -11,7 +11,10 @@
 //! prolog opens the database read-only): [`write_decision`] and [`ingest_decisions`]. A
 //! decision is stored once per key, so re-ingesting changes nothing either.
 //!
-//! This module owns the spool's whole life cycle, for both record kinds: keys
+//! Profile measurements the epilog makes from a job's alone intervals (and out-of-memory
+//! records of the memory guard) travel in `profiles/`: [`write_profile`], [`ingest_profiles`].
+//!
+//! This module owns the spool's whole life cycle, for every record kind: keys
 //! ([`observation_key`], [`decision_key`]), writing, listing and reading, ingest, quarantine
 //! (and taking back a quarantined file that was only half copied), and [`prune`].
 
@@ -22,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use crate::db::Db;
 use crate::error::{Error, Result};
-use crate::types::{implausibility, NewDecision, Observation};
+use crate::types::{implausibility, NewDecision, Observation, ObservedProfile};
 
 /// Suffix of a complete spool record.
 pub const RECORD_SUFFIX: &str = ".json";
@@ -403,6 +406,121 @@ pub fn ingest_decisions(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Res
     Ok(report)
 }
 
+/// Sub-directory of the spool that holds profile measurements (see [`write_profile`]).
+pub const PROFILES_DIR: &str = "profiles";
+
+/// The key of a job's profile measurement: `<cluster>/<job>/<run>/<node>/profile` (see
+/// [`observation_key`]).
+pub fn profile_key(cluster: &str, job: &str, node: &str, run_start: f64) -> String {
+    format!("{cluster}/{job}/{}/{node}/profile", run_millis(run_start))
+}
+
+/// Writes a profile measurement into `<spool>/profiles/` atomically, creating that directory.
+pub fn write_profile(spool: &Path, p: &ObservedProfile) -> Result<PathBuf> {
+    p.validate()?;
+    let dir = spool.join(PROFILES_DIR);
+    create_dir(&dir).map_err(io_err("create profile spool", &dir))?;
+    trusted(&dir)?;
+    let body = serde_json::to_vec(p)
+        .map_err(|source| Error::Json { what: format!("profile {}", p.key), source })?;
+    write_atomic(&dir, &record_file_name(&p.key), &body)
+}
+
+/// A profile record that parses and passes the checks ingest makes, or why not.
+fn parse_profile(buf: &[u8]) -> std::result::Result<ObservedProfile, String> {
+    let p = serde_json::from_slice::<ObservedProfile>(buf)
+        .map_err(|e| format!("not a valid profile record: {e}"))?;
+    p.validate().map_err(|e| e.to_string())?;
+    Ok(p)
+}
+
+/// The profile measurements still in `<spool>/profiles/` (not yet ingested) that parse, in
+/// file-name order (for `kace explain`; ingest quarantines the others).
+pub fn spooled_profiles(spool: &Path) -> Result<Vec<ObservedProfile>> {
+    let dir = spool.join(PROFILES_DIR);
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err("read profile spool", &dir)(e)),
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            !name.starts_with('.') && name.ends_with(RECORD_SUFFIX)
+        })
+        .collect();
+    paths.sort();
+    let mut out = Vec::new();
+    for p in paths {
+        if let Some(Ok(buf)) = read_bounded(&p, MAX_RECORD_BYTES)? {
+            out.extend(parse_profile(&buf).ok());
+        }
+    }
+    Ok(out)
+}
+
+/// Moves the profile measurements of `<spool>/profiles/` into `db`, each key once (see
+/// [`ingest`]); a record that does not parse or validate goes to quarantine with its reason.
+pub fn ingest_profiles(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<IngestReport> {
+    let mut report = IngestReport::default();
+    let dir = spool.join(PROFILES_DIR);
+    if !dir.is_dir() {
+        return Ok(report);
+    }
+    trusted(&dir)?;
+    let mut paths: Vec<PathBuf> = Vec::new();
+    for entry in fs::read_dir(&dir).map_err(io_err("read profile spool", &dir))? {
+        let entry = entry.map_err(io_err("read profile spool", &dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            if is_stale_temp(&entry) {
+                report.stale_temp_files.push(entry.path());
+            }
+        } else if name.ends_with(RECORD_SUFFIX) {
+            paths.push(entry.path());
+        }
+    }
+    paths.sort();
+    for path in paths {
+        let stored = match read_bounded(&path, MAX_RECORD_BYTES)? {
+            None => {
+                report.vanished += 1;
+                continue;
+            }
+            Some(Err(why)) => Err(why),
+            Some(Ok(buf)) => match parse_profile(&buf) {
+                Err(why) => Err(why),
+                Ok(p) => match db.insert_observed_profile(&p) {
+                    Ok(inserted) => Ok(inserted),
+                    Err(Error::Invalid { reason }) => Err(reason),
+                    // The database, not the record, failed: keep the file for the next run.
+                    Err(e) => return Err(e),
+                },
+            },
+        };
+        match stored {
+            Err(reason) => {
+                if quarantine(&path, quarantine_dir, &reason)? {
+                    report.quarantined.push((path, reason));
+                } else {
+                    report.vanished += 1;
+                }
+            }
+            Ok(inserted) => {
+                if inserted {
+                    report.inserted += 1;
+                } else {
+                    report.duplicates += 1;
+                }
+                remove_ingested(&[path])?;
+            }
+        }
+    }
+    Ok(report)
+}
+
 /// Reads at most [`MAX_RECORD_BYTES`] of a regular file without following a symlink. `None`
 /// when it vanished; `Some(Err)` when it is not something to read.
 fn read_bounded(path: &Path, limit: u64) -> Result<Option<std::result::Result<Vec<u8>, String>>> {
@@ -550,7 +668,8 @@ fn quarantine(path: &Path, qdir: &Path, reason: &str) -> Result<bool> {
 
 /// Reason prefixes of records quarantined because they did not parse. Such a file may have been
 /// caught while it was still being copied in; once it parses, it goes back to the spool.
-const UNPARSED: [&str; 2] = ["not a valid observation record", "not a valid decision record"];
+const UNPARSED: [&str; 3] =
+    ["not a valid observation record", "not a valid decision record", "not a valid profile record"];
 
 /// Moves quarantined files that were quarantined unparsed and now parse back into the spool
 /// (observations) or its `decisions/` directory, with their `.reason` removed: a half-copied
@@ -585,6 +704,8 @@ fn requeue_completed(spool: &Path, qdir: &Path, report: &mut IngestReport) -> Re
             spool.to_path_buf()
         } else if parse_decision(&buf).is_ok() {
             spool.join(DECISIONS_DIR)
+        } else if parse_profile(&buf).is_ok() {
+            spool.join(PROFILES_DIR)
         } else {
             continue;
         };
@@ -727,7 +848,7 @@ enum Keep {
 }
 
 /// Removes files older than `keep` (by modification time, relative to `now`) from `quarantine`
-/// and abandoned writes from `spool` and its `decisions/` (of both record kinds). Quarantined
+/// and abandoned writes from `spool`, its `decisions/` and its `profiles/`. Quarantined
 /// files (each with its `.reason`) are kept that long for the admin to look at; records waiting
 /// to be ingested are never touched. A missing directory has nothing to prune.
 pub fn prune(
@@ -741,6 +862,7 @@ pub fn prune(
     prune_dir(quarantine, Keep::Nothing, cutoff, &mut report);
     prune_dir(spool, Keep::RecordsAndLiveWrites, cutoff, &mut report);
     prune_dir(&spool.join(DECISIONS_DIR), Keep::RecordsAndLiveWrites, cutoff, &mut report);
+    prune_dir(&spool.join(PROFILES_DIR), Keep::RecordsAndLiveWrites, cutoff, &mut report);
     report.removed.sort();
     report
 }
