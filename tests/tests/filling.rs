@@ -493,7 +493,7 @@ fn race_drill_many_deciders_at_once() {
 /// `jobs` kace jobs submitted at once, the watch loop dispatching, `refill` on or off.
 /// Returns the share of GPU time shared while jobs were held, and the observed groups as
 /// (workloads, predicted throughput sum, observed sum, the demo's true sum).
-fn saturated(jobs: usize, refill: bool) -> (f64, Vec<(String, f64, f64, f64)>, Breakdown) {
+fn saturated(jobs: usize, refill: bool) -> Saturated {
     use kace_e2e::demo;
     let c = Cluster::builder()
         .nodes(vec![NodeSpec::new("n1", 1), NodeSpec::new("n2", 1)])
@@ -626,7 +626,17 @@ fn saturated(jobs: usize, refill: bool) -> (f64, Vec<(String, f64, f64, f64)>, B
         .into_iter()
         .map(|(k, (p, o, t))| (k, p, o.iter().sum::<f64>() / o.len() as f64, t))
         .collect();
-    (share, table, why)
+    Saturated { share, groups: table, why }
+}
+
+/// What one saturated run measured.
+struct Saturated {
+    /// Share of GPU time shared while jobs were held.
+    share: f64,
+    /// Each group formed: workloads, predicted, observed and true throughput sums.
+    groups: Vec<(String, f64, f64, f64)>,
+    /// Where the GPU time went.
+    why: Breakdown,
 }
 
 /// Where a saturated run's GPU time went while jobs were held, in GPU-seconds: shared; idle
@@ -737,8 +747,8 @@ fn a_saturated_queue_keeps_both_gpus_shared() {
     if kace_e2e::e2e_available(test).is_none() {
         return;
     }
-    let (before, _, why_before) = saturated(20, false);
-    let (after, groups, why_after) = saturated(20, true);
+    let Saturated { share: before, why: why_before, .. } = saturated(20, false);
+    let Saturated { share: after, groups, why: why_after } = saturated(20, true);
     eprintln!(
         "GPU time shared while jobs were held, 20 jobs on 2 GPUs: at a lead's start only {:.1} %, deployed {:.1} %",
         100.0 * before,
