@@ -409,8 +409,9 @@ impl Db {
     // ---- profiles --------------------------------------------------------------------------
 
     /// Stores profile measurements, all or none. One identical to its workload's newest
-    /// measurement (same GPU model, source and values) is not stored again but counted as a
-    /// duplicate, so importing a file twice changes nothing.
+    /// measurement from the same source (same GPU model and values) is not stored again but
+    /// counted as a duplicate, so importing a file twice changes nothing, even when kace
+    /// observed the workload in between.
     pub fn insert_profiles(&mut self, profiles: &[NewProfile]) -> Result<InsertCount> {
         for pr in profiles {
             pr.validate()?;
@@ -422,15 +423,15 @@ impl Db {
         let cols = FEATURE_COLUMNS.join(", ");
         for pr in profiles {
             let wid = Db::workload_id(&tx, &path, &pr.workload)?;
-            // The same measurement as the workload's newest one is the same file imported
-            // again: storing it would change nothing but the row count.
+            // The same measurement as the workload's newest one from this source is the same
+            // file imported again: storing it would change nothing but the row count.
             let newest = tx
                 .query_row(
                     &format!(
                         "SELECT gpu_model, source, {cols} FROM profiles WHERE workload_id = ?1 \
-                         ORDER BY created_at DESC, id DESC LIMIT 1"
+                         AND source = ?2 ORDER BY created_at DESC, id DESC LIMIT 1"
                     ),
-                    [wid],
+                    params![wid, pr.source],
                     |r| {
                         let mut values = [None; FEATURE_COUNT];
                         for (i, v) in values.iter_mut().enumerate() {

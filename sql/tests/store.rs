@@ -530,6 +530,14 @@ fn observed_profiles_count_runs_and_admin_values_win() {
     .unwrap();
     let p = &db.profiles(&["new"], None).unwrap()["new"];
     assert!(p.has_admin_values() && p.usable(99));
+    // The admin's file imported again after kace's observation changes nothing.
+    let again = NewProfile {
+        workload: "new".into(),
+        gpu_model: "V100".into(),
+        source: "nvml".into(),
+        values: admin,
+    };
+    assert_eq!(db.insert_profiles(&[again]).unwrap().duplicates, 1);
     assert_eq!((p.values[7], p.sources[7].as_deref()), (Some(70.0), Some("nvml")));
     assert_eq!((p.values[6], p.sources[6].as_deref()), (Some(7.0), Some(OBSERVED_SOURCE)));
     assert_eq!((p.values[9], p.sources[9].as_deref()), (Some(4.0), Some("nvml")));
