@@ -10,8 +10,9 @@ use anyhow::Result;
 use clap::Args;
 use kace_node::{Clock, SystemClock};
 use kace_observe::history::{story, ReleasedBy, Story};
+use kace_observe::releases::Place;
 use kace_observe::time::{date, span};
-use kace_sql::spool::{spooled_decisions, spooled_profiles};
+use kace_sql::spool::{spooled_decisions, spooled_profiles, ReleaseKind};
 use kace_sql::{DecisionCandidate, NewDecision, ObservedProfile, FEATURE_COLUMNS};
 use serde_json::json;
 
@@ -94,10 +95,16 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
         ctx.config.dispatch.max_hold_s,
         SystemClock.now(),
     );
-    let led: Vec<&Found> =
-        all.iter().filter(|f| f.decision.lead_job.as_deref() == Some(job)).collect();
+    // Dispatch's releases onto free GPUs record a release, not a choice among candidates.
+    let decided = |f: &&Found| ReleaseKind::of_key(f.key.as_deref()).decides();
+    let led: Vec<&Found> = all
+        .iter()
+        .filter(decided)
+        .filter(|f| f.decision.lead_job.as_deref() == Some(job))
+        .collect();
     let seen: Vec<(&Found, &DecisionCandidate)> = all
         .iter()
+        .filter(decided)
         .filter_map(|f| {
             let c = f.decision.candidates.iter().find(|c| c.job.as_deref() == Some(job))?;
             Some((f, c))
@@ -168,8 +175,17 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
         }
     }
     for (f, c) in &seen {
+        let who = match ReleaseKind::of_key(f.key.as_deref()) {
+            ReleaseKind::LateArrival => "kace dispatch offered held jobs to the open GPU of job",
+            ReleaseKind::Refill => "an ending job's epilog chose a new partner for job",
+            _ => "job",
+        };
+        let what = match ReleaseKind::of_key(f.key.as_deref()) {
+            ReleaseKind::Lead => " chose a partner",
+            _ => "",
+        };
         println!(
-            "job {job} ({}) was held when job {} ({}) chose a partner at {}: {} [{}]",
+            "job {job} ({}) was held when {who} {} ({}){what} at {}: {} [{}]",
             printable(&c.workload),
             printable(f.decision.lead_job.as_deref().unwrap_or("?")),
             printable(&f.decision.lead_workload),
@@ -284,7 +300,20 @@ fn render_story(st: &Story) -> String {
                         "to refill the GPU of job {} (an ending job's epilog chose it)",
                         r.lead_job.as_deref().map(printable).unwrap_or("?".into())
                     ),
-                    ReleasedBy::MaxHold => "by max_hold (held too long; kace dispatch)".into(),
+                    ReleasedBy::LateArrival => format!(
+                        "as a late arrival: joined the open GPU of job {} (kace dispatch offered it there)",
+                        r.lead_job.as_deref().map(printable).unwrap_or("?".into())
+                    ),
+                    ReleasedBy::MaxHold => match (r.place, r.lead_job.as_deref()) {
+                        (Some(Place::OpenGpu), Some(l)) => format!(
+                            "by max_hold onto the open GPU of job {} (held too long; kace dispatch)",
+                            printable(l)
+                        ),
+                        (Some(Place::FreeGpu), _) => {
+                            "by max_hold onto a free GPU (held too long; kace dispatch)".into()
+                        }
+                        _ => "by max_hold (held too long; kace dispatch)".into(),
+                    },
                 };
                 out.push_str(&format!("; released {when} {by}\n"));
             }

@@ -39,6 +39,7 @@
 //! dir = "/run/kace/samples"
 //! interval_ms = 1000
 //! capacity = 86400        # readings kept per GPU (a day at 1 Hz)
+//! progress_max_bytes = 8388608   # a running job's progress file is compacted past 8 MiB
 //!
 //! [training]
 //! holdout_fraction = 0.2
@@ -257,11 +258,27 @@ pub struct Sampler {
     /// Readings kept per GPU; the oldest are overwritten. Default 86400 (a day at 1 Hz,
     /// 2.6 MiB per GPU at 32 bytes a reading).
     pub capacity: u32,
+    /// A running job's progress file (in `node.progress_root`) holding more than this many
+    /// bytes is compacted in place at the next reading, to at most half of it, keeping the
+    /// points the epilog measures throughput from. Default 8388608 (8 MiB: the Python helper
+    /// caps itself at 1 MiB, a line per second for a month is about 60 MiB before compaction).
+    /// Between 65536 and [`MAX_PROGRESS_MAX_BYTES`], so that whatever a job appends in one
+    /// interval on top of it still fits in what the epilog reads.
+    pub progress_max_bytes: u64,
 }
+
+/// The largest `sampler.progress_max_bytes`: half of the 16 MiB the epilog reads of a progress
+/// file (`kace_profiling::progress::MAX_BYTES`), the rest being room for one interval's lines.
+pub const MAX_PROGRESS_MAX_BYTES: u64 = 8 << 20;
 
 impl Default for Sampler {
     fn default() -> Self {
-        Sampler { dir: PathBuf::from("/run/kace/samples"), interval_ms: 1000, capacity: 86_400 }
+        Sampler {
+            dir: PathBuf::from("/run/kace/samples"),
+            interval_ms: 1000,
+            capacity: 86_400,
+            progress_max_bytes: MAX_PROGRESS_MAX_BYTES,
+        }
     }
 }
 
@@ -504,6 +521,12 @@ impl Config {
         if !(60..=10_000_000).contains(&sp.capacity) {
             return Err(format!("sampler.capacity = {}: must be in [60, 10000000]", sp.capacity));
         }
+        if !(65_536..=MAX_PROGRESS_MAX_BYTES).contains(&sp.progress_max_bytes) {
+            return Err(format!(
+                "sampler.progress_max_bytes = {}: must be in [65536, {MAX_PROGRESS_MAX_BYTES}]",
+                sp.progress_max_bytes
+            ));
+        }
         if !sp.dir.is_absolute() {
             return Err(format!("sampler.dir = {}: must be an absolute path", sp.dir.display()));
         }
@@ -663,6 +686,16 @@ mod tests {
         assert_eq!(off.log.socket(), None);
         let e = Config::parse("[node]\ngpu_memory_gib = -1.0\n", p()).unwrap_err();
         assert!(matches!(e, Error::Invalid { .. }), "{e}");
+        let e = Config::parse("[sampler]\nprogress_max_bytes = 100\n", p()).unwrap_err();
+        assert!(e.to_string().contains("sampler.progress_max_bytes = 100"), "{e}");
+        let e = Config::parse("[sampler]\nprogress_max_bytes = 16777216\n", p()).unwrap_err();
+        assert!(matches!(e, Error::Invalid { .. }), "{e}");
+        let e = Config::parse("[sampler]\nprogress_max_bytes = \"8M\"\n", p()).unwrap_err();
+        assert!(matches!(e, Error::Parse { .. }), "{e}");
+        let e = Config::parse("[sampler]\nprogress_cap = 1\n", p()).unwrap_err();
+        assert!(e.to_string().contains("progress_cap"), "{e}");
+        let c = Config::parse("[sampler]\nprogress_max_bytes = 65536\n", p()).unwrap();
+        assert_eq!(c.sampler.progress_max_bytes, 65536);
         let e = Config::parse("[profile]\nmin_alone_runs = 0\n", p()).unwrap_err();
         assert!(e.to_string().contains("profile.min_alone_runs"), "{e}");
         let e = Config::parse("[profile]\nmin_alone_run = 2\n", p()).unwrap_err();

@@ -13,7 +13,7 @@
 //! blocking (a FIFO), only a regular file is read, and at most
 //! [`kace_profiling::progress::MAX_BYTES`] of it.
 
-use std::io::Read;
+use std::io::{Read, Seek};
 use std::path::Path;
 
 use kace_layout::{mps_dirs, progress_file, GpuIndex};
@@ -134,9 +134,13 @@ pub fn read_progress(path: &Path) -> Result<(Progress, bool)> {
             cause: std::io::Error::other("not a regular file"),
         });
     }
+    // kace-sampler's cap may have punched out the file's start (see kace_sampler::progress_cap).
+    let start = progress::data_start(&f).map_err(io("find the data in progress file", path))?;
+    let mut f = f;
+    f.seek(std::io::SeekFrom::Start(start)).map_err(io("read progress file", path))?;
     let mut buf = Vec::new();
     f.take(progress::MAX_BYTES).read_to_end(&mut buf).map_err(io("read progress file", path))?;
-    let truncated = meta.len() > progress::MAX_BYTES;
+    let truncated = meta.len().saturating_sub(start) > progress::MAX_BYTES;
     Ok((progress::parse(&String::from_utf8_lossy(&buf)), truncated))
 }
 
@@ -566,6 +570,8 @@ mod tests {
         assert!(p.points.is_empty() && p.skipped > 0);
         let big = std::fs::File::create(d.join("huge")).unwrap();
         big.set_len(progress::MAX_BYTES + 10).unwrap();
+        // Data at its start: a file that is only a hole has nothing to read.
+        std::os::unix::fs::FileExt::write_all_at(&big, b"1 1\n", 0).unwrap();
         let (_, truncated) = read_progress(&d.join("huge")).unwrap();
         assert!(truncated);
         let _ = std::fs::remove_dir_all(&d);

@@ -48,7 +48,83 @@ pub fn observation_key(cluster: &str, job: &str, run_start: f64, segment: usize)
 /// The key of a lead's decision: `<cluster>/<job>/<run>/<node>/decision` (see
 /// [`observation_key`]; the node tells apart the prologs of a multi-node job).
 pub fn decision_key(cluster: &str, job: &str, node: &str, run_start: f64) -> String {
-    format!("{cluster}/{job}/{}/{node}/decision", run_millis(run_start))
+    release_key(ReleaseKind::Lead, cluster, job, node, run_start)
+}
+
+/// The key of a decision record of `kind`: `<cluster>/<job>/<time>/<node>/<suffix>`. For the
+/// hooks' kinds `<job>` is the job whose prolog or epilog decided and `<time>` its run's
+/// start; for dispatch's, the released job and the release time.
+pub fn release_key(kind: ReleaseKind, cluster: &str, job: &str, node: &str, at: f64) -> String {
+    format!("{cluster}/{job}/{}/{node}/{}", run_millis(at), kind.suffix())
+}
+
+/// Who made a decision record, which says how the job it names left kace's hold. The kind is
+/// the last part of the record's key, so the records of every kind share one table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ReleaseKind {
+    /// A starting job's prolog chose a partner for its GPU (`…/decision`).
+    Lead,
+    /// An ending job's epilog chose a new partner for the jobs it left (`…/refill`).
+    Refill,
+    /// Dispatch offered a held job to an open GPU and the decision chose it (`…/join`).
+    LateArrival,
+    /// Dispatch released a job held longer than `max_hold` where it fits (`…/max_hold`): onto
+    /// a free GPU (the record's lead is the job itself) or an open one (the record's chosen job).
+    MaxHold,
+    /// Dispatch released the oldest held job as a lead onto a free GPU (`…/lead_release`; its
+    /// prolog's own decision follows under `…/decision`).
+    LeadRelease,
+}
+
+impl ReleaseKind {
+    /// Every kind, in a fixed order (for counting).
+    pub const ALL: [ReleaseKind; 5] = [
+        ReleaseKind::Lead,
+        ReleaseKind::Refill,
+        ReleaseKind::LateArrival,
+        ReleaseKind::MaxHold,
+        ReleaseKind::LeadRelease,
+    ];
+
+    /// The last part of its records' keys.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            ReleaseKind::Lead => "decision",
+            ReleaseKind::Refill => "refill",
+            ReleaseKind::LateArrival => "join",
+            ReleaseKind::MaxHold => "max_hold",
+            ReleaseKind::LeadRelease => "lead_release",
+        }
+    }
+
+    /// Its name in metrics labels and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReleaseKind::Lead => "lead",
+            ReleaseKind::Refill => "refill",
+            ReleaseKind::LateArrival => "late_arrival",
+            ReleaseKind::MaxHold => "max_hold",
+            ReleaseKind::LeadRelease => "lead_release",
+        }
+    }
+
+    /// The kind of a record from its key; keys of other shapes (and rows from before keys were
+    /// stored) are a prolog's decision, the only kind there was then.
+    pub fn of_key(key: Option<&str>) -> ReleaseKind {
+        let last = key.and_then(|k| k.rsplit('/').next()).unwrap_or("");
+        ReleaseKind::ALL.into_iter().find(|k| k.suffix() == last).unwrap_or(ReleaseKind::Lead)
+    }
+
+    /// Whether a prolog or an epilog made it (dispatch's own releases are also in its log).
+    pub fn by_hook(self) -> bool {
+        matches!(self, ReleaseKind::Lead | ReleaseKind::Refill)
+    }
+
+    /// Whether the one decision function ranked candidates for it (dispatch's releases onto
+    /// free GPUs rank nothing: they record the release and the hold).
+    pub fn decides(self) -> bool {
+        matches!(self, ReleaseKind::Lead | ReleaseKind::Refill | ReleaseKind::LateArrival)
+    }
 }
 
 fn run_millis(t: f64) -> i64 {
@@ -182,11 +258,11 @@ pub fn unpark(park: &Path, spool: &Path) -> Result<usize> {
 /// Sub-directory of the spool that holds decision records.
 pub const DECISIONS_DIR: &str = "decisions";
 
-/// A partner decision as the prolog spools it.
+/// A decision record as the prolog, the epilog or dispatch spools it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpooledDecision {
-    /// Unique key (`<cluster>/<lead job>/decision`).
+    /// Unique key (see [`release_key`]; its last part is the [`ReleaseKind`]).
     pub key: String,
     /// Unix seconds when the decision was made.
     pub created_at: f64,

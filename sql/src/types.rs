@@ -511,6 +511,11 @@ pub struct DecisionCandidate {
     /// Why it was rejected, when it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rejected: Option<String>,
+    /// How long it had been held when the decision was made, seconds (from its submission or
+    /// `--begin` time); `None` in records from before it was kept. The released job's value is
+    /// its hold time (`kace metrics`' histogram).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_s: Option<f64>,
 }
 
 /// A partner choice to record.

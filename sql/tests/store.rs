@@ -281,12 +281,14 @@ fn decisions_round_trip() {
                 workload: "wb".into(),
                 prediction: Some(7.5),
                 rejected: None,
+                held_s: None,
             },
             DecisionCandidate {
                 job: None,
                 workload: "wc".into(),
                 prediction: None,
                 rejected: Some("unknown profile".into()),
+                held_s: None,
             },
         ],
     };
