@@ -13,7 +13,7 @@ use crate::types::is_observed_source;
 use crate::types::{
     feature_value_problem, implausibility, DecisionRecord, ModelRecord, NewDecision, NewModel,
     NewProfile, Observation, ObservationFilter, ObservedGroup, ObservedMember, ObservedProfile,
-    Partner, Profile, FEATURE_COLUMNS, FEATURE_COUNT, MEMCAP, OBSERVED_SOURCE,
+    Partner, Profile, FEATURE_COLUMNS, FEATURE_COUNT, MEMCAP, OBSERVED_KEPT, OBSERVED_SOURCE,
 };
 
 /// How long a connection waits for another process's lock before giving up. The nightly
@@ -579,8 +579,9 @@ impl Db {
     }
 
     /// Stores a profile measurement the epilog spooled, unless its key is stored already (the
-    /// same record ingested again, or by another ingest at once: the key is UNIQUE). Returns
-    /// whether it was inserted.
+    /// same record ingested again, or by another ingest at once: the key is UNIQUE), and keeps
+    /// only the newest [`OBSERVED_KEPT`] of its workload, GPU model and source. Returns whether
+    /// it was inserted.
     pub fn insert_observed_profile(&mut self, o: &ObservedProfile) -> Result<bool> {
         o.validate()?;
         let path = self.path.clone();
@@ -619,6 +620,16 @@ impl Db {
                 ],
             )
             .map_err(sql("store profile measurement", &path))?;
+        // Every kace job's run adds one: keep the newest few per workload, GPU model and source,
+        // so that the prolog's read of a workload's profile stays a few rows.
+        tx.execute(
+            "DELETE FROM profiles WHERE workload_id = ?1 AND gpu_model = ?2 AND source = ?3 \
+             AND key IS NOT NULL AND id NOT IN (SELECT id FROM profiles WHERE workload_id = ?1 \
+             AND gpu_model = ?2 AND source = ?3 AND key IS NOT NULL \
+             ORDER BY created_at DESC, id DESC LIMIT ?4)",
+            params![wid, o.profile.gpu_model, o.profile.source, OBSERVED_KEPT as i64],
+        )
+        .map_err(sql("prune profile measurements", &path))?;
         tx.commit().map_err(sql("commit profile measurement", &path))?;
         Ok(n == 1)
     }
