@@ -135,6 +135,12 @@ struct PaperArgs {
     /// Run the held-out-workload experiment instead.
     #[arg(long)]
     unseen: bool,
+    /// With --unseen: the held-out workload has only its system profile (exclusive
+    /// throughput, SM %, memory-bandwidth %, memcap: what NVML samples), no Nsight Compute
+    /// kernel metrics, in the inner cross-validation as in the test. Only kace is evaluated
+    /// (the paper's model needs every kernel metric).
+    #[arg(long, requires = "unseen")]
+    system_only: bool,
     #[command(flatten)]
     common: Common,
 }
@@ -214,11 +220,20 @@ fn eval_paper(a: &PaperArgs) -> Result<Evaluation> {
         let path = a.data.join("splits/unseen_workload_splits.csv");
         let rows = read_unseen_splits(&path.display().to_string(), open(&path)?)?;
         for p in PROTOCOLS {
-            let opts = options(&a.common, p)?;
+            let mut opts = options(&a.common, p)?;
+            if a.system_only {
+                opts.system_only = true;
+                opts.models = vec![ModelChoice::Kace];
+            }
             reports
                 .push(paper::evaluate_unseen(&pairs, &rows, &opts).context("couldn't evaluate")?);
         }
-        "KACE artifact, unseen workloads (leave-one-workload-out)".to_string()
+        if a.system_only {
+            "KACE artifact, unseen workloads with system profiles only (leave-one-workload-out)"
+                .to_string()
+        } else {
+            "KACE artifact, unseen workloads (leave-one-workload-out)".to_string()
+        }
     } else {
         let n_occur = a.n_occur.unwrap_or(3);
         let path = a.data.join("splits/n_occur_splits.csv");
@@ -314,10 +329,11 @@ fn decision_json(r: &EvalReport, unseen: bool) -> serde_json::Map<String, Value>
         .collect();
     m.insert("seed_spread".into(), spread.into());
     let mut chosen: BTreeMap<String, usize> = BTreeMap::new();
-    for (p, kappa) in &r.tuned {
+    for (p, kappa, kappa_new) in &r.tuned {
         *chosen
             .entry(format!(
-                "alpha={} scale={} neighbours={} doubt_weight={kappa}",
+                "alpha={} scale={} neighbours={} doubt_weight={kappa} \
+                 new_workload_weight={kappa_new}",
                 p.alpha, p.workload_scale, p.neighbours
             ))
             .or_insert(0) += 1;

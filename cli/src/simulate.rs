@@ -12,6 +12,7 @@ use kace_selector::dataset::read_colocations;
 use kace_selector::eval::paper::PAPER_SEEDS;
 use kace_selector::SelectionRules;
 use kace_simulator::metrics::mean_std;
+use kace_simulator::onboarding::{new_workload_cost, NewWorkloadCost, Summary, Treatment};
 use kace_simulator::plot::comparison_svg;
 use kace_simulator::trace::write_trace;
 use kace_simulator::{
@@ -91,6 +92,14 @@ pub struct SimulateArgs {
     /// Write an SVG (completion-time CDFs, utilisation) of the first seed to this file.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
+    /// Also run kace on each seed's trace with this workload new (never observed, system
+    /// profile only) and known, and report what its first jobs cost (`new_workload` in the
+    /// JSON); comma-separated, or `all`.
+    #[arg(long, value_delimiter = ',', value_name = "WORKLOAD")]
+    new_workload: Vec<String>,
+    /// How many of a new workload's first jobs `--new-workload` compares.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    first_jobs: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -149,6 +158,20 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
         Some(path) => Some(read_trace(&path.display().to_string(), open(path)?, &world)?),
         None => None,
     };
+    let new_workloads: Vec<String> = if args.new_workload.iter().any(|w| w == "all") {
+        world.names().to_vec()
+    } else {
+        for w in &args.new_workload {
+            if world.id(w).is_none() {
+                bail!("couldn't simulate: --new-workload {w}: no such workload in the data");
+            }
+        }
+        args.new_workload.clone()
+    };
+    if args.first_jobs == 0 {
+        bail!("couldn't simulate: --first-jobs must be at least 1");
+    }
+    let mut onboarding: Vec<Vec<NewWorkloadCost>> = vec![Vec::new(); new_workloads.len()];
     let mut runs: Vec<PolicyRuns> =
         kinds.iter().map(|&kind| PolicyRuns { kind, metrics: vec![], ratios: vec![] }).collect();
     let mut first_outcomes: Vec<Outcome> = Vec::new();
@@ -179,6 +202,26 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
                 .with_context(|| format!("couldn't write trace {}", path.display()))?;
         }
         let model_seed = PAPER_SEEDS[i % PAPER_SEEDS.len()];
+        for (w, out) in new_workloads.iter().zip(onboarding.iter_mut()) {
+            // A workload the trace never runs costs nothing to onboard in it.
+            if !jobs.iter().any(|j| world.name(j.workload) == w) {
+                continue;
+            }
+            out.push(
+                new_workload_cost(
+                    &data,
+                    &world,
+                    &jobs,
+                    gpus,
+                    args.window,
+                    &rules,
+                    model_seed,
+                    w,
+                    args.first_jobs,
+                )
+                .with_context(|| format!("couldn't simulate {w} as a new workload"))?,
+            );
+        }
         let mut base: Option<Metrics> = None;
         let users = jobs.iter().map(|j| j.user).collect::<std::collections::BTreeSet<_>>().len();
         distinct_users = distinct_users.max(users);
@@ -234,7 +277,7 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
         user_mix: replay.is_none().then_some((args.user_skew, args.workloads_per_user)),
         multi_user: args.multi_user,
     };
-    print!("{}", render(&setup, &runs, &other_users, format));
+    print!("{}", render(&setup, &runs, &other_users, &onboarding, format));
     if let Some(path) = &args.plot {
         let labelled: Vec<(&str, &Outcome)> =
             runs.iter().map(|r| r.kind.key()).zip(first_outcomes.iter()).collect();
@@ -328,10 +371,46 @@ fn ratio(runs: &[PolicyRuns], a: PolicyKind, b: PolicyKind) -> Option<(f64, f64)
     ))
 }
 
+/// The new-workload comparison of one workload over seeds: each treatment's fields as mean and
+/// standard deviation, and the first jobs' completion time new over known.
+fn onboarding_json(costs: &[NewWorkloadCost]) -> Option<Value> {
+    let first = costs.first()?;
+    let side = |f: fn(&NewWorkloadCost) -> &Treatment| {
+        let s = |g: fn(&Treatment) -> f64| {
+            let (m, sd) = stat(costs.iter().map(|c| g(f(c))));
+            json!({"mean": m, "std": sd})
+        };
+        json!({
+            "partners": s(|t| t.partners as f64),
+            "harmful_partners": s(|t| t.harmful_partners as f64),
+            "first_jobs_mean_jct_s": s(|t| t.first_jobs_mean_jct_s),
+            "first_jobs_mean_run_s": s(|t| t.first_jobs_mean_run_s),
+            "sustained_work_per_s": s(|t| t.sustained_work_per_s),
+        })
+    };
+    let ratio = |g: fn(&Treatment) -> f64| {
+        let (m, sd) = stat(costs.iter().map(|c| g(&c.new) / g(&c.known)));
+        json!({"mean": m, "std": sd})
+    };
+    Some(json!({
+        "workload": first.workload,
+        "first_jobs": first.first_jobs,
+        "seeds": costs.len(),
+        "known": side(|c| &c.known),
+        "new": side(|c| &c.new),
+        "new_over_known": {
+            "first_jobs_mean_jct": ratio(|t| t.first_jobs_mean_jct_s),
+            "first_jobs_mean_run": ratio(|t| t.first_jobs_mean_run_s),
+            "sustained_work_per_s": ratio(|t| t.sustained_work_per_s),
+        },
+    }))
+}
+
 fn render(
     setup: &Setup,
     runs: &[PolicyRuns],
     other_users: &[(Metrics, Ratios)],
+    onboarding: &[Vec<NewWorkloadCost>],
     format: Format,
 ) -> String {
     let cost = user_rule_cost(setup, runs, other_users);
@@ -407,6 +486,20 @@ fn render(
                     "with_rule_vs_multi_user": ms(c.ratio),
                     "shared_percent_with_rule": ms(c.shared_with_rule),
                     "shared_percent_multi_user": ms(c.shared_multi_user),
+                })),
+                "new_workload": onboarding.iter().filter_map(|c| onboarding_json(c)).collect::<Vec<_>>(),
+                "new_workload_summary": Summary::of(&onboarding.concat()).map(|s| json!({
+                    "comparisons": s.comparisons,
+                    "partners_known": s.partners_known,
+                    "partners_new": s.partners_new,
+                    "harmful_share_known": s.harmful_share_known,
+                    "harmful_share_new": s.harmful_share_new,
+                    "first_jobs_jct_new_over_known": s.first_jobs_jct_ratio,
+                    "cluster_work_new_over_known": {
+                        "mean": s.cluster_work_ratio,
+                        "min": s.cluster_work_ratio_min,
+                        "max": s.cluster_work_ratio_max,
+                    },
                 })),
             });
             let mut s = serde_json::to_string_pretty(&doc).unwrap_or_default();
@@ -516,6 +609,39 @@ fn render(
                     "pairs kace formed that were in its training fit: {:.1} % ± {:.1}\n",
                     100.0 * m,
                     100.0 * sd
+                ));
+            }
+            if let Some(sm) = Summary::of(&onboarding.concat()).filter(|s| s.comparisons > 1) {
+                s.push_str(&format!(
+                    "new workloads ({} comparisons): {:.1} partners ({:.1} % harmful) new vs \
+                     {:.1} ({:.1} %) known; first jobs' completion time new / known {:.3}; \
+                     cluster throughput new / known {:.4} ({:.4}–{:.4})\n",
+                    sm.comparisons,
+                    sm.partners_new,
+                    100.0 * sm.harmful_share_new,
+                    sm.partners_known,
+                    100.0 * sm.harmful_share_known,
+                    sm.first_jobs_jct_ratio,
+                    sm.cluster_work_ratio,
+                    sm.cluster_work_ratio_min,
+                    sm.cluster_work_ratio_max,
+                ));
+            }
+            for costs in onboarding.iter().filter(|c| !c.is_empty()) {
+                let st = |f: fn(&NewWorkloadCost) -> f64| stat(costs.iter().map(f));
+                s.push_str(&format!(
+                    "new workload {}: partners {} (harmful {}) new vs {} (harmful {}) known; its \
+                     first {} jobs' mean completion time new / known {}, running time {}; \
+                     cluster throughput new / known {}\n",
+                    costs[0].workload,
+                    pm(st(|c| c.new.partners as f64), 1),
+                    pm(st(|c| c.new.harmful_partners as f64), 1),
+                    pm(st(|c| c.known.partners as f64), 1),
+                    pm(st(|c| c.known.harmful_partners as f64), 1),
+                    costs[0].first_jobs,
+                    pm(st(|c| c.new.first_jobs_mean_jct_s / c.known.first_jobs_mean_jct_s), 3),
+                    pm(st(|c| c.new.first_jobs_mean_run_s / c.known.first_jobs_mean_run_s), 3),
+                    pm(st(|c| c.new.sustained_work_per_s / c.known.sustained_work_per_s), 4),
                 ));
             }
             s

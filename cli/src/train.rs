@@ -175,6 +175,7 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
             "workload_scale": tu.params.workload_scale,
             "robust": tu.params.robust,
             "doubt_weight": tu.doubt_weight,
+            "new_workload_weight": tu.new_workload_weight,
             "cv_log_mse": tu.log_mse,
         })),
     });

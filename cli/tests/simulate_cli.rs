@@ -165,3 +165,43 @@ fn bad_input_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("couldn't open /nonexistent/kace"), "{err}");
 }
+
+#[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
+fn a_new_workloads_cost_is_in_the_json() {
+    let dir = artifact();
+    let data = dir.to_str().unwrap();
+    let w = "whisper-large-v2_batch16-inf";
+    let mut args = vec!["simulate", "--data", data, "--format", "json", "--policies", "kace"];
+    args.extend(SMALL);
+    args.extend(["--new-workload", w, "--first-jobs", "3"]);
+    let out = kace(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let n = &v["new_workload"][0];
+    assert_eq!((n["workload"].as_str(), n["first_jobs"].as_u64()), (Some(w), Some(3)));
+    for side in ["known", "new"] {
+        for k in ["partners", "harmful_partners", "first_jobs_mean_jct_s", "sustained_work_per_s"] {
+            assert!(n[side][k]["mean"].as_f64().is_some_and(|x| x >= 0.0), "{side}.{k}: {n}");
+        }
+    }
+    // Every partner kace accepts for this workload when it knows it is measured harmful; new,
+    // it is offered fewer.
+    let known = n["known"]["partners"]["mean"].as_f64().unwrap();
+    assert!(known > 0.0 && n["known"]["harmful_partners"]["mean"].as_f64() == Some(known));
+    assert!(n["new"]["partners"]["mean"].as_f64().unwrap() < known, "{n}");
+    assert!(n["new_over_known"]["sustained_work_per_s"]["mean"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["new_workload_summary"]["comparisons"].as_u64(), n["seeds"].as_u64());
+
+    for (extra, needle) in [
+        (["--new-workload", "gpt5"], "--new-workload gpt5: no such workload"),
+        (["--first-jobs", "0"], "--first-jobs must be at least 1"),
+    ] {
+        let mut args = vec!["simulate", "--data", data];
+        args.extend(extra);
+        let out = kace(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(needle), "{err}");
+    }
+}

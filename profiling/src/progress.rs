@@ -136,14 +136,18 @@ pub fn create_for_job(root: &Path, file: &Path, uid: u32) -> Result<(), CreateEr
     std::os::unix::fs::fchown(&f, Some(uid), None).map_err(io("hand over progress file"))
 }
 
-/// One line's point, `None` when it is malformed or not finite (empty lines included: callers
+/// What one line says, `None` when it is malformed or not finite (empty lines included: callers
 /// skip those without counting them).
-fn parse_line(line: &str) -> Option<Point> {
+fn parse_line(line: &str) -> Option<Line> {
     let mut it = line.split_whitespace();
     match (it.next(), it.next(), it.next()) {
+        (Some(t), Some("oom"), None) => match t.parse::<f64>() {
+            Ok(time) if time.is_finite() => Some(Line::Oom(time)),
+            _ => None,
+        },
         (Some(t), Some(s), None) => match (t.parse::<f64>(), s.parse::<f64>()) {
             (Ok(time), Ok(steps)) if time.is_finite() && steps.is_finite() && steps >= 0.0 => {
-                Some(Point { time, steps })
+                Some(Line::Point(Point { time, steps }))
             }
             _ => None,
         },
@@ -151,14 +155,12 @@ fn parse_line(line: &str) -> Option<Point> {
     }
 }
 
-/// For a line `<unix-seconds> oom`, its time (`None` inside when that is not a finite number);
-/// `None` for any other line.
-fn oom_line(line: &str) -> Option<Option<f64>> {
-    let mut it = line.split_whitespace();
-    match (it.next(), it.next(), it.next()) {
-        (Some(t), Some("oom"), None) => Some(t.parse::<f64>().ok().filter(|t| t.is_finite())),
-        _ => None,
-    }
+/// What one well-formed progress line says.
+enum Line {
+    /// `<time> <steps>`.
+    Point(Point),
+    /// `<time> oom`: the job ran out of GPU memory then.
+    Oom(f64),
 }
 
 /// Whether `p` may follow `last`: neither time nor steps go backwards.
@@ -174,17 +176,11 @@ pub fn parse(text: &str) -> Progress {
         if line.is_empty() {
             continue;
         }
-        if let Some(at) = oom_line(line) {
-            match at {
-                Some(time) => {
-                    out.oom_at.get_or_insert(time);
-                }
-                None => out.skipped += 1,
-            }
-            continue;
-        }
         match parse_line(line) {
-            Some(p) if follows(out.points.last(), &p) => out.points.push(p),
+            Some(Line::Oom(time)) => {
+                out.oom_at.get_or_insert(time);
+            }
+            Some(Line::Point(p)) if follows(out.points.last(), &p) => out.points.push(p),
             _ => out.skipped += 1,
         }
     }
@@ -208,12 +204,6 @@ pub fn format_point(p: &Point) -> String {
     format!("{} {}\n", number(p.time), number(p.steps))
 }
 
-/// The out-of-memory line for time `t` (as [`format_point`] formats numbers).
-pub fn format_oom(t: f64) -> String {
-    let p = format_point(&Point { time: t, steps: 0.0 });
-    format!("{} oom\n", p.split(' ').next().unwrap_or("0"))
-}
-
 /// The points of a progress file that its readers need, in bounded memory, fed one line at a
 /// time: a file compacted to these gives the same throughput over any interval up to
 /// [`Thinner::resolution`] seconds at each end.
@@ -233,10 +223,10 @@ pub struct Thinner {
     /// Kept points, and whether each is pinned (the first past the warm-up: never replaced).
     kept: Vec<(Point, bool)>,
     warm: bool,
+    /// The first out-of-memory line's time: kept whatever else is thinned.
+    oom_at: Option<f64>,
     /// Lines dropped as malformed or backwards.
     pub skipped: usize,
-    /// The first `<unix-seconds> oom` line's time: kept, since the epilog needs it.
-    oom_at: Option<f64>,
 }
 
 /// The finest bucket, seconds: progress lines carry no finer time that matters.
@@ -251,8 +241,8 @@ impl Thinner {
             resolution: FINEST_RESOLUTION,
             kept: Vec::new(),
             warm: false,
-            skipped: 0,
             oom_at: None,
+            skipped: 0,
         }
     }
 
@@ -267,17 +257,11 @@ impl Thinner {
         if line.is_empty() {
             return;
         }
-        if let Some(at) = oom_line(line) {
-            match at {
-                Some(time) => {
-                    self.oom_at.get_or_insert(time);
-                }
-                None => self.skipped += 1,
-            }
-            return;
-        }
         match parse_line(line) {
-            Some(p) if follows(self.kept.last().map(|k| &k.0), &p) => self.push(p),
+            Some(Line::Oom(time)) => {
+                self.oom_at.get_or_insert(time);
+            }
+            Some(Line::Point(p)) if follows(self.kept.last().map(|k| &k.0), &p) => self.push(p),
             _ => self.skipped += 1,
         }
     }
@@ -320,11 +304,12 @@ impl Thinner {
         self.kept.iter().map(|k| &k.0)
     }
 
-    /// The kept lines as text: the points, then the out-of-memory line if there was one.
-    pub fn kept_text(&self) -> String {
+    /// The kept lines as text that [`parse`] reads back to the same points and out-of-memory
+    /// time: the points, then the first `oom` line if there was one.
+    pub fn text(&self) -> String {
         let mut text: String = self.points().map(format_point).collect();
         if let Some(t) = self.oom_at {
-            text.push_str(&format_oom(t));
+            text.push_str(&format!("{t} oom\n"));
         }
         text
     }
@@ -444,21 +429,6 @@ mod tests {
     }
 
     #[test]
-    fn thinning_keeps_the_out_of_memory_line() {
-        let mut t = Thinner::new(0, 8);
-        for i in 0..1000 {
-            t.push_line(&format!("{} {}", 1000 + i, i * 3));
-            if i == 700 {
-                t.push_line("1700.25 oom");
-            }
-        }
-        let back = parse(&t.kept_text());
-        assert_eq!(back.oom_at, Some(1700.25));
-        assert!(back.points.len() <= 9 && back.skipped == 0, "{back:?}");
-        assert_eq!(format_oom(1e300), "1e300 oom\n");
-    }
-
-    #[test]
     fn an_out_of_memory_line_is_kept_apart_from_the_points() {
         let p = parse(
             "100 0
@@ -540,8 +510,23 @@ mod thinner_tests {
             assert!((x - y).abs() <= 0.02 * x, "[{a}, {b}]: {x} vs {y} (resolution {r})");
         }
         let (whole, thin) =
-            (full.throughput(20).unwrap(), Progress { points: kept, skipped: 0, oom_at: None });
+            (full.throughput(20).unwrap(), Progress { points: kept, ..Progress::default() });
         assert_eq!(thin.throughput(20).unwrap(), whole);
+    }
+
+    /// The cap must not erase the epilog's evidence that a job ran out of memory.
+    #[test]
+    fn thinning_keeps_the_first_out_of_memory_line() {
+        let mut text: String = (0..1000).map(|i| format!("{} {}\n", 100 + i, 5 * i)).collect();
+        text.push_str("1100.5 oom\n1101 oom\n");
+        let mut th = Thinner::new(0, 8);
+        for line in text.lines() {
+            th.push_line(line);
+        }
+        let back = parse(&th.text());
+        assert_eq!(back.oom_at, Some(1100.5));
+        assert!(back.points.len() <= 8, "{}", back.points.len());
+        assert_eq!(back.points.last(), parse(&text).points.last());
     }
 
     #[test]

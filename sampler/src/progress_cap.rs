@@ -196,7 +196,7 @@ fn cap_file_with(
     let mut thinner = Thinner::new(warmup_steps, budget);
     f.seek(SeekFrom::Start(start)).map_err(io("seek in"))?;
     let end = thin(&mut f, size - start, &mut thinner).map_err(io("read"))? + start;
-    let kept = thinner.kept_text();
+    let kept = thinner.text();
     let block = meta.blksize().max(512);
     let cut = (end.saturating_sub(kept.len() as u64) / block) * block;
     if cut <= start {

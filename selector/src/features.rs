@@ -97,22 +97,87 @@ impl Feature {
     pub fn is_averaged(self) -> bool {
         self.artifact_name().contains('%')
     }
+
+    /// Whether the feature comes from Nsight Compute (a kernel profile, which needs an admin and
+    /// an idle GPU) rather than from an exclusive run that NVML can sample on any node
+    /// (`kace-sampler`): the first six are kernel metrics, the last four system metrics.
+    pub fn is_kernel_metric(self) -> bool {
+        self.index() < Feature::ExclusiveThroughput.index()
+    }
+
+    /// The six Nsight Compute features.
+    pub const KERNEL: [Feature; 6] = [
+        Feature::Threads,
+        Feature::SmThroughput,
+        Feature::DramThroughput,
+        Feature::MemoryThroughput,
+        Feature::Registers,
+        Feature::StaticSharedMemory,
+    ];
+
+    /// The four system features an exclusive run yields (NVML and the job's progress).
+    pub const SYSTEM: [Feature; 4] =
+        [Feature::ExclusiveThroughput, Feature::SmUtil, Feature::MemUtil, Feature::Memcap];
 }
 
-/// A workload's profile: its ten features measured alone, indexed by [`Feature::index`].
+/// A workload's profile: its features measured alone, indexed by [`Feature::index`].
+///
+/// The four system features are always known; the six kernel metrics
+/// ([`Feature::is_kernel_metric`]) may be absent: a workload that only ran under kace has a
+/// system profile sampled by NVML, not an Nsight Compute profile. Models predict from what a
+/// profile has (the slowdown model fills absent kernel metrics from the trained workloads
+/// nearest in system-profile space; the paper's linear model has no answer without them).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Profile {
-    /// Feature values in [`Feature::ALL`] order.
+    /// Feature values in [`Feature::ALL`] order. Without kernel metrics the six kernel values
+    /// are 0 and mean nothing: read them through [`Profile::value`].
     pub features: [f64; FEATURE_COUNT],
+    /// Whether the six kernel metrics were measured.
+    pub has_kernel_metrics: bool,
 }
 
 impl Profile {
-    /// A profile from values in [`Feature::ALL`] order.
+    /// A complete profile from values in [`Feature::ALL`] order.
     pub fn new(features: [f64; FEATURE_COUNT]) -> Self {
-        Profile { features }
+        Profile { features, has_kernel_metrics: true }
     }
 
-    /// The value of one feature.
+    /// A profile from what was measured: `None` when a system feature is missing (nothing can
+    /// be predicted without it); without every kernel metric, a system-only profile (a partial
+    /// kernel profile is not used: the six come from one Nsight Compute run).
+    pub fn from_measured(values: [Option<f64>; FEATURE_COUNT]) -> Option<Profile> {
+        let mut features = [0.0; FEATURE_COUNT];
+        for f in Feature::SYSTEM {
+            features[f.index()] = values[f.index()]?;
+        }
+        let kernel: Option<Vec<f64>> = Feature::KERNEL.iter().map(|f| values[f.index()]).collect();
+        match kernel {
+            Some(k) => {
+                for (f, v) in Feature::KERNEL.iter().zip(k) {
+                    features[f.index()] = v;
+                }
+                Some(Profile::new(features))
+            }
+            None => Some(Profile { features, has_kernel_metrics: false }),
+        }
+    }
+
+    /// This profile with its kernel metrics hidden: what a workload has before anyone ran
+    /// Nsight Compute on it.
+    pub fn system_only(&self) -> Profile {
+        let mut features = self.features;
+        for f in Feature::KERNEL {
+            features[f.index()] = 0.0;
+        }
+        Profile { features, has_kernel_metrics: false }
+    }
+
+    /// The value of one feature, `None` for a kernel metric the profile does not have.
+    pub fn value(&self, feature: Feature) -> Option<f64> {
+        (self.has_kernel_metrics || !feature.is_kernel_metric()).then(|| self.get(feature))
+    }
+
+    /// The value of one feature (0 for an absent kernel metric; see [`Profile::value`]).
     pub fn get(&self, feature: Feature) -> f64 {
         self.features[feature.index()]
     }
@@ -172,6 +237,33 @@ mod tests {
         assert_eq!(triple[Feature::Threads.index()], 21.0);
         assert!((triple[Feature::SmUtil.index()] - 40.0).abs() < 1e-12);
         assert_eq!(combine([&a]), a.features);
+    }
+
+    #[test]
+    fn kernel_metrics_may_be_absent_system_metrics_may_not() {
+        assert_eq!(Feature::ALL.iter().filter(|f| f.is_kernel_metric()).count(), 6);
+        assert!(Feature::SYSTEM.iter().all(|f| !f.is_kernel_metric()));
+        let full = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0];
+        let measured = full.map(Some);
+        assert_eq!(Profile::from_measured(measured), Some(Profile::new(full)));
+        // NVML only: the sampler's system profile.
+        let mut sys = measured;
+        for f in Feature::KERNEL {
+            sys[f.index()] = None;
+        }
+        let p = Profile::from_measured(sys).unwrap();
+        assert!(!p.has_kernel_metrics);
+        assert_eq!(p, Profile::new(full).system_only());
+        assert_eq!(p.value(Feature::Threads), None);
+        assert_eq!(p.value(Feature::Memcap), Some(10.0));
+        assert_eq!(p.exclusive_throughput(), 7.0);
+        // One kernel metric short is a system-only profile; a system metric short is none.
+        let mut partial = measured;
+        partial[Feature::Registers.index()] = None;
+        assert!(!Profile::from_measured(partial).unwrap().has_kernel_metrics);
+        let mut no_memcap = measured;
+        no_memcap[Feature::Memcap.index()] = None;
+        assert_eq!(Profile::from_measured(no_memcap), None);
     }
 
     #[test]

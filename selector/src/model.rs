@@ -145,6 +145,12 @@ impl Model {
                 if !(m.doubt_weight.is_finite() && m.doubt_weight >= 0.0) {
                     return Err(format!("doubt weight {} (must be a number ≥ 0)", m.doubt_weight));
                 }
+                if !(m.new_workload_weight.is_finite() && m.new_workload_weight >= 0.0) {
+                    return Err(format!(
+                        "new-workload weight {} (must be a number ≥ 0)",
+                        m.new_workload_weight
+                    ));
+                }
             }
         }
         Ok(())
@@ -159,12 +165,20 @@ impl Predictor for Model {
         }
     }
 
+    fn new_workload_gain(&self, members: &[Member<'_>]) -> Option<f64> {
+        match self {
+            Model::Linear { .. } => None,
+            Model::Slowdown(m) => m.new_workload_gain(members),
+        }
+    }
+
     fn predict(&self, members: &[Member<'_>], objective: Objective) -> f64 {
         match self {
             // Trained for one objective: asked for another, it has no answer (NaN is never
             // chosen by `select`); callers check [`Model::serves`] first.
+            // Its summed features need every kernel metric: without them it has no answer.
             Model::Linear { objective: o, model } => {
-                if *o == objective {
+                if *o == objective && members.iter().all(|m| m.profile.has_kernel_metrics) {
                     model.predict(&combine(members.iter().map(|m| m.profile)))
                 } else {
                     f64::NAN

@@ -16,6 +16,14 @@ pub trait Predictor {
     fn required_gain(&self, _members: &[Member<'_>]) -> f64 {
         0.0
     }
+
+    /// The gain in normalised progress over the running jobs that a group with a workload the
+    /// predictor has never learnt from must show, whatever the rules say; `None` when it knows
+    /// every member. This is how a new workload is tried beside safe partners first: `select`
+    /// always asks.
+    fn new_workload_gain(&self, _members: &[Member<'_>]) -> Option<f64> {
+        None
+    }
 }
 
 /// The filters and thresholds of a choice.
@@ -92,6 +100,15 @@ pub enum Rejection {
         /// What it had to exceed.
         required: f64,
     },
+    /// The group has a workload the model has never learnt from, and is not predicted to
+    /// progress better than its jobs one after the other by the model's margin for new
+    /// workloads ([`Predictor::new_workload_gain`]).
+    DoubtfulNewWorkload {
+        /// Predicted normalised progress of the group.
+        predicted: f64,
+        /// What it had to exceed.
+        required: f64,
+    },
     /// The predicted gain over the running jobs alone is below the threshold.
     BelowGainThreshold {
         /// Predicted group objective.
@@ -115,6 +132,11 @@ impl std::fmt::Display for Rejection {
             Rejection::LikelyHarmful { predicted, required } => {
                 write!(f, "likely harmful (predicted progress {predicted:.3} ≤ {required:.3})")
             }
+            Rejection::DoubtfulNewWorkload { predicted, required } => write!(
+                f,
+                "new workload, not yet a safe pair (predicted progress {predicted:.3} ≤ \
+                 {required:.3})"
+            ),
             Rejection::BelowGainThreshold { predicted, required } => {
                 write!(f, "below gain threshold (predicted {predicted:.3} < {required:.3})")
             }
@@ -195,17 +217,31 @@ pub fn select(
                     rejection: Some(Rejection::BelowGainThreshold { predicted, required }),
                 };
             }
-            if rules.refuse_likely_harm {
-                group.push(Member { profile: p, workload: c.workload });
-                let progress = predictor.predict(&group, Objective::NormalisedProgress);
-                let needed = baseline_progress() + predictor.required_gain(&group);
-                group.pop();
+            group.push(Member { profile: p, workload: c.workload });
+            let new_gain = predictor.new_workload_gain(&group);
+            let progress = (rules.refuse_likely_harm || new_gain.is_some())
+                .then(|| predictor.predict(&group, Objective::NormalisedProgress));
+            let harm_gain = rules.refuse_likely_harm.then(|| predictor.required_gain(&group));
+            group.pop();
+            let mut doubts = [harm_gain.map(|g| (g, false)), new_gain.map(|g| (g, true))];
+            // The larger margin decides, and names the reason.
+            doubts.sort_by(|a, b| {
+                a.map_or(f64::NEG_INFINITY, |d| d.0)
+                    .total_cmp(&b.map_or(f64::NEG_INFINITY, |d| d.0))
+            });
+            if let (Some(progress), Some((gain, new))) = (progress, doubts[1]) {
+                let needed = baseline_progress() + gain;
                 if !progress.is_nan() && !needed.is_nan() && progress <= needed {
+                    let (predicted_progress, required) = (progress, needed);
                     return Verdict {
                         prediction: Some(predicted),
-                        rejection: Some(Rejection::LikelyHarmful {
-                            predicted: progress,
-                            required: needed,
+                        rejection: Some(if new {
+                            Rejection::DoubtfulNewWorkload {
+                                predicted: predicted_progress,
+                                required,
+                            }
+                        } else {
+                            Rejection::LikelyHarmful { predicted: predicted_progress, required }
                         }),
                     };
                 }
@@ -333,5 +369,46 @@ mod tests {
         // Nothing clears the margin: no partner at all.
         let s = select(&lead, &cands[..2], &Doubtful, &guarded);
         assert_eq!(s.chosen, None);
+    }
+
+    /// As [`Doubtful`], and it has never learnt from workload "new".
+    struct KnowsAllButNew;
+    impl Predictor for KnowsAllButNew {
+        fn predict(&self, m: &[Member<'_>], objective: Objective) -> f64 {
+            Doubtful.predict(m, objective)
+        }
+        fn required_gain(&self, _: &[Member<'_>]) -> f64 {
+            0.1
+        }
+        fn new_workload_gain(&self, m: &[Member<'_>]) -> Option<f64> {
+            m.iter().any(|m| m.workload == Some("new")).then_some(0.4)
+        }
+    }
+
+    #[test]
+    fn a_new_workload_needs_a_clearly_safe_partner_whatever_the_rules() {
+        let lp = prof(10.0, 0.0);
+        let lead = lead(&lp);
+        // Progress 1.3 and 1.6, both gains; the first is the better throughput.
+        let (a, b) = (prof(30.0, 1.3), prof(5.0, 1.6));
+        let cand = |p, w| Candidate { profile: Some(p), workload: Some(w), same_user: true };
+        let plain = SelectionRules::default();
+        // Known workloads: no doubt rule unless asked.
+        let s = select(&lead, &[cand(&a, "x"), cand(&b, "y")], &KnowsAllButNew, &plain);
+        assert_eq!(s.chosen, Some(0));
+        // The new workload beside the lead needs progress above 1 + 0.4.
+        let s = select(&lead, &[cand(&a, "new"), cand(&b, "new")], &KnowsAllButNew, &plain);
+        assert_eq!(s.chosen, Some(1));
+        assert_eq!(
+            s.verdicts[0].rejection,
+            Some(Rejection::DoubtfulNewWorkload { predicted: 1.3, required: 1.4 })
+        );
+        assert!(s.verdicts[0].rejection.as_ref().unwrap().to_string().starts_with("new workload"));
+        // With the doubt rule on too, the larger margin decides and names the reason.
+        let guarded = SelectionRules { refuse_likely_harm: true, ..plain };
+        let s = select(&lead, &[cand(&a, "new")], &KnowsAllButNew, &guarded);
+        assert!(matches!(s.verdicts[0].rejection, Some(Rejection::DoubtfulNewWorkload { .. })));
+        let s = select(&lead, &[cand(&prof(30.0, 1.05), "x")], &KnowsAllButNew, &guarded);
+        assert!(matches!(s.verdicts[0].rejection, Some(Rejection::LikelyHarmful { .. })));
     }
 }

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dataset::Group;
 use crate::error::SelectorError;
-use crate::features::{combine, Profile, FEATURE_COUNT};
+use crate::features::{combine, Feature, Profile, FEATURE_COUNT};
 use crate::linear::{ridge_with_intercept, weighted_ridge_with_intercept};
 use crate::zscore::ZScore;
 
@@ -49,6 +49,47 @@ const HUBER_ITERATIONS: usize = 3;
 /// A sample further than this many robust standard deviations from the fit does not raise its
 /// workload's ceiling: a ceiling is the largest *plausible* measured ratio.
 const CEILING_OUTLIER_K: f64 = 4.0;
+
+/// A profile without kernel metrics (a system profile sampled by NVML) gets the mean kernel
+/// metrics, in log space, of this many trained workloads nearest to it in system-profile space
+/// (z-scored log exclusive throughput, SM %, memory-bandwidth % and memcap).
+pub const KERNEL_FILL_NEIGHBOURS: usize = 3;
+
+/// `profile` with its absent kernel metrics filled from the nearest of `donors` (log profiles
+/// of workloads with kernel metrics; see [`KERNEL_FILL_NEIGHBOURS`]). Without donors it is
+/// returned as it is: every workload then lacks them alike and the kernel columns carry nothing.
+fn fill_kernel_metrics(
+    donors: &BTreeMap<String, [f64; FEATURE_COUNT]>,
+    profile: &Profile,
+) -> Profile {
+    if profile.has_kernel_metrics || donors.is_empty() {
+        return *profile;
+    }
+    let own = LogProfile::of(profile).0;
+    let system: Vec<usize> = Feature::SYSTEM.iter().map(|f| f.index()).collect();
+    let rows: Vec<Vec<f64>> =
+        donors.values().map(|d| system.iter().map(|&j| d[j]).collect()).collect();
+    let scale = ZScore::fit(&rows, system.len(), 0);
+    let mut near: Vec<(f64, &[f64; FEATURE_COUNT])> = donors
+        .values()
+        .zip(&rows)
+        .map(|(d, r)| {
+            let dist = (0..system.len())
+                .map(|c| (scale.apply_one(c, r[c]) - scale.apply_one(c, own[system[c]])).powi(2))
+                .sum::<f64>();
+            (dist, d)
+        })
+        .collect();
+    near.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let k = KERNEL_FILL_NEIGHBOURS.min(near.len());
+    let mut out = *profile;
+    for f in Feature::KERNEL {
+        let j = f.index();
+        let mean_log = near[..k].iter().map(|(_, d)| d[j]).sum::<f64>() / k as f64;
+        out.features[j] = mean_log.exp_m1();
+    }
+    out
+}
 
 /// Training settings of a [`SlowdownModel`]. The defaults are the centre of the grid that
 /// [`crate::tuning`] chooses from by cross-validation on the training data.
@@ -127,10 +168,20 @@ pub struct SlowdownModel {
     /// models stored before it existed, and straight after [`SlowdownModel::fit`].
     #[serde(default)]
     pub doubt_weight: f64,
-    /// Each trained workload's log profile, so that a new workload can find its nearest
-    /// neighbours ([`SlowdownParams::neighbours`]). Empty in models stored before it existed.
+    /// Each trained workload's log profile (those with kernel metrics), so that a new workload
+    /// can find its nearest neighbours ([`SlowdownParams::neighbours`]) and a system-only
+    /// profile its kernel metrics ([`KERNEL_FILL_NEIGHBOURS`]). Empty in models stored before
+    /// it existed.
     #[serde(default)]
     pub profiles: BTreeMap<String, [f64; FEATURE_COUNT]>,
+    /// How many [`SlowdownModel::doubt`]s of predicted gain a group with a workload the model
+    /// never trained on (no observed group yet) must show, whatever the site's rules: a new
+    /// workload is paired only where the model is confident the pair helps, is measured there,
+    /// and is learnt from. Chosen by cross-validation in training with each workload held out
+    /// in turn, its kernel metrics hidden ([`crate::tuning`]). 0 in models stored before it
+    /// existed (a new workload then needs only a predicted gain).
+    #[serde(default)]
+    pub new_workload_weight: f64,
 }
 
 fn profile_part(own: &LogProfile, others: &LogProfile, out: &mut [f64]) {
@@ -211,11 +262,21 @@ impl SlowdownModel {
         let mut owners: Vec<(usize, Vec<usize>)> = Vec::new();
         let mut y = Vec::new();
         let mut own_ratio: Vec<(&str, f64)> = Vec::new();
+        // Kernel metrics of trained workloads that have them: the donors for those that do not.
         let mut profiles: BTreeMap<String, [f64; FEATURE_COUNT]> = BTreeMap::new();
+        for g in groups.iter().filter(|g| g.k() >= 2) {
+            for (w, p) in g.workloads.iter().zip(&g.profiles) {
+                if p.has_kernel_metrics {
+                    profiles.entry(w.clone()).or_insert_with(|| LogProfile::of(p).0);
+                }
+            }
+        }
         for g in groups {
             if g.k() < 2 {
                 continue;
             }
+            let filled: Vec<Profile> =
+                g.profiles.iter().map(|p| fill_kernel_metrics(&profiles, p)).collect();
             for i in 0..g.k() {
                 let excl = g.profiles[i].exclusive_throughput();
                 let thr = g.throughputs[i];
@@ -226,8 +287,8 @@ impl SlowdownModel {
                     )));
                 }
                 let mut row = [0.0; PROFILE_WIDTH];
-                let others = others_of(&g.profiles, i);
-                profile_part(&LogProfile::of(&g.profiles[i]), &LogProfile::of(&others), &mut row);
+                let others = others_of(&filled, i);
+                profile_part(&LogProfile::of(&filled[i]), &LogProfile::of(&others), &mut row);
                 profile_rows.push(row);
                 let own = index(&g.workloads[i]).unwrap_or(0);
                 let partners =
@@ -235,9 +296,6 @@ impl SlowdownModel {
                 owners.push((own, partners));
                 y.push((thr / excl).ln());
                 own_ratio.push((g.workloads[i].as_str(), thr / excl));
-                profiles
-                    .entry(g.workloads[i].clone())
-                    .or_insert_with(|| LogProfile::of(&g.profiles[i]).0);
             }
         }
         if y.is_empty() {
@@ -303,7 +361,29 @@ impl SlowdownModel {
             spread,
             doubt_weight: 0.0,
             profiles,
+            new_workload_weight: 0.0,
         })
+    }
+
+    /// Whether the model was trained on groups with `workload` in them.
+    pub fn knows(&self, workload: Option<&str>) -> bool {
+        workload.is_some_and(|w| self.sensitivity.contains_key(w))
+    }
+
+    /// The predicted gain in normalised progress a group with a workload the model never
+    /// trained on must show ([`SlowdownModel::new_workload_weight`] ×
+    /// [`SlowdownModel::doubt`]); `None` when it knows every member.
+    pub fn new_workload_gain(&self, members: &[Member<'_>]) -> Option<f64> {
+        members
+            .iter()
+            .any(|m| !self.knows(m.workload))
+            .then(|| self.new_workload_weight * self.doubt(members))
+    }
+
+    /// The profile the model predicts from: as measured, or, without kernel metrics, with
+    /// those of the trained workloads nearest in system-profile space.
+    pub fn completed(&self, profile: &Profile) -> Profile {
+        fill_kernel_metrics(&self.profiles, profile)
     }
 
     /// The predicted gain in normalised progress a group needs before the gain rule forms it:
@@ -340,7 +420,14 @@ impl SlowdownModel {
 
     /// A workload's (sensitivity, pressure): learnt when it was trained on, borrowed from its
     /// nearest trained neighbours in profile space when not (and the model asks for that), or 0.
-    pub fn terms(&self, workload: Option<&str>, profile: &LogProfile) -> (f64, f64) {
+    /// `kernel_measured`: whether `profile`'s kernel metrics were measured; filled ones do not
+    /// count towards the distance.
+    pub fn terms(
+        &self,
+        workload: Option<&str>,
+        profile: &LogProfile,
+        kernel_measured: bool,
+    ) -> (f64, f64) {
         if let Some(w) = workload {
             if let (Some(s), Some(p)) = (self.sensitivity.get(w), self.pressure.get(w)) {
                 return (*s, *p);
@@ -356,7 +443,10 @@ impl SlowdownModel {
             .profiles
             .iter()
             .map(|(n, p)| {
-                let d = (0..FEATURE_COUNT).map(|j| (z(p, j) - z(&profile.0, j)).powi(2)).sum();
+                let d = (0..FEATURE_COUNT)
+                    .filter(|&j| kernel_measured || !Feature::ALL[j].is_kernel_metric())
+                    .map(|j| (z(p, j) - z(&profile.0, j)).powi(2))
+                    .sum();
                 (d, n.as_str())
             })
             .collect();
@@ -374,19 +464,24 @@ impl SlowdownModel {
         // Pairs are the prolog's case: a partner's combined profile is its own, so each log
         // profile is computed once.
         if let [a, b] = members {
-            let (la, lb) = (LogProfile::of(a.profile), LogProfile::of(b.profile));
-            let (sa, sb) = self.pair_slowdowns((&la, a.workload), (&lb, b.workload));
-            return vec![sa, sb];
+            if a.profile.has_kernel_metrics && b.profile.has_kernel_metrics {
+                let (la, lb) = (LogProfile::of(a.profile), LogProfile::of(b.profile));
+                let (sa, sb) = self.pair_slowdowns((&la, a.workload), (&lb, b.workload));
+                return vec![sa, sb];
+            }
         }
         self.slowdowns_any_k(members)
     }
 
     /// [`SlowdownModel::slowdowns`] for any group size, without the pair shortcut.
     fn slowdowns_any_k(&self, members: &[Member<'_>]) -> Vec<f64> {
-        let profiles: Vec<Profile> = members.iter().map(|m| *m.profile).collect();
-        let logs: Vec<LogProfile> = members.iter().map(|m| LogProfile::of(m.profile)).collect();
-        let terms: Vec<(f64, f64)> =
-            members.iter().zip(&logs).map(|(m, l)| self.terms(m.workload, l)).collect();
+        let profiles: Vec<Profile> = members.iter().map(|m| self.completed(m.profile)).collect();
+        let logs: Vec<LogProfile> = profiles.iter().map(LogProfile::of).collect();
+        let terms: Vec<(f64, f64)> = members
+            .iter()
+            .zip(&logs)
+            .map(|(m, l)| self.terms(m.workload, l, m.profile.has_kernel_metrics))
+            .collect();
         (0..members.len())
             .map(|i| {
                 let others = LogProfile::of(&others_of(&profiles, i));
@@ -414,14 +509,15 @@ impl SlowdownModel {
     }
 
     /// Fast path for pairs: the predicted (lead, candidate) slowdowns from precomputed log
-    /// profiles. Equivalent to [`SlowdownModel::slowdowns`] on a pair.
+    /// profiles with measured kernel metrics. Equivalent to [`SlowdownModel::slowdowns`] on a
+    /// pair.
     #[inline]
     pub fn pair_slowdowns(
         &self,
         lead: (&LogProfile, Option<&str>),
         cand: (&LogProfile, Option<&str>),
     ) -> (f64, f64) {
-        let (lt, ct) = (self.terms(lead.1, lead.0), self.terms(cand.1, cand.0));
+        let (lt, ct) = (self.terms(lead.1, lead.0, true), self.terms(cand.1, cand.0, true));
         let a = self.log_slowdown(lead.0, cand.0, lt.0 + ct.1);
         let b = self.log_slowdown(cand.0, lead.0, ct.0 + lt.1);
         (self.capped(a, lead.1), self.capped(b, cand.1))
@@ -554,7 +650,8 @@ mod tests {
                 .map(|(p, w)| Member { profile: p, workload: Some(w) })
                 .collect();
             let (a, b) = (LogProfile::of(&g.profiles[0]), LogProfile::of(&g.profiles[1]));
-            let terms = m.terms(Some(&g.workloads[0]), &a).0 + m.terms(Some(&g.workloads[1]), &b).1;
+            let terms = m.terms(Some(&g.workloads[0]), &a, true).0
+                + m.terms(Some(&g.workloads[1]), &b, true).1;
             assert!(m.log_slowdown(&a, &b, terms) > 0.5);
             let want: Vec<f64> = g.workloads.iter().map(|w| m.ceiling_of(Some(w))).collect();
             assert_eq!(m.slowdowns(&members), want);
@@ -579,6 +676,7 @@ mod tests {
                 }) as Box<dyn Fn(&mut SlowdownModel)>,
             ),
             ("doubt weight", Box::new(|m: &mut SlowdownModel| m.doubt_weight = f64::NAN)),
+            ("new-workload weight", Box::new(|m: &mut SlowdownModel| m.new_workload_weight = -1.0)),
             (
                 "profile",
                 Box::new(|m: &mut SlowdownModel| {
@@ -636,6 +734,108 @@ mod tests {
         let (plain, m) = worst_shift(SlowdownParams { robust: false, ..robust });
         assert!(plain > 4.0 * shift, "squared error: {plain} vs robust {shift}");
         assert!(m.ceiling_of(Some("w3")) > 1e5, "without the robust fit the ceiling follows it");
+    }
+
+    #[test]
+    fn a_system_only_profile_is_predicted_from_its_nearest_trained_workloads() {
+        let (ws, groups) = eight_workloads_paired();
+        // Kernel metrics that differ per workload (the fixture's are all 1).
+        let kernel = |i: usize, p: Profile| {
+            let mut p = p;
+            for f in Feature::KERNEL {
+                p.features[f.index()] = 100.0 * (i + 1) as f64;
+            }
+            p
+        };
+        let ws: Vec<(String, Profile)> =
+            ws.into_iter().enumerate().map(|(i, (w, p))| (w, kernel(i, p))).collect();
+        let groups: Vec<Group> = groups
+            .into_iter()
+            .map(|mut g| {
+                for (w, p) in g.workloads.iter().zip(g.profiles.iter_mut()) {
+                    *p = ws.iter().find(|(n, _)| n == w).unwrap().1;
+                }
+                g
+            })
+            .collect();
+        // w4 is new: trained without its groups.
+        let train: Vec<&Group> = groups.iter().filter(|g| !g.contains("w4")).collect();
+        let m = SlowdownModel::fit(&train, SlowdownParams::default()).unwrap();
+        assert!(!m.knows(Some("w4")) && m.knows(Some("w3")));
+        let full = ws[4].1;
+        let sys = full.system_only();
+        // Its kernel metrics come from w3, w5 and one of w2/w6 (nearest in SM %, throughput).
+        let filled = m.completed(&sys);
+        assert_ne!(filled.features, sys.features);
+        let t = filled.get(Feature::Threads);
+        assert!(t > 300.0 && t < 700.0, "filled threads {t}");
+        assert_eq!(filled.memcap(), full.memcap());
+        for partner in [0, 3, 7] {
+            let with = |p: &Profile| {
+                let members = [
+                    Member { profile: &ws[partner].1, workload: Some(ws[partner].0.as_str()) },
+                    Member { profile: p, workload: Some("w4") },
+                ];
+                m.slowdowns(&members)
+            };
+            let (a, b) = (with(&full), with(&sys));
+            assert!(b.iter().all(|v| v.is_finite() && *v > 0.0), "{b:?}");
+            assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 0.1), "{a:?} vs {b:?}");
+            // Any group size takes the same path.
+            let triple = [
+                Member { profile: &ws[partner].1, workload: Some(ws[partner].0.as_str()) },
+                Member { profile: &sys, workload: Some("w4") },
+                Member { profile: &ws[1].1, workload: Some("w1") },
+            ];
+            assert!(m.slowdowns(&triple).iter().all(|v| v.is_finite() && *v > 0.0));
+        }
+        // A new workload's groups ask for the new-workload margin; known ones do not.
+        let mut m = m;
+        m.new_workload_weight = 2.0;
+        let known = [
+            Member { profile: &ws[0].1, workload: Some("w0") },
+            Member { profile: &ws[1].1, workload: Some("w1") },
+        ];
+        assert_eq!(m.new_workload_gain(&known), None);
+        let new = [known[0], Member { profile: &sys, workload: Some("w4") }];
+        let gain = m.new_workload_gain(&new).unwrap();
+        assert!((gain - 2.0 * m.doubt(&new)).abs() < 1e-12 && gain > 0.0);
+        // The paper's model has no answer without kernel metrics.
+        let lr = crate::model::Model::train(
+            crate::model::ModelKind::Linear,
+            &train,
+            crate::policy::Objective::ThroughputSum,
+            SlowdownParams::default(),
+        )
+        .unwrap();
+        use crate::selection::Predictor;
+        assert!(lr.predict(&new, crate::policy::Objective::ThroughputSum).is_nan());
+        assert!(lr.predict(&known, crate::policy::Objective::ThroughputSum).is_finite());
+    }
+
+    #[test]
+    fn a_site_with_only_system_profiles_trains_on_what_it_has() {
+        let (_, groups) = eight_workloads_paired();
+        let sys: Vec<Group> = groups
+            .iter()
+            .map(|g| Group {
+                profiles: g.profiles.iter().map(Profile::system_only).collect(),
+                ..g.clone()
+            })
+            .collect();
+        let refs: Vec<&Group> = sys.iter().collect();
+        let m = SlowdownModel::fit(&refs, SlowdownParams::default()).unwrap();
+        assert!(m.profiles.is_empty(), "no donors of kernel metrics");
+        for g in &sys {
+            let members: Vec<Member> = g
+                .profiles
+                .iter()
+                .zip(&g.workloads)
+                .map(|(p, w)| Member { profile: p, workload: Some(w) })
+                .collect();
+            let pred = m.normalised_progress(&members);
+            assert!((pred - g.normalised_progress()).abs() < 0.1, "{pred} vs measured");
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! - [`trace`]: jobs; a seeded generator and the CSV trace format.
 //! - [`policy`]: exclusive FIFO, queue order (Slurm shard), memcap, kace, oracle.
 //! - [`model`]: kace's model, trained on the paper's n_occur = 3 split only.
+//! - [`onboarding`]: what a new workload (no observations, system profile only) costs.
 //! - [`engine`]: the event loop and its model of a GPU shared in pairs.
 //! - [`metrics`]: makespan, completion times, throughput, ratios, the utilisation timeline.
 //! - [`plot`]: an SVG of completion-time CDFs and utilisation.
@@ -17,6 +18,7 @@ pub mod engine;
 pub mod error;
 pub mod metrics;
 pub mod model;
+pub mod onboarding;
 pub mod plot;
 pub mod policy;
 pub mod rng;

@@ -180,6 +180,16 @@ impl World {
         &self.profiles[usize::from(w)]
     }
 
+    /// This world as a model sees it while `workload` is new: its profile without kernel
+    /// metrics (the NVML system profile an unprofiled workload gets from its first runs).
+    /// The ground truth (throughputs, memory, pairs) is the same.
+    pub fn with_system_only(&self, workload: WorkloadId) -> World {
+        let mut w = self.clone();
+        let i = usize::from(workload);
+        w.profiles[i] = w.profiles[i].system_only();
+        w
+    }
+
     /// A workload's throughput alone (steps/s).
     pub fn exclusive(&self, w: WorkloadId) -> f64 {
         self.profiles[usize::from(w)].exclusive_throughput()

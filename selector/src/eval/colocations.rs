@@ -69,6 +69,7 @@ pub fn evaluate_split(
             test_rows: &test,
             targets: candidates_by_target(data, &test, &targets, false),
             seed,
+            hide_kernel_of: None,
         };
         run(r, opts, &mut report)?;
     }
@@ -100,6 +101,7 @@ pub fn evaluate_train_test(
         test_rows: &test_rows,
         targets: candidates_by_target(test, &test_rows, &targets, false),
         seed: 0,
+        hide_kernel_of: None,
     };
     run(r, opts, &mut report)?;
     Ok(report)

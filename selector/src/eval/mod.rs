@@ -111,8 +111,8 @@ pub struct EvalReport {
     pub train_rows: Vec<usize>,
     /// kace's absolute percentage error of each test job's colocated throughput, as a fraction.
     pub job_errors: Vec<f64>,
-    /// kace's settings and doubt weight, one per run.
-    pub tuned: Vec<(crate::slowdown::SlowdownParams, f64)>,
+    /// kace's settings, doubt weight and new-workload weight, one per run.
+    pub tuned: Vec<(crate::slowdown::SlowdownParams, f64, f64)>,
 }
 
 /// Mean, minimum, median and maximum of a set of values.

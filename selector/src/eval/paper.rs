@@ -130,6 +130,7 @@ pub fn evaluate_paper(
             test_rows: &split.test,
             targets: candidates_by_target(data, &split.test, &targets, true),
             seed,
+            hide_kernel_of: None,
         };
         run(r, opts, &mut report)?;
     }
@@ -139,7 +140,8 @@ pub fn evaluate_paper(
 /// The held-out-workload experiment: for each workload, train on pairs without it (the
 /// artifact's training file; under the paper protocol, the trainer's inner 80 % split
 /// re-derived from its seed) and choose among its test pairs. Results carry seed 10, the
-/// artifact's only seed here.
+/// artifact's only seed here. With [`EvalOptions::system_only`] the models see the held-out
+/// workload's system profile only, in the inner cross-validation as in the test.
 pub fn evaluate_unseen(
     data: &ColocationData,
     rows: &[UnseenSplitRow],
@@ -169,7 +171,9 @@ pub fn evaluate_unseen(
             Protocol::Paper => inner_fit_subset(&train),
             Protocol::Production => train,
         };
-        let inner = EvalOptions { inner_folds: Folds::Workloads, ..opts.clone() };
+        let inner_folds =
+            if opts.system_only { Folds::WorkloadsSystemOnly } else { Folds::Workloads };
+        let inner = EvalOptions { inner_folds, ..opts.clone() };
         let r = Run {
             train: data,
             fit_rows: &fit_rows,
@@ -177,6 +181,7 @@ pub fn evaluate_unseen(
             test_rows: &test,
             targets: candidates_by_target(data, &test, &[w.to_string()], true),
             seed: 10,
+            hide_kernel_of: opts.system_only.then_some(w),
         };
         // Inner cross-validation mirrors the outer question: a workload held out at a time.
         run(r, &inner, &mut report)?;

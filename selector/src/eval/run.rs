@@ -93,6 +93,10 @@ pub struct EvalOptions {
     pub nested: bool,
     /// How the inner cross-validation splits a training set.
     pub inner_folds: Folds,
+    /// Hide the kernel metrics of a test workload never trained on (the unseen-workload
+    /// experiment's held-out one) from the models: what a new workload with only its NVML
+    /// system profile gets. Scores, rules and the oracle still use the measured data.
+    pub system_only: bool,
 }
 
 impl Default for EvalOptions {
@@ -104,6 +108,7 @@ impl Default for EvalOptions {
             slowdown: SlowdownParams::default(),
             nested: false,
             inner_folds: Folds::default(),
+            system_only: false,
         }
     }
 }
@@ -127,6 +132,8 @@ pub(crate) struct Run<'a> {
     pub test_rows: &'a [usize],
     pub targets: Vec<(String, Vec<usize>)>,
     pub seed: u32,
+    /// A workload whose kernel metrics the models do not see ([`EvalOptions::system_only`]).
+    pub hide_kernel_of: Option<&'a str>,
 }
 
 fn members(g: &Group) -> Vec<Member<'_>> {
@@ -166,19 +173,32 @@ pub(crate) fn run(
             ModelChoice::Kace => {
                 let candidates = if opts.nested { grid() } else { vec![opts.slowdown] };
                 let (model, tuned) = fit_tuned(&groups, &candidates, opts.inner_folds)?;
-                report.tuned.push((tuned.params, tuned.doubt_weight));
+                report.tuned.push((tuned.params, tuned.doubt_weight, tuned.new_workload_weight));
                 Model::Slowdown(model)
             }
             ModelChoice::KaceLr => Model::train(m.kind(), &groups, obj, opts.slowdown)?,
         };
         fitted.push((m, model));
     }
+    let truth: Vec<f64> = run.test_rows.iter().map(|&i| obj.value(&run.test.groups[i])).collect();
+    let shown_data = run.hide_kernel_of.map(|w| {
+        let mut d = run.test.clone();
+        for g in &mut d.groups {
+            for (p, name) in g.profiles.iter_mut().zip(&g.workloads) {
+                if name == w {
+                    *p = p.system_only();
+                }
+            }
+        }
+        d
+    });
+    // What the models see of the test groups; what they are scored on is `run.test`.
+    let shown = shown_data.as_ref().unwrap_or(run.test);
     if let Some((_, Model::Slowdown(sm))) = fitted.iter().find(|(m, _)| *m == ModelChoice::Kace) {
         for &i in run.test_rows {
             let g = &run.test.groups[i];
-            for (pred, thr) in
-                sm.slowdowns(&members(g)).iter().zip(g.profiles.iter().zip(&g.throughputs))
-            {
+            let preds = sm.slowdowns(&members(&shown.groups[i]));
+            for (pred, thr) in preds.iter().zip(g.profiles.iter().zip(&g.throughputs)) {
                 let (p, measured) = thr;
                 report
                     .job_errors
@@ -186,7 +206,6 @@ pub(crate) fn run(
             }
         }
     }
-    let truth: Vec<f64> = run.test_rows.iter().map(|&i| obj.value(&run.test.groups[i])).collect();
     for (m, f) in &fitted {
         let q = match (f, opts.protocol) {
             (Model::Linear { model: lr, .. }, Protocol::Paper) => {
@@ -194,7 +213,7 @@ pub(crate) fn run(
             }
             _ => {
                 let pred: Vec<f64> =
-                    run.test_rows.iter().map(|&i| predict(f, &run.test.groups[i], obj)).collect();
+                    run.test_rows.iter().map(|&i| predict(f, &shown.groups[i], obj)).collect();
                 quality_in_test_units(&truth, &pred)
             }
         };
@@ -208,15 +227,21 @@ pub(crate) fn run(
             continue;
         }
         let groups: Vec<&Group> = cands.iter().map(|&i| &run.test.groups[i]).collect();
+        let seen: Vec<&Group> = cands.iter().map(|&i| &shown.groups[i]).collect();
         let mut picks: Vec<(&str, usize)> = Vec::new();
         for (m, f) in &fitted {
             let pick = match (f, opts.protocol) {
                 (Model::Linear { model: lr, .. }, Protocol::Paper) => {
-                    let feats: Vec<[f64; FEATURE_COUNT]> =
-                        groups.iter().map(|g| g.features()).collect();
-                    candidate_normalised_pick(lr, &feats)
+                    // Without kernel metrics the paper's model has no answer.
+                    if seen.iter().any(|g| g.profiles.iter().any(|p| !p.has_kernel_metrics)) {
+                        None
+                    } else {
+                        let feats: Vec<[f64; FEATURE_COUNT]> =
+                            seen.iter().map(|g| g.features()).collect();
+                        candidate_normalised_pick(lr, &feats)
+                    }
                 }
-                _ => argmax_first(&groups.iter().map(|g| predict(f, g, obj)).collect::<Vec<_>>()),
+                _ => argmax_first(&seen.iter().map(|g| predict(f, g, obj)).collect::<Vec<_>>()),
             };
             if let Some(p) = pick {
                 picks.push((m.key(), p));
@@ -224,7 +249,7 @@ pub(crate) fn run(
         }
         if let Some(mut r) = score_target(target, run.seed, &groups, &picks, obj) {
             if let Some((_, f)) = fitted.iter().find(|(m, _)| *m == ModelChoice::Kace) {
-                r.progress = progress_outcome(f, &groups, obj);
+                r.progress = progress_outcome(f, &groups, &seen, obj);
             }
             report.targets.push(r);
         }
@@ -235,17 +260,24 @@ pub(crate) fn run(
 /// What the production gain rule makes of one target's candidates: kace's plain pick, the pick
 /// when "no partner" is allowed (the best predicted candidate among those the rule forms), and
 /// the best measured normalised progress.
-fn progress_outcome(model: &Model, groups: &[&Group], obj: Objective) -> Option<ProgressOutcome> {
+fn progress_outcome(
+    model: &Model,
+    groups: &[&Group],
+    seen: &[&Group],
+    obj: Objective,
+) -> Option<ProgressOutcome> {
     let measured: Vec<f64> = groups.iter().map(|g| g.normalised_progress()).collect();
-    let predicted: Vec<f64> = groups.iter().map(|g| predict(model, g, obj)).collect();
+    let predicted: Vec<f64> = seen.iter().map(|g| predict(model, g, obj)).collect();
     let plain = argmax_first(&predicted)?;
-    let gated: Vec<f64> = groups
+    let gated: Vec<f64> = seen
         .iter()
         .zip(&predicted)
         .map(|(g, p)| {
             let m = members(g);
             let progress = model.predict(&m, Objective::NormalisedProgress);
-            if progress > 1.0 + model.required_gain(&m) {
+            // As `select` with `refuse_likely_harm`: the larger of the two margins.
+            let gain = model.required_gain(&m).max(model.new_workload_gain(&m).unwrap_or(0.0));
+            if progress > 1.0 + gain {
                 *p
             } else {
                 f64::NAN

@@ -1,0 +1,62 @@
+//! What a new workload costs in the simulator (docs/onboarding.md, docs/simulate.md): every
+//! workload of the artifact in turn new (never trained on, system profile only) and known, on
+//! the traces `kace simulate --new-workload all --policies kace` runs with its defaults.
+
+use std::fs::File;
+
+use kace_selector::dataset::read_colocations;
+use kace_selector::eval::paper::PAPER_SEEDS;
+use kace_selector::SelectionRules;
+use kace_simulator::onboarding::{new_workload_cost, Summary};
+use kace_simulator::{generate, TraceSpec, World, DEFAULT_WINDOW};
+use kace_test_support::artifact;
+
+/// `got` equals the stated figure `want` to its last digit (`digits` decimals).
+fn stated(what: &str, got: f64, want: f64, digits: i32) {
+    let tolerance = 0.5 * 10f64.powi(-digits) + 1e-12;
+    assert!((got - want).abs() <= tolerance, "{what}: measured {got:.6}, stated {want}");
+}
+
+#[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
+fn a_new_workload_is_tried_with_fewer_safer_partners_at_a_small_cluster_cost() {
+    let dir = artifact();
+    let path = dir.join("pairs/MPS100_kernel_labels_targetMPS100.csv");
+    let data = read_colocations("pairs", File::open(path).expect("pair table")).unwrap();
+    let world = World::from_colocations(&data, 32.0).unwrap();
+    let rules = SelectionRules {
+        gpu_memory_gib: Some(32.0),
+        memory_margin: 0.05,
+        ..SelectionRules::default()
+    };
+    let gpus = 100;
+    let mut costs = Vec::new();
+    for (i, seed) in (1..=5u64).enumerate() {
+        let jobs = generate(&world, &TraceSpec::new(5000, 2.0, gpus, seed)).unwrap();
+        for w in world.names() {
+            let c = new_workload_cost(
+                &data,
+                &world,
+                &jobs,
+                gpus,
+                DEFAULT_WINDOW,
+                &rules,
+                PAPER_SEEDS[i % PAPER_SEEDS.len()],
+                w,
+                10,
+            )
+            .unwrap();
+            assert!(c.new.first_jobs_mean_jct_s > 0.0 && c.known.first_jobs_mean_jct_s > 0.0);
+            costs.push(c);
+        }
+    }
+    let s = Summary::of(&costs).unwrap();
+    eprintln!("{s:?}");
+    assert_eq!(s.comparisons, 105);
+    stated("partners, known", s.partners_known, 14.44, 2);
+    stated("partners, new", s.partners_new, 4.09, 2);
+    stated("harmful share, known", s.harmful_share_known, 0.111, 3);
+    stated("harmful share, new", s.harmful_share_new, 0.026, 3);
+    stated("first 10 jobs' completion time, new / known", s.first_jobs_jct_ratio, 0.871, 3);
+    stated("cluster throughput, new / known", s.cluster_work_ratio, 0.996, 3);
+}
