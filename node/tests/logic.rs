@@ -1164,6 +1164,12 @@ fn an_unprofiled_workload_profiles_itself_alone_and_then_is_a_candidate() {
         reason.as_deref(),
         Some("unknown profile (observed alone in 1 of the 2 runs needed)")
     );
+    // Nor does it take a partner when it leads: its runs keep measuring it alone.
+    let db = Db::open_read_only(&w.config.database.path).unwrap();
+    let lead = [JobSpec { workload: "newbie".into(), user: Some("alice".into()) }];
+    let cand = [JobSpec { workload: "alpha".into(), user: Some("alice".into()) }];
+    let e = decide(&db, &lead, &cand, &w.config.policy(), Some(32.0), None).unwrap_err();
+    assert!(e.to_string().contains("observed alone in 1 of the 2 runs needed"), "{e}");
 }
 
 /// The memory guard: each kace job gets memcap × (1 + margin) as its limit file for the plugin;

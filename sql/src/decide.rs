@@ -231,7 +231,8 @@ pub fn active_model(db: &Db) -> Result<(i64, Model)> {
 /// The read path of every decision: the active model, the profiles of the jobs on the GPU and
 /// of the candidates (one query), then [`kace_selector::decision::decide`]. The jobs on the GPU
 /// must have complete profiles; candidates without one are rejected as unknown, and so are
-/// candidates whose profile only kace observed, in fewer than `policy.min_alone_runs` alone runs.
+/// candidates whose profile only kace observed, in fewer than `policy.min_alone_runs` alone runs
+/// (such a workload on the GPU is an error: it is not paired yet).
 pub fn decide(
     db: &Db,
     running: &[JobSpec],
@@ -261,6 +262,13 @@ pub fn decide(
     let converted: HashMap<&str, Profile> =
         stored.iter().filter_map(|(w, p)| selector_profile(p).map(|sp| (w.as_str(), sp))).collect();
     for r in running {
+        if let Some(p) = stored.get(&r.workload).filter(|p| !p.usable(policy.min_alone_runs)) {
+            return Err(Error::TooFewAloneRuns {
+                workload: r.workload.clone(),
+                runs: p.observed_runs,
+                needed: policy.min_alone_runs,
+            });
+        }
         if !converted.contains_key(r.workload.as_str()) {
             let missing = stored.get(&r.workload).map(|p| p.missing()).unwrap_or_default();
             return Err(Error::NoProfile { workload: r.workload.clone(), missing });
