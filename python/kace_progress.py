@@ -23,6 +23,11 @@ is compacted in place (its first lines and every second later line are kept, whi
 throughput kace computes from it) and the interval doubles, so a job running for months cannot
 fill the node's disk. Nothing here ever raises into the caller: a progress file that cannot be
 written is reported once on stderr and then ignored.
+
+A job that dies of an uncaught CUDA out-of-memory error gets one line ``<unix-seconds> oom``
+(``install_torch_hook`` sets this up; ``mark_out_of_memory()`` writes it by hand): with the job's
+failed exit, it tells kace's epilog that the job outgrew its memory limit, so that its workload's
+limit is raised next time.
 """
 
 import atexit
@@ -39,6 +44,8 @@ __all__ = [
     "track",
     "huggingface_callback",
     "lightning_callback",
+    "mark_out_of_memory",
+    "install_oom_marker",
 ]
 
 ENV_FILE = "KACE_PROGRESS_FILE"
@@ -98,6 +105,7 @@ class Reporter:
         self._last_write = None
         self._fd = None
         self._broken = path is None
+        self._oom_marked = False
         self._lock = threading.Lock()
 
     @property
@@ -137,6 +145,22 @@ class Reporter:
         with self._lock:
             if self._written_steps != self.steps:
                 self._write()
+
+    def mark_out_of_memory(self):
+        """Writes the current count and one ``<unix-seconds> oom`` line (once)."""
+        if self._broken or self._oom_marked:
+            return
+        with self._lock:
+            if self._written_steps != self.steps:
+                self._write()
+            self._oom_marked = True
+            try:
+                if self._fd is None:
+                    self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                os.write(self._fd, ("%.3f oom\n" % self.clock()).encode("ascii"))
+            except OSError as e:
+                self._broken = True
+                _warn("couldn't write progress file %s: %s" % (self.path, e))
 
     def _maybe_write(self):
         now = self.clock()
@@ -253,6 +277,35 @@ def lightning_callback():
     return KaceProgressCallback()
 
 
+def mark_out_of_memory():
+    """Tells kace that the job ran out of GPU memory now."""
+    reporter().mark_out_of_memory()
+
+
+def _is_cuda_out_of_memory(exc):
+    # torch.cuda.OutOfMemoryError (PyTorch >= 1.13; torch.OutOfMemoryError in 2.5) is a
+    # RuntimeError; older versions raise a plain RuntimeError with this text.
+    if type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc)
+
+
+def install_oom_marker():
+    """Chains ``sys.excepthook`` so that an uncaught CUDA out-of-memory error is marked in the
+    progress file before Python reports it as usual."""
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        try:
+            if _is_cuda_out_of_memory(value):
+                mark_out_of_memory()
+        except Exception:  # never hide the job's own error
+            pass
+        previous(kind, value, traceback)
+
+    sys.excepthook = hook
+
+
 def _optimizer_step_hook(optimizer, args, kwargs):
     step()
 
@@ -269,6 +322,7 @@ def install_torch_hook(torch_module):
         )
         return False
     register(_optimizer_step_hook)
+    install_oom_marker()
     return True
 
 

@@ -62,14 +62,12 @@ impl Ctx {
     /// Slurm's commands as configured, each call within the configured timeout and all of them
     /// within `budget`.
     pub fn slurm(&self, budget: std::time::Duration) -> kace_node::slurm::Commands {
-        let node = &self.config.node;
-        kace_node::slurm::Commands {
-            scontrol: node.scontrol.clone(),
-            squeue: node.squeue.clone(),
-            sinfo: node.sinfo.clone(),
-            timeout: std::time::Duration::from_millis(node.command_timeout_ms),
-            deadline: Some(std::time::Instant::now() + budget),
-        }
+        // A person runs these: what Slurm's output skips is said on stderr only.
+        kace_node::slurm::Commands::configured(
+            &self.config.node,
+            Some(std::time::Instant::now() + budget),
+            kace_log::Logger::new(None),
+        )
     }
 
     /// Whether output should be JSON.

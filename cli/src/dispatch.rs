@@ -61,7 +61,7 @@ fn pass(ctx: &Ctx) -> Result<bool> {
     let max_hold = ctx.config.dispatch.max_hold_s;
     // stdout and stderr are for the person or unit running it; syslog gets every event once.
     let syslog = Logger::new(ctx.config.log.socket()).without_stderr();
-    let r = match kace_node::dispatch::run_configured(&ctx.config, SystemClock.now()) {
+    let r = match kace_node::dispatch::run_configured(&ctx.config, SystemClock.now(), &syslog) {
         Ok(r) => r,
         Err(e) => {
             syslog.line(&format!("kace: dispatch: couldn't dispatch: {e}"));

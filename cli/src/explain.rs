@@ -1,6 +1,8 @@
 //! `kace explain JOB`: what Slurm says about the job (held how long, released when and by
 //! what, with whom it ran: `kace_observe::history`) and why it was or was not paired, from the
-//! prolog's decisions: those in the database (after `kace ingest`) and those still in the spool.
+//! prolog's decisions: those in the database (after `kace ingest`) and those still in the spool;
+//! and what its epilog measured: its profile from its alone intervals, or an out-of-memory exit
+//! under the memory guard.
 
 use std::time::Duration;
 
@@ -8,9 +10,10 @@ use anyhow::Result;
 use clap::Args;
 use kace_node::{Clock, SystemClock};
 use kace_observe::history::{story, ReleasedBy, Story};
+use kace_observe::releases::Place;
 use kace_observe::time::{date, span};
-use kace_sql::spool::spooled_decisions;
-use kace_sql::{DecisionCandidate, NewDecision};
+use kace_sql::spool::{spooled_decisions, spooled_profiles, ReleaseKind};
+use kace_sql::{DecisionCandidate, NewDecision, ObservedProfile, FEATURE_COLUMNS};
 use serde_json::json;
 
 use crate::context::{num, print_json, Ctx};
@@ -44,6 +47,7 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
     let mut all: Vec<Found> = Vec::new();
     let job = args.job.trim();
     let mut observations = Vec::new();
+    let mut measured: Vec<(ObservedProfile, &'static str)> = Vec::new();
     match ctx.open_read_only() {
         Ok(db) => {
             all.extend(db.decisions(MAX_DECISIONS)?.into_iter().map(|d| Found {
@@ -53,6 +57,7 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
                 key: d.key,
             }));
             observations = db.observations()?.into_iter().filter(|o| o.job == job).collect();
+            measured.extend(db.observed_profiles_of_job(job)?.into_iter().map(|p| (p, "database")));
         }
         Err(e) => {
             eprintln!("kace: explain: couldn't read the database ({e:#}); using the spool only")
@@ -73,6 +78,11 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
             ),
         }
     }
+    for p in spooled_profiles(&ctx.config.spool.dir)? {
+        if p.job == job && !measured.iter().any(|(m, _)| m.key == p.key) {
+            measured.push((p, "spool"));
+        }
+    }
     all.sort_by(|a, b| a.created_at.total_cmp(&b.created_at));
     let slurm = ctx.slurm(SLURM_BUDGET);
     let timed: Vec<(NewDecision, f64, Option<String>)> =
@@ -85,10 +95,16 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
         ctx.config.dispatch.max_hold_s,
         SystemClock.now(),
     );
-    let led: Vec<&Found> =
-        all.iter().filter(|f| f.decision.lead_job.as_deref() == Some(job)).collect();
+    // Dispatch's releases onto free GPUs record a release, not a choice among candidates.
+    let decided = |f: &&Found| ReleaseKind::of_key(f.key.as_deref()).decides();
+    let led: Vec<&Found> = all
+        .iter()
+        .filter(decided)
+        .filter(|f| f.decision.lead_job.as_deref() == Some(job))
+        .collect();
     let seen: Vec<(&Found, &DecisionCandidate)> = all
         .iter()
+        .filter(decided)
         .filter_map(|f| {
             let c = f.decision.candidates.iter().find(|c| c.job.as_deref() == Some(job))?;
             Some((f, c))
@@ -108,9 +124,15 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
                        "candidate": c, "at": f.created_at, "source": f.source})
             })
             .collect();
-        return print_json(&json!({"job": job, "story": st, "led": led, "candidate_in": seen}));
+        let measured: Vec<_> =
+            measured.iter().map(|(p, source)| json!({"record": p, "source": source})).collect();
+        return print_json(&json!({"job": job, "story": st, "led": led, "candidate_in": seen,
+                                  "measured": measured}));
     }
     print!("{}", render_story(&st));
+    for (p, source) in &measured {
+        println!("{} [{source}]", printable(&measurement(&job, p)));
+    }
     if led.is_empty() && seen.is_empty() {
         println!(
             "job {job} appears in no kace decision: no lead chose among held kace jobs while it \
@@ -153,8 +175,17 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
         }
     }
     for (f, c) in &seen {
+        let who = match ReleaseKind::of_key(f.key.as_deref()) {
+            ReleaseKind::LateArrival => "kace dispatch offered held jobs to the open GPU of job",
+            ReleaseKind::Refill => "an ending job's epilog chose a new partner for job",
+            _ => "job",
+        };
+        let what = match ReleaseKind::of_key(f.key.as_deref()) {
+            ReleaseKind::Lead => " chose a partner",
+            _ => "",
+        };
         println!(
-            "job {job} ({}) was held when job {} ({}) chose a partner at {}: {} [{}]",
+            "job {job} ({}) was held when {who} {} ({}){what} at {}: {} [{}]",
             printable(&c.workload),
             printable(f.decision.lead_job.as_deref().unwrap_or("?")),
             printable(&f.decision.lead_workload),
@@ -164,6 +195,31 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// What the epilog measured of the job, in one sentence.
+fn measurement(job: &str, p: &ObservedProfile) -> String {
+    let w = &p.profile.workload;
+    if let Some(limit) = p.oom_limit_mib {
+        return format!(
+            "job {job} ({w}) ran out of GPU memory under its memory limit of {limit} MiB \
+             (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT): it failed alone, its partners ran on, and \
+             {w}'s memcap is now at least {} GiB, so its next limit is higher",
+            num(limit as f64 / 1024.0)
+        );
+    }
+    let values: Vec<String> = FEATURE_COLUMNS
+        .iter()
+        .zip(p.profile.values)
+        .filter_map(|(k, v)| Some(format!("{k} {}", num(v?))))
+        .collect();
+    format!(
+        "job {job} ({w}) ran alone for {:.0} s; its epilog measured {w}'s profile from {} \
+         sampler reading(s): {}",
+        p.alone_seconds,
+        p.samples,
+        values.join(", ")
+    )
 }
 
 /// Why one candidate fared as it did in one decision.
@@ -244,7 +300,20 @@ fn render_story(st: &Story) -> String {
                         "to refill the GPU of job {} (an ending job's epilog chose it)",
                         r.lead_job.as_deref().map(printable).unwrap_or("?".into())
                     ),
-                    ReleasedBy::MaxHold => "by max_hold (held too long; kace dispatch)".into(),
+                    ReleasedBy::LateArrival => format!(
+                        "as a late arrival: joined the open GPU of job {} (kace dispatch offered it there)",
+                        r.lead_job.as_deref().map(printable).unwrap_or("?".into())
+                    ),
+                    ReleasedBy::MaxHold => match (r.place, r.lead_job.as_deref()) {
+                        (Some(Place::OpenGpu), Some(l)) => format!(
+                            "by max_hold onto the open GPU of job {} (held too long; kace dispatch)",
+                            printable(l)
+                        ),
+                        (Some(Place::FreeGpu), _) => {
+                            "by max_hold onto a free GPU (held too long; kace dispatch)".into()
+                        }
+                        _ => "by max_hold (held too long; kace dispatch)".into(),
+                    },
                 };
                 out.push_str(&format!("; released {when} {by}\n"));
             }

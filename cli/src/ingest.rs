@@ -1,5 +1,5 @@
-//! `kace ingest`: move the epilog's observations and the prolog's decisions from the spool into
-//! the database, exactly once.
+//! `kace ingest`: move the epilog's observations and profile measurements and the prolog's
+//! decisions from the spool into the database, exactly once.
 
 use std::path::PathBuf;
 
@@ -48,6 +48,9 @@ pub fn warn(r: &spool::IngestReport) {
 pub fn run(args: IngestArgs, ctx: &Ctx) -> Result<()> {
     let (dir, qdir) = args.dirs(ctx);
     let mut db = ctx.open()?;
+    // Profile measurements first: a new workload's observed exclusive throughput is then known
+    // when its observations are judged for plausibility.
+    let p = spool::ingest_profiles(&mut db, &dir, &qdir)?;
     let r = spool::ingest(&mut db, &dir, &qdir)?;
     // The prolog's decisions travel in the same spool (it opens the database read-only).
     let d = spool::ingest_decisions(&mut db, &dir, &qdir)?;
@@ -66,6 +69,11 @@ pub fn run(args: IngestArgs, ctx: &Ctx) -> Result<()> {
                 "duplicates": d.duplicates,
                 "quarantined": d.quarantined.len(),
             },
+            "profiles": {
+                "inserted": p.inserted,
+                "duplicates": p.duplicates,
+                "quarantined": p.quarantined.len(),
+            },
         }))?;
     } else {
         println!(
@@ -80,6 +88,13 @@ pub fn run(args: IngestArgs, ctx: &Ctx) -> Result<()> {
             d.duplicates,
             d.quarantined.len()
         );
+        println!(
+            "ingested {} new profile measurement(s), {} already stored, {} quarantined",
+            p.inserted,
+            p.duplicates,
+            p.quarantined.len()
+        );
+        warn(&p);
         warn(&r);
         warn(&d);
     }

@@ -299,12 +299,17 @@ fn profile_run(
 fn profile_json(p: &kace_sql::Profile) -> serde_json::Value {
     let values: serde_json::Map<String, serde_json::Value> =
         FEATURE_COLUMNS.iter().zip(p.values).map(|(k, v)| (k.to_string(), json!(v))).collect();
+    let sources: serde_json::Map<String, serde_json::Value> =
+        FEATURE_COLUMNS.iter().zip(&p.sources).map(|(k, s)| (k.to_string(), json!(s))).collect();
     json!({
         "workload": p.workload,
         "gpu_model": p.gpu_model,
         "updated_at": p.updated_at,
         "complete": p.complete().is_some(),
         "values": values,
+        "sources": sources,
+        "observed_alone_runs": p.observed_runs,
+        "observed_samples": p.observed_samples,
     })
 }
 
@@ -352,12 +357,25 @@ fn show(ctx: &Ctx, workload: &str) -> Result<()> {
         return print_json(&profile_json(p));
     }
     println!("{} ({})", p.workload, p.gpu_model);
+    if p.observed_runs > 0 {
+        println!(
+            "observed alone in {} run(s) by kace (the newest from {} sampler readings)",
+            p.observed_runs, p.observed_samples
+        );
+    }
     let rows: Vec<Vec<String>> = FEATURE_COLUMNS
         .iter()
         .zip(p.values)
-        .map(|(k, v)| vec![k.to_string(), v.map(num).unwrap_or_else(|| "-".into())])
+        .zip(&p.sources)
+        .map(|((k, v), s)| {
+            vec![
+                k.to_string(),
+                v.map(num).unwrap_or_else(|| "-".into()),
+                s.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
         .collect();
-    print!("{}", table(&["feature", "value"], &rows));
+    print!("{}", table(&["feature", "value", "source"], &rows));
     Ok(())
 }
 

@@ -53,6 +53,15 @@ pub fn run(args: ReportArgs, ctx: &Ctx) -> Result<()> {
         t.shared_fraction.map(|f| format!("{:.1} %", f * 100.0)).unwrap_or("-".into()),
         t.mean_gain.map(|g| format!("{}×", num(g))).unwrap_or("-".into())
     );
+    let formed: Vec<String> = t.groups_formed.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    let released: Vec<String> =
+        t.released.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k} {n}")).collect();
+    println!(
+        "groups formed: {}; jobs released: {}; median hold: {}",
+        formed.join(", "),
+        if released.is_empty() { "none recorded".into() } else { released.join(", ") },
+        t.median_hold_s.map(kace_observe::time::span).unwrap_or_else(|| "-".into())
+    );
     let rows: Vec<Vec<String>> = r
         .groups
         .iter()

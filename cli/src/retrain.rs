@@ -42,6 +42,10 @@ enum ModelOutcome {
 pub fn run(args: RetrainArgs, ctx: &Ctx) -> Result<()> {
     let (spool_dir, qdir) = args.ingest.dirs(ctx);
     let mut db = ctx.open()?;
+    // The epilog's profile measurements first (see `kace ingest`).
+    let profiles = spool::ingest_profiles(&mut db, &spool_dir, &qdir)
+        .context("ingest profile measurements")?;
+    ingest::warn(&profiles);
     let ingested = spool::ingest(&mut db, &spool_dir, &qdir).context("ingest")?;
     ingest::warn(&ingested);
     // The prolog's decisions share the spool; they are stored too, for `kace explain`.

@@ -1,6 +1,7 @@
 //! `kace simulate`: runs the cluster simulator on the artifact's measured pairs, for every
 //! policy over several seeds, and prints the metrics with their spread and their ratios to
-//! exclusive FIFO.
+//! exclusive FIFO, and what MPS's same-user rule costs kace (deployed with it, against
+//! `mps.multi_user`).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -16,7 +17,7 @@ use kace_simulator::plot::comparison_svg;
 use kace_simulator::trace::write_trace;
 use kace_simulator::{
     generate, read_trace, simulate, train_kace, Job, Metrics, Outcome, Policy, PolicyKind, Ratios,
-    TraceSpec, World, DEFAULT_WINDOW,
+    TraceSpec, UserMix, World, DEFAULT_WINDOW,
 };
 use serde_json::{json, Map, Value};
 
@@ -71,6 +72,20 @@ pub struct SimulateArgs {
     /// kace's (and oracle's) gain threshold over the job already on the GPU.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     min_gain: f64,
+    /// Users submitting the generated traces' jobs (1: one user, the same-user rule is moot).
+    #[arg(long, default_value_t = UserMix::shared_cluster().users)]
+    users: usize,
+    /// Zipf exponent of the users' job counts (0: every user alike; 1: a few heavy users, many
+    /// light ones).
+    #[arg(long, default_value_t = UserMix::shared_cluster().skew)]
+    user_skew: f64,
+    /// Distinct workloads each user runs (0: any of them).
+    #[arg(long, default_value_t = UserMix::shared_cluster().workloads_per_user)]
+    workloads_per_user: usize,
+    /// Simulate `mps.multi_user` (one MPS server for all users: jobs of different users may
+    /// share a GPU) for every policy; the same-user rule's cost is then measured the other way.
+    #[arg(long)]
+    multi_user: bool,
     /// Write the first seed's generated trace to this CSV file (replay it with --trace).
     #[arg(long, value_name = "FILE.csv", conflicts_with = "trace")]
     write_trace: Option<PathBuf>,
@@ -161,6 +176,9 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
         kinds.iter().map(|&kind| PolicyRuns { kind, metrics: vec![], ratios: vec![] }).collect();
     let mut first_outcomes: Vec<Outcome> = Vec::new();
     let mut jobs_per_run = 0;
+    let mut distinct_users = 1;
+    // kace on each seed's trace with `mps.multi_user` the other way round.
+    let mut other_users: Vec<(Metrics, Ratios)> = Vec::new();
     for (i, &seed) in args.seeds.iter().enumerate() {
         let jobs: Vec<Job> = match &replay {
             Some(j) => j.clone(),
@@ -168,6 +186,11 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
                 let spec = TraceSpec {
                     mean_exclusive_s: args.mean_minutes * 60.0,
                     tail_alpha: args.tail_alpha,
+                    users: UserMix {
+                        users: args.users,
+                        skew: args.user_skew,
+                        workloads_per_user: args.workloads_per_user,
+                    },
                     ..TraceSpec::new(args.jobs, args.load, gpus, seed)
                 };
                 generate(&world, &spec).context("couldn't generate a trace")?
@@ -195,11 +218,14 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
                     model_seed,
                     w,
                     args.first_jobs,
+                    args.multi_user,
                 )
                 .with_context(|| format!("couldn't simulate {w} as a new workload"))?,
             );
         }
         let mut base: Option<Metrics> = None;
+        let users = jobs.iter().map(|j| j.user).collect::<std::collections::BTreeSet<_>>().len();
+        distinct_users = distinct_users.max(users);
         for r in runs.iter_mut() {
             let policy = match r.kind {
                 PolicyKind::Exclusive => Policy::exclusive(&world),
@@ -215,7 +241,8 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
                     Policy::kace_at_start(&world, &k.model, &rules)
                         .with_seen_pairs(&world, &k.fit_pairs)
                 }
-            };
+            }
+            .multi_user(args.multi_user);
             let o = simulate(&world, &policy, &jobs, gpus, args.window)
                 .with_context(|| format!("couldn't simulate {}", r.kind.key()))?;
             let m = Metrics::of(&o);
@@ -225,6 +252,16 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
             if i == 0 {
                 first_outcomes.push(o);
             }
+        }
+        // The same trace under kace with MPS's user setting the other way round.
+        if kinds.contains(&PolicyKind::Kace) {
+            let k = train_kace(&data, model_seed, kind).context("couldn't simulate")?;
+            let policy = Policy::kace(&world, &k.model, &rules).multi_user(!args.multi_user);
+            let o = simulate(&world, &policy, &jobs, gpus, args.window)
+                .context("couldn't simulate kace with the other MPS user setting")?;
+            let m = Metrics::of(&o);
+            let b = base.unwrap_or(m);
+            other_users.push((m, Ratios::of(&m, &b)));
         }
     }
     let setup = Setup {
@@ -237,8 +274,11 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
         seeds: args.seeds.clone(),
         pair_counts: world.pair_counts(),
         workloads: world.len(),
+        users: distinct_users,
+        user_mix: replay.is_none().then_some((args.user_skew, args.workloads_per_user)),
+        multi_user: args.multi_user,
     };
-    print!("{}", render(&setup, &runs, &onboarding, format));
+    print!("{}", render(&setup, &runs, &other_users, &onboarding, format));
     if let Some(path) = &args.plot {
         let labelled: Vec<(&str, &Outcome)> =
             runs.iter().map(|r| r.kind.key()).zip(first_outcomes.iter()).collect();
@@ -260,6 +300,47 @@ struct Setup {
     seeds: Vec<u64>,
     pair_counts: (usize, usize, usize),
     workloads: usize,
+    /// Distinct users in the traces (the most of any seed).
+    users: usize,
+    /// The generated traces' Zipf exponent and workloads per user (`None`: replayed).
+    user_mix: Option<(f64, usize)>,
+    /// Whether the policies ran as under `mps.multi_user`.
+    multi_user: bool,
+}
+
+/// What the same-user rule costs kace: its throughput ×exclusive with the rule and under
+/// `mps.multi_user`, and the rule's over multi_user's, per seed (mean, std each).
+struct UserRuleCost {
+    with_rule: (f64, f64),
+    multi_user: (f64, f64),
+    ratio: (f64, f64),
+    shared_with_rule: (f64, f64),
+    shared_multi_user: (f64, f64),
+}
+
+fn user_rule_cost(
+    setup: &Setup,
+    runs: &[PolicyRuns],
+    other: &[(Metrics, Ratios)],
+) -> Option<UserRuleCost> {
+    let kace = runs.iter().find(|r| r.kind == PolicyKind::Kace)?;
+    if other.len() != kace.metrics.len() || other.is_empty() {
+        return None;
+    }
+    let main: Vec<(Metrics, Ratios)> =
+        kace.metrics.iter().copied().zip(kace.ratios.iter().copied()).collect();
+    let (rule, multi) = if setup.multi_user { (other, &main[..]) } else { (&main[..], other) };
+    Some(UserRuleCost {
+        with_rule: stat(rule.iter().map(|(_, r)| r.throughput)),
+        multi_user: stat(multi.iter().map(|(_, r)| r.throughput)),
+        ratio: stat(
+            rule.iter()
+                .zip(multi)
+                .map(|((a, _), (b, _))| a.sustained_work_per_s / b.sustained_work_per_s),
+        ),
+        shared_with_rule: stat(rule.iter().map(|(m, _)| 100.0 * m.shared_fraction)),
+        shared_multi_user: stat(multi.iter().map(|(m, _)| 100.0 * m.shared_fraction)),
+    })
 }
 
 fn open(path: &Path) -> Result<File> {
@@ -329,9 +410,12 @@ fn onboarding_json(costs: &[NewWorkloadCost]) -> Option<Value> {
 fn render(
     setup: &Setup,
     runs: &[PolicyRuns],
+    other_users: &[(Metrics, Ratios)],
     onboarding: &[Vec<NewWorkloadCost>],
     format: Format,
 ) -> String {
+    let cost = user_rule_cost(setup, runs, other_users);
+    let ms = |(m, s): (f64, f64)| json!({"mean": m, "std": s});
     match format {
         Format::Json => {
             let mut policies = Map::new();
@@ -407,6 +491,17 @@ fn render(
                         "max": s.cluster_work_ratio_max,
                     },
                 })),
+                "users": setup.users,
+                "user_skew": setup.user_mix.map(|m| m.0),
+                "workloads_per_user": setup.user_mix.map(|m| m.1),
+                "multi_user": setup.multi_user,
+                "same_user_rule": cost.as_ref().map(|c| json!({
+                    "kace_with_rule_vs_exclusive": ms(c.with_rule),
+                    "kace_multi_user_vs_exclusive": ms(c.multi_user),
+                    "with_rule_vs_multi_user": ms(c.ratio),
+                    "shared_percent_with_rule": ms(c.shared_with_rule),
+                    "shared_percent_multi_user": ms(c.shared_multi_user),
+                })),
             });
             let mut s = serde_json::to_string_pretty(&doc).unwrap_or_default();
             s.push('\n');
@@ -433,8 +528,17 @@ fn render(
                     ]
                 })
                 .collect();
+            let multi = if setup.multi_user { ", mps.multi_user" } else { "" };
+            let users = match setup.user_mix {
+                Some((skew, per)) => format!(
+                    "{} users (Zipf {skew}, {} workloads each){multi}",
+                    setup.users,
+                    if per == 0 { "all".to_string() } else { per.to_string() },
+                ),
+                None => format!("{} users{multi}", setup.users),
+            };
             let mut s = format!(
-                "{} GPUs ({} × {}), {} jobs per run, {}window {}, seeds {:?}\n\
+                "{} GPUs ({} × {}), {} jobs per run, {}window {}, seeds {:?}, {users}\n\
                  ground truth: {} workloads; pairs measured {}, over memory {}, never measured {}\n\n",
                 setup.gpus,
                 setup.nodes,
@@ -487,6 +591,17 @@ fn render(
                     "kace as deployed (refill, open GPUs) does {:.1} % ± {:.1} of the work of kace choosing at a lead's start only\n",
                     100.0 * m,
                     100.0 * sd
+                ));
+            }
+            if let Some(c) = &cost {
+                s.push_str(&format!(
+                    "same-user rule (MPS's default): kace {} ×excl with it (GPUs shared {} %), {} under mps.multi_user ({} %): the rule keeps {:.1} % ± {:.1} of multi_user's throughput\n",
+                    pm(c.with_rule, 3),
+                    pm(c.shared_with_rule, 1),
+                    pm(c.multi_user, 3),
+                    pm(c.shared_multi_user, 1),
+                    100.0 * c.ratio.0,
+                    100.0 * c.ratio.1
                 ));
             }
             if let Some(k) = runs.iter().find(|r| r.kind == PolicyKind::Kace) {

@@ -756,3 +756,48 @@ fn retrain_on_a_young_installation_succeeds_with_one_summary_line() {
     assert_eq!(v["model"]["needed_pairs"], 13);
     assert_eq!(v["pruned"], 0);
 }
+
+/// `kace profile show` tells where each value came from: kace's own observation of a job that
+/// ran alone (spooled by the epilog, stored by `kace ingest`) or an admin's import, which wins.
+#[test]
+fn profile_show_names_each_values_source_and_admin_values_win() {
+    let env = Env::new("sources");
+    env.ok(&["db", "init"]);
+    let spool = env.dir.join("spool");
+    fs::create_dir_all(&spool).unwrap();
+    let mut values = [None; kace_sql::FEATURE_COUNT];
+    values[6..].copy_from_slice(&[Some(4.0), Some(40.0), Some(20.0), Some(3.0)]);
+    let rec = kace_sql::ObservedProfile {
+        key: kace_sql::spool::profile_key("c", "20", "n1", 2000.0),
+        job: "20".into(),
+        created_at: 2030.0,
+        profile: kace_sql::NewProfile {
+            workload: "onboarded".into(),
+            gpu_model: "Fake".into(),
+            source: kace_sql::OBSERVED_SOURCE.into(),
+            values,
+        },
+        samples: 29,
+        alone_seconds: 28.0,
+        oom_limit_mib: None,
+    };
+    kace_sql::spool::write_profile(&spool, &rec).unwrap();
+    let (s, q) = (spool.to_str().unwrap(), env.dir.join("q"));
+    let out = env.ok(&["ingest", "--spool", s, "--quarantine", q.to_str().unwrap()]);
+    assert!(out.contains("ingested 1 new profile measurement(s)"), "{out}");
+    let shown = env.json(&["profile", "show", "onboarded"]);
+    assert_eq!(shown["sources"]["sm_pct"], "observed");
+    assert_eq!(shown["sources"]["threads"], serde_json::Value::Null);
+    assert_eq!(shown["observed_alone_runs"], 1);
+    assert_eq!(shown["observed_samples"], 29);
+    let csv = env.dir.join("admin.csv");
+    fs::write(&csv, "workload,sm_pct\nonboarded,55\n").unwrap();
+    env.ok(&["profile", "import", csv.to_str().unwrap()]);
+    let shown = env.json(&["profile", "show", "onboarded"]);
+    assert_eq!(shown["values"]["sm_pct"], 55.0);
+    assert_ne!(shown["sources"]["sm_pct"], "observed");
+    assert_eq!(shown["sources"]["mem_pct"], "observed");
+    let text = env.ok(&["profile", "show", "onboarded"]);
+    assert!(text.contains("observed alone in 1 run(s) by kace"), "{text}");
+    assert!(text.contains("source"), "{text}");
+}

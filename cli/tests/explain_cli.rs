@@ -20,6 +20,7 @@ fn cand(job: &str, w: &str, p: Option<f64>, r: Option<&str>) -> DecisionCandidat
         workload: w.into(),
         prediction: p,
         rejected: r.map(str::to_string),
+        held_s: None,
     }
 }
 
@@ -64,6 +65,95 @@ fn explain_reads_the_spool_then_the_database() {
     let v: serde_json::Value =
         serde_json::from_str(&e.ok(&["--format", "json", "explain", "12"])).unwrap();
     assert_eq!(v["candidate_in"][0]["verdict"], "chosen (predicted 4.500)");
+}
+
+/// Dispatch's records say how a job left the hold: a late arrival on an open GPU, max_hold onto
+/// a free one; they are releases, not a lead's choice ("led its GPU" is not said of them).
+#[test]
+fn explain_tells_late_arrivals_and_max_hold_releases_from_dispatchs_records() {
+    let e = env("dispatch");
+    e.ok(&["db", "init"]);
+    let spool = e.dir.join("spool");
+    let rec = |key: &str, lead: &str, chosen: Option<&str>, held: f64| SpooledDecision {
+        key: key.into(),
+        created_at: 2000.0,
+        decision: NewDecision {
+            lead_job: Some(lead.into()),
+            lead_workload: "bert".into(),
+            chosen_workload: chosen.map(|_| "vit".into()),
+            chosen_job: chosen.map(str::to_string),
+            model_version: chosen.map(|_| 1),
+            candidates: vec![DecisionCandidate {
+                held_s: Some(held),
+                ..cand(chosen.unwrap_or(lead), "vit", chosen.map(|_| 4.0), None)
+            }],
+        },
+    };
+    write_decision(&spool, &rec("c/21/2000000/n1/join", "20", Some("21"), 7.0)).unwrap();
+    write_decision(&spool, &rec("c/22/2000000/n1/max_hold", "22", None, 601.0)).unwrap();
+    let json = |job: &str| -> serde_json::Value {
+        serde_json::from_str(&e.ok(&["--format", "json", "explain", job])).unwrap()
+    };
+    let v = json("21");
+    let r = &v["story"]["released"];
+    assert_eq!((r["by"].as_str(), r["place"].as_str()), (Some("late_arrival"), Some("open_gpu")));
+    assert_eq!(r["lead_job"], "20");
+    assert_eq!(v["candidate_in"][0]["verdict"], "chosen (predicted 4.000)");
+    let v = json("22");
+    let r = &v["story"]["released"];
+    assert_eq!((r["by"].as_str(), r["place"].as_str()), (Some("max_hold"), Some("free_gpu")));
+    assert_eq!(v["led"].as_array().map(Vec::len), Some(0), "{v}");
+    let out = e.ok(&["explain", "21"]);
+    assert!(out.contains("kace dispatch offered held jobs to the open GPU of job 20"), "{out}");
+}
+
+/// What the epilog measured of a job: an out-of-memory exit under the memory guard, and a
+/// profile from its alone run, read from the spool and, after ingest, from the database.
+#[test]
+fn explain_says_a_job_ran_out_of_memory_under_its_limit_and_what_its_alone_run_measured() {
+    let e = env("measured");
+    e.ok(&["db", "init"]);
+    let mut memcap = [None; kace_sql::FEATURE_COUNT];
+    memcap[kace_sql::MEMCAP] = Some(5.5);
+    let oom = kace_sql::ObservedProfile {
+        key: "c/21/1/n1/profile-oom".into(),
+        job: "21".into(),
+        created_at: 1000.0,
+        profile: kace_sql::NewProfile {
+            workload: "beta".into(),
+            gpu_model: "Fake".into(),
+            source: kace_sql::OOM_SOURCE.into(),
+            values: memcap,
+        },
+        samples: 0,
+        alone_seconds: 0.0,
+        oom_limit_mib: Some(5632),
+    };
+    let mut alone = oom.clone();
+    alone.key = "c/22/1/n1/profile".into();
+    alone.job = "22".into();
+    alone.profile.source = kace_sql::OBSERVED_SOURCE.into();
+    alone.profile.values[7] = Some(40.0);
+    (alone.samples, alone.alone_seconds, alone.oom_limit_mib) = (29, 28.0, None);
+    for r in [&oom, &alone] {
+        kace_sql::spool::write_profile(&e.dir.join("spool"), r).unwrap();
+    }
+    for source in ["spool", "database"] {
+        if source == "database" {
+            let out = e.ok(&["ingest"]);
+            assert!(out.contains("ingested 2 new profile measurement(s)"), "{out}");
+        }
+        let out = e.ok(&["explain", "21"]);
+        assert!(
+            out.contains("job 21 (beta) ran out of GPU memory under its memory limit of 5632 MiB"),
+            "{out}"
+        );
+        assert!(out.contains("memcap is now at least 5.500 GiB"), "{out}");
+        assert!(out.contains(&format!("[{source}]")), "{out}");
+        let out = e.ok(&["explain", "22"]);
+        assert!(out.contains("job 22 (beta) ran alone for 28 s"), "{out}");
+        assert!(out.contains("from 29 sampler reading(s): sm_pct 40.000"), "{out}");
+    }
 }
 
 #[test]

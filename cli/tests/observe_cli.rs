@@ -7,7 +7,6 @@
 
 use std::fs;
 use std::path::Path;
-use std::process::Command;
 
 use kace_sql::spool::{write_decision, write_record, SpooledDecision};
 use kace_sql::{DecisionCandidate, NewDecision, Observation, Partner};
@@ -79,11 +78,39 @@ fn prepared(tag: &str) -> Env {
                     workload: "bert-infer".into(),
                     prediction: Some(28.8),
                     rejected: None,
+                    held_s: Some(12.0),
                 }],
             },
         },
     )
     .unwrap();
+    // Dispatch's records: job 1 released as a lead after 3 s, job 9 joining job 1's GPU as a
+    // late arrival after 45 s, job 8 released by max_hold onto a free GPU after 700 s.
+    let release = |key: &str, lead: &str, chosen: Option<&str>, held: f64| {
+        let job = chosen.unwrap_or(lead);
+        let d = SpooledDecision {
+            key: key.into(),
+            created_at: t + 5.0,
+            decision: NewDecision {
+                lead_job: Some(lead.into()),
+                lead_workload: "resnet50-train".into(),
+                chosen_workload: chosen.map(|_| "bert-infer".into()),
+                chosen_job: chosen.map(str::to_string),
+                model_version: chosen.map(|_| 1),
+                candidates: vec![DecisionCandidate {
+                    job: Some(job.into()),
+                    workload: "bert-infer".into(),
+                    prediction: chosen.map(|_| 27.0),
+                    rejected: None,
+                    held_s: Some(held),
+                }],
+            },
+        };
+        write_decision(&spool, &d).unwrap();
+    };
+    release("c/1/1000/n1/lead_release", "1", None, 3.0);
+    release("c/9/1000/n1/join", "1", Some("9"), 45.0);
+    release("c/8/1000/n1/max_hold", "8", None, 700.0);
     let records = [
         obs("c/1/0", "1", "resnet50-train", None, t, t + 10.0, 12.0),
         obs("c/1/1", "1", "resnet50-train", Some(("7", "bert-infer")), t + 10.0, t + 40.0, 8.5),
@@ -94,43 +121,6 @@ fn prepared(tag: &str) -> Env {
     }
     e.ok(&["ingest"]);
     e
-}
-
-/// Parses the file with prometheus_client and prints `name type sample=value…` per family;
-/// `None` (with the reason) when python3 or the module is missing outside CI.
-fn parse_with_prometheus_client(path: &Path) -> Option<String> {
-    const SCRIPT: &str = r#"
-import sys
-from prometheus_client.parser import text_string_to_metric_families
-text = open(sys.argv[1]).read()
-for fam in text_string_to_metric_families(text):
-    samples = " ".join("%s%s=%r" % (s.name, sorted(s.labels.items()), s.value) for s in fam.samples)
-    print(fam.name, fam.type, samples)
-"#;
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-    let mut why = Vec::new();
-    // Debian's python3-prometheus-client is in the system Python, which a pyenv or venv on
-    // PATH may shadow.
-    for python in ["python3", "/usr/bin/python3"] {
-        match Command::new(python).arg("-c").arg(SCRIPT).arg(path).output() {
-            Ok(o) if o.status.success() => {
-                return Some(String::from_utf8_lossy(&o.stdout).into_owned())
-            }
-            Ok(o) => {
-                let err = String::from_utf8_lossy(&o.stderr).into_owned();
-                assert!(
-                    err.contains("No module named 'prometheus_client'"),
-                    "prometheus_client refused {}: {err}",
-                    path.display()
-                );
-                why.push(format!("{python}: no prometheus_client"));
-            }
-            Err(e) => why.push(format!("{python}: {e}")),
-        }
-    }
-    assert!(!ci, "CI=true but no Python with prometheus_client: {why:?}");
-    eprintln!("SKIPPED the parser check ({why:?}): install python3-prometheus-client");
-    None
 }
 
 #[test]
@@ -151,6 +141,30 @@ fn metrics_textfile_is_valid_prometheus_text() {
     }
     assert!(text.contains("kace_groups_formed_total{kind=\"lead\"} 1\n"), "{text}");
     assert!(text.contains("kace_groups_formed_total{kind=\"refill\"} 0\n"), "{text}");
+    assert!(text.contains("kace_groups_formed_total{kind=\"late_arrival\"} 1\n"), "{text}");
+    assert!(text.contains("kace_groups_formed_total{kind=\"max_hold\"} 0\n"), "{text}");
+    for (by, place, n) in [
+        ("lead", "free_gpu", 1),
+        ("partner", "open_gpu", 1),
+        ("late_arrival", "open_gpu", 1),
+        ("max_hold", "free_gpu", 1),
+        ("max_hold", "open_gpu", 0),
+        ("refill", "open_gpu", 0),
+    ] {
+        let line = format!("kace_jobs_released_total{{by=\"{by}\",place=\"{place}\"}} {n}\n");
+        assert!(text.contains(&line), "{line}{text}");
+    }
+    // The prolog's decision only: dispatch's records are releases, not partner decisions.
+    assert!(text.contains("kace_decisions_total{outcome=\"paired\"} 1\n"), "{text}");
+    assert!(text.contains("kace_decisions_total{outcome=\"alone\"} 0\n"), "{text}");
+    // Holds of 3, 12, 45 and 700 s.
+    for (le, n) in [("2", 0), ("5", 1), ("10", 1), ("30", 2), ("60", 3), ("600", 3), ("1800", 4)] {
+        let line = format!("kace_hold_seconds_bucket{{le=\"{le}\"}} {n}\n");
+        assert!(text.contains(&line), "{line}{text}");
+    }
+    assert!(text.contains("kace_hold_seconds_bucket{le=\"+Inf\"} 4\n"), "{text}");
+    assert!(text.contains("kace_hold_seconds_sum 760\n"), "{text}");
+    assert!(text.contains("kace_hold_seconds_count 4\n"), "{text}");
     assert!(text.contains("kace_observations_total{origin=\"epilog\"} 3\n"), "{text}");
     assert!(text.contains("kace_model_version 1\n"), "{text}");
     // 30 s shared (counted once for the GPU), 10 s alone.
@@ -194,7 +208,7 @@ fn metrics_textfile_is_valid_prometheus_text() {
     }
     assert!(queried >= 15, "{queried}");
 
-    let Some(parsed) = parse_with_prometheus_client(&prom) else { return };
+    let Some(parsed) = kace_test_support::parse_with_prometheus_client(&prom) else { return };
     let families: Vec<&str> = parsed.lines().collect();
     let find = |name: &str| {
         families
@@ -206,6 +220,14 @@ fn metrics_textfile_is_valid_prometheus_text() {
     assert!(find("kace_groups_formed").contains(" counter "), "{parsed}");
     assert!(find("kace_group_predicted_observed_ratio").contains(" summary "), "{parsed}");
     assert!(find("kace_model_version").contains(" gauge "), "{parsed}");
+    let hold = find("kace_hold_seconds");
+    assert!(hold.contains(" histogram "), "{parsed}");
+    assert!(hold.contains("kace_hold_seconds_count[]=4.0"), "{parsed}");
+    assert!(hold.contains("kace_hold_seconds_bucket[('le', '30')]=2.0"), "{parsed}");
+    assert!(
+        find("kace_jobs_released").contains("[('by', 'max_hold'), ('place', 'free_gpu')]=1.0"),
+        "{parsed}"
+    );
     assert!(find("kace_gpu_seconds").contains("('sharing', 'alone')]=10.0"), "{parsed}");
     let declared = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
     assert_eq!(families.len(), declared, "{parsed}");
@@ -218,6 +240,14 @@ fn report_reads_the_database_and_draws_the_pair() {
     let out = e.ok(&["report", "--since", "2d", "--svg", svg_path.to_str().unwrap()]);
     assert!(out.contains("1 observed group(s), 1 with a prediction"), "{out}");
     assert!(out.contains("GPU time shared: 75.0 %"), "{out}");
+    // The decision records counted by kind (the prolog's, and dispatch's three).
+    assert!(out.contains("groups formed: late_arrival 1, lead 1, max_hold 0, refill 0;"), "{out}");
+    assert!(
+        out.contains(
+            "late_arrival/open_gpu 1, lead/free_gpu 1, max_hold/free_gpu 1, partner/open_gpu 1"
+        ),
+        "{out}"
+    );
     let v: serde_json::Value =
         serde_json::from_str(&e.ok(&["--format", "json", "report", "--since", "7d"])).unwrap();
     let g = &v["groups"][0];
@@ -228,6 +258,9 @@ fn report_reads_the_database_and_draws_the_pair() {
     let np = g["normalised_progress"].as_f64().unwrap();
     assert!((np - (21.0 / 40.0 + 8.5 / 12.0)).abs() < 1e-9, "{np}");
     assert_eq!(v["totals"]["groups"], 1, "imported training pairs are not runs: {v}");
+    assert_eq!(v["totals"]["released"]["max_hold/free_gpu"], 1, "{v}");
+    // Holds of 3, 12, 45 and 700 s.
+    assert_eq!(v["totals"]["median_hold_s"], 28.5, "{v}");
     let svg = fs::read_to_string(&svg_path).unwrap();
     assert!(svg.starts_with("<svg ") && svg.trim_end().ends_with("</svg>"));
     assert_eq!(svg.matches("<circle").count(), 2, "one point and one legend mark: {svg}");

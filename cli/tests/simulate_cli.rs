@@ -36,6 +36,29 @@ fn json_reports_every_policy_with_spread_and_ratios() {
     let base = &v["policies"]["exclusive"]["vs_exclusive"]["throughput"];
     assert_eq!((base["mean"].as_f64(), base["std"].as_f64()), (Some(1.0), Some(0.0)));
     assert!(v["kace_vs_oracle"]["mean"].as_f64().unwrap() > 0.0);
+    // The default traces have users (a Zipf mix), and kace also ran under mps.multi_user.
+    // 30 users, of whom the lightest may submit none of 300 jobs.
+    assert!((25..=30).contains(&v["users"].as_u64().unwrap()), "{}", v["users"]);
+    assert_eq!(v["multi_user"], false);
+    let rule = &v["same_user_rule"];
+    for k in
+        ["kace_with_rule_vs_exclusive", "kace_multi_user_vs_exclusive", "with_rule_vs_multi_user"]
+    {
+        assert!(rule[k]["mean"].as_f64().unwrap() > 0.0, "{k}: {rule}");
+    }
+    // The rule only ever keeps pairs from forming.
+    let shared = |k: &str| rule[k]["mean"].as_f64().unwrap();
+    assert!(shared("shared_percent_with_rule") <= shared("shared_percent_multi_user"), "{rule}");
+    assert_eq!(
+        rule["kace_with_rule_vs_exclusive"],
+        v["policies"]["kace"]["vs_exclusive"]["throughput"]
+    );
+    // One user: the rule costs nothing.
+    let mut one = args.clone();
+    one.extend(["--users", "1", "--policies", "kace"]);
+    let v: serde_json::Value = serde_json::from_slice(&kace(&one).stdout).unwrap();
+    let r = &v["same_user_rule"]["with_rule_vs_multi_user"];
+    assert_eq!((r["mean"].as_f64(), r["std"].as_f64()), (Some(1.0), Some(0.0)), "{v}");
 }
 
 #[test]
@@ -99,6 +122,9 @@ fn a_written_trace_replays_to_the_same_results() {
     assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
     let (a, b): (serde_json::Value, serde_json::Value) =
         (serde_json::from_slice(&a.stdout).unwrap(), serde_json::from_slice(&b.stdout).unwrap());
+    // The users travel in the trace: the same-user rule gives the same results on replay.
+    assert_eq!(b["users"], a["users"]);
+    assert_eq!(b["same_user_rule"], a["same_user_rule"]);
     for p in ["exclusive", "queue-order", "kace", "oracle"] {
         let (x, y) = (&a["policies"][p]["mean"], &b["policies"][p]["mean"]);
         for k in ["makespan_s", "mean_jct_s", "ooms"] {

@@ -24,6 +24,12 @@
 //!
 //! [mps]
 //! multi_user = false      # true: one MPS server for all users (-M), jobs of different users share
+//! memory_limit = true     # each kace job's tasks get CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+//! memory_limit_margin = 0.1   # that limit is memcap × (1 + this)
+//!
+//! [profile]               # profiles kace measures itself from jobs that ran alone
+//! min_alone_runs = 1      # observed alone runs before an unprofiled workload is a candidate
+//! min_samples = 10        # sampler readings an alone run needs to count
 //!
 //! [profiling]
 //! warmup_steps = 10
@@ -33,6 +39,7 @@
 //! dir = "/run/kace/samples"
 //! interval_ms = 1000
 //! capacity = 86400        # readings kept per GPU (a day at 1 Hz)
+//! progress_max_bytes = 8388608   # a running job's progress file is compacted past 8 MiB
 //!
 //! [training]
 //! holdout_fraction = 0.2
@@ -83,6 +90,8 @@ pub struct Config {
     pub selection: Selection,
     /// The MPS control daemons.
     pub mps: Mps,
+    /// Profiles kace measures itself (the epilog, from the sampler's readings).
+    pub profile: ProfileSection,
     /// `kace profile run`.
     pub profiling: Profiling,
     /// `kace train` / nightly retrain.
@@ -177,7 +186,7 @@ impl Default for Selection {
 }
 
 /// `[mps]`
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Mps {
     /// Start each GPU's MPS control daemon in multi-user mode (`nvidia-cuda-mps-control -d
@@ -186,6 +195,38 @@ pub struct Mps {
     /// another's (memory faults and hangs reach all clients). Off, MPS time-slices clients of
     /// different users, so kace pairs only jobs of the same user.
     pub multi_user: bool,
+    /// Give each kace job's tasks `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` for its GPU (the memory
+    /// guard), so that a job outgrowing its profile fails alone instead of ending its partner
+    /// with an out-of-memory error. Default true; a workload without a memcap gets no limit.
+    pub memory_limit: bool,
+    /// The limit is memcap × (1 + this). Default 0.1; in [0, 10].
+    pub memory_limit_margin: f64,
+}
+
+impl Default for Mps {
+    fn default() -> Self {
+        Mps { multi_user: false, memory_limit: true, memory_limit_margin: 0.1 }
+    }
+}
+
+/// `[profile]`: the profiles kace measures itself. While kace jobs run, `kace-sampler` reads
+/// each GPU; the epilog turns the readings of a job's alone intervals into a profile
+/// measurement of source `observed` (and, with progress lines, its exclusive throughput).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProfileSection {
+    /// Observed alone runs after which a workload no admin profiled becomes a candidate.
+    /// Default 1; in [1, 1000].
+    pub min_alone_runs: u32,
+    /// Sampler readings (both utilizations known) an alone run needs before the epilog makes
+    /// a measurement of it. Default 10 (10 s at the sampler's default 1 Hz); at least 1.
+    pub min_samples: u32,
+}
+
+impl Default for ProfileSection {
+    fn default() -> Self {
+        ProfileSection { min_alone_runs: 1, min_samples: 10 }
+    }
 }
 
 /// `[profiling]`
@@ -217,11 +258,27 @@ pub struct Sampler {
     /// Readings kept per GPU; the oldest are overwritten. Default 86400 (a day at 1 Hz,
     /// 2.6 MiB per GPU at 32 bytes a reading).
     pub capacity: u32,
+    /// A running job's progress file (in `node.progress_root`) holding more than this many
+    /// bytes is compacted in place at the next reading, to at most half of it, keeping the
+    /// points the epilog measures throughput from. Default 8388608 (8 MiB: the Python helper
+    /// caps itself at 1 MiB, a line per second for a month is about 60 MiB before compaction).
+    /// Between 65536 and [`MAX_PROGRESS_MAX_BYTES`], so that whatever a job appends in one
+    /// interval on top of it still fits in what the epilog reads.
+    pub progress_max_bytes: u64,
 }
+
+/// The largest `sampler.progress_max_bytes`: half of the 16 MiB the epilog reads of a progress
+/// file (`kace_profiling::progress::MAX_BYTES`), the rest being room for one interval's lines.
+pub const MAX_PROGRESS_MAX_BYTES: u64 = 8 << 20;
 
 impl Default for Sampler {
     fn default() -> Self {
-        Sampler { dir: PathBuf::from("/run/kace/samples"), interval_ms: 1000, capacity: 86_400 }
+        Sampler {
+            dir: PathBuf::from("/run/kace/samples"),
+            interval_ms: 1000,
+            capacity: 86_400,
+            progress_max_bytes: MAX_PROGRESS_MAX_BYTES,
+        }
     }
 }
 
@@ -404,6 +461,7 @@ impl Config {
             },
             max_jobs_per_gpu: s.max_jobs_per_gpu,
             multi_user: self.mps.multi_user,
+            min_alone_runs: self.profile.min_alone_runs,
         }
     }
 
@@ -436,6 +494,20 @@ impl Config {
         if !(h > 0.0 && h < 1.0) {
             return Err(format!("training.holdout_fraction = {h}: must be in (0, 1)"));
         }
+        let pr = &self.profile;
+        if !(1..=1000).contains(&pr.min_alone_runs) {
+            return Err(format!(
+                "profile.min_alone_runs = {}: must be between 1 and 1000",
+                pr.min_alone_runs
+            ));
+        }
+        if pr.min_samples == 0 {
+            return Err("profile.min_samples must be at least 1".into());
+        }
+        let m = self.mps.memory_limit_margin;
+        if !(m.is_finite() && (0.0..=10.0).contains(&m)) {
+            return Err(format!("mps.memory_limit_margin = {m}: must be in [0, 10]"));
+        }
         if self.profiling.sample_interval_ms == 0 {
             return Err("profiling.sample_interval_ms must be at least 1".into());
         }
@@ -448,6 +520,12 @@ impl Config {
         }
         if !(60..=10_000_000).contains(&sp.capacity) {
             return Err(format!("sampler.capacity = {}: must be in [60, 10000000]", sp.capacity));
+        }
+        if !(65_536..=MAX_PROGRESS_MAX_BYTES).contains(&sp.progress_max_bytes) {
+            return Err(format!(
+                "sampler.progress_max_bytes = {}: must be in [65536, {MAX_PROGRESS_MAX_BYTES}]",
+                sp.progress_max_bytes
+            ));
         }
         if !sp.dir.is_absolute() {
             return Err(format!("sampler.dir = {}: must be an absolute path", sp.dir.display()));
@@ -608,6 +686,24 @@ mod tests {
         assert_eq!(off.log.socket(), None);
         let e = Config::parse("[node]\ngpu_memory_gib = -1.0\n", p()).unwrap_err();
         assert!(matches!(e, Error::Invalid { .. }), "{e}");
+        let e = Config::parse("[sampler]\nprogress_max_bytes = 100\n", p()).unwrap_err();
+        assert!(e.to_string().contains("sampler.progress_max_bytes = 100"), "{e}");
+        let e = Config::parse("[sampler]\nprogress_max_bytes = 16777216\n", p()).unwrap_err();
+        assert!(matches!(e, Error::Invalid { .. }), "{e}");
+        let e = Config::parse("[sampler]\nprogress_max_bytes = \"8M\"\n", p()).unwrap_err();
+        assert!(matches!(e, Error::Parse { .. }), "{e}");
+        let e = Config::parse("[sampler]\nprogress_cap = 1\n", p()).unwrap_err();
+        assert!(e.to_string().contains("progress_cap"), "{e}");
+        let c = Config::parse("[sampler]\nprogress_max_bytes = 65536\n", p()).unwrap();
+        assert_eq!(c.sampler.progress_max_bytes, 65536);
+        let e = Config::parse("[profile]\nmin_alone_runs = 0\n", p()).unwrap_err();
+        assert!(e.to_string().contains("profile.min_alone_runs"), "{e}");
+        let e = Config::parse("[profile]\nmin_alone_run = 2\n", p()).unwrap_err();
+        assert!(e.to_string().contains("min_alone_run"), "{e}");
+        let e = Config::parse("[mps]\nmemory_limit_margin = -0.1\n", p()).unwrap_err();
+        assert!(e.to_string().contains("mps.memory_limit_margin"), "{e}");
+        let c = Config::parse("[profile]\nmin_alone_runs = 3\n", p()).unwrap();
+        assert_eq!(c.policy().min_alone_runs, 3);
         let e = Config::parse("this is = = not toml", p()).unwrap_err();
         assert!(e.to_string().starts_with("couldn't parse config test.conf"), "{e}");
     }

@@ -8,6 +8,7 @@
 //! /run/kace/mps/<gpu>/pipe            CUDA_MPS_PIPE_DIRECTORY of the daemon for GPU <gpu>
 //! /run/kace/mps/<gpu>/log             CUDA_MPS_LOG_DIRECTORY of that daemon
 //! /var/spool/kace/progress/<job>.progress   KACE_PROGRESS_FILE of job <job>
+//! /var/spool/kace/progress/<job>.memlimit   its memory limit, from the prolog ([`memory_limit`])
 //! ```
 //! It also holds the workload-name rule ([`workload_name`]), which every part of kace shares.
 //!
@@ -16,6 +17,7 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod memory_limit;
 pub mod trusted_dir;
 pub mod workload_name;
 

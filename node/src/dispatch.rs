@@ -12,17 +12,24 @@
 //! its node; to its GPU type when typed). A GPU whose kace job is starting or completing is
 //! left to that job's prolog or epilog, which fills it under the GPU's lock. Every release
 //! re-reads the job as held just before moving it.
+//!
+//! Every release is recorded in the decision spool ([`kace_sql::spool`], kinds
+//! [`ReleaseKind::LateArrival`], [`ReleaseKind::MaxHold`] and [`ReleaseKind::LeadRelease`]):
+//! which job went where, over which candidates, and how long it had been held.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kace_config::Config;
+use kace_log::Logger;
 use kace_selector::decision::Policy;
 use kace_sql::decide::{decide, JobSpec};
+use kace_sql::spool::{release_key, write_decision, ReleaseKind, SpooledDecision};
+use kace_sql::{DecisionCandidate, NewDecision};
 
 use crate::error::{io, Result};
-use crate::fill::{in_flight_to, GpuAt};
+use crate::fill::{candidate_record, in_flight_to, GpuAt};
 use crate::slurm::{Commands, QueuedJob, Slurm, Target};
 
 /// How long one configured dispatch may take in all, so that a hanging Slurm command cannot
@@ -43,6 +50,11 @@ pub struct Settings<'a> {
     pub gpu_memory_gib: Option<f64>,
     /// `selection.refill`: offer held jobs to open GPUs.
     pub fill_open: bool,
+    /// `spool.dir`: where each release's record goes.
+    pub spool: &'a Path,
+    /// The cluster's name in the records' keys (`SLURM_CLUSTER_NAME` where Slurm sets it, as
+    /// for the hooks; `cluster` otherwise).
+    pub cluster: String,
 }
 
 impl<'a> Settings<'a> {
@@ -54,26 +66,24 @@ impl<'a> Settings<'a> {
             database: &config.database.path,
             gpu_memory_gib: config.node.gpu_memory_gib,
             fill_open: config.selection.refill,
+            spool: &config.spool.dir,
+            cluster: std::env::var("SLURM_CLUSTER_NAME")
+                .ok()
+                .filter(|c| !c.is_empty())
+                .unwrap_or_else(|| "cluster".into()),
         }
     }
 }
 
 /// One dispatch pass as configured (real Slurm commands), under the dispatch lock. `Ok(None)`
 /// when another dispatch holds the lock: it does the work.
-pub fn run_configured(config: &Config, now: f64) -> Result<Option<Report>> {
+pub fn run_configured(config: &Config, now: f64, logger: &Logger) -> Result<Option<Report>> {
     let lock_path = &config.dispatch.lock;
     if let Some(dir) = lock_path.parent() {
         std::fs::create_dir_all(dir).map_err(io("create the directory of", lock_path))?;
     }
     let Some(_lock) = crate::state::try_lock_file(lock_path)? else { return Ok(None) };
-    let node = &config.node;
-    let slurm = Commands {
-        scontrol: node.scontrol.clone(),
-        squeue: node.squeue.clone(),
-        sinfo: node.sinfo.clone(),
-        timeout: Duration::from_millis(node.command_timeout_ms),
-        deadline: Some(Instant::now() + BUDGET),
-    };
+    let slurm = Commands::configured(&config.node, Some(Instant::now() + BUDGET), logger.clone());
     run(&slurm, &Settings::of(config), now).map(Some)
 }
 
@@ -95,6 +105,8 @@ pub struct Report {
     pub deferred: Option<String>,
     /// Problems met (each already a full message); the pass went on past them.
     pub problems: Vec<String>,
+    /// The release records spooled, in the order of the releases.
+    pub records: Vec<SpooledDecision>,
 }
 
 impl Report {
@@ -150,6 +162,17 @@ impl Slot {
     fn open(&self, limit: usize) -> bool {
         !self.jobs.is_empty() && self.jobs.len() < limit && !self.busy && self.coming == 0
     }
+}
+
+/// What the one decision said for one open GPU.
+#[derive(Debug, Clone, Default)]
+struct Chosen {
+    /// Indices into the held jobs, best first.
+    ranked: Vec<usize>,
+    /// Every candidate with its prediction or reason (and hold).
+    records: Vec<DecisionCandidate>,
+    /// The model that predicted.
+    model_version: Option<i64>,
 }
 
 /// One dispatch pass at time `now` (Unix seconds).
@@ -264,29 +287,76 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
                 .into(),
         );
     }
-    // The decision for one open GPU among `cands` (indices into `held`): the ranked indices.
-    let choose = |slot: &Slot,
-                  cands: &[usize],
-                  policy: &Policy|
-     -> std::result::Result<Vec<usize>, String> {
-        let (Some(db), Some(mem)) = (db.as_ref(), s.gpu_memory_gib) else { return Ok(Vec::new()) };
-        let running: Vec<JobSpec> = slot
-            .jobs
-            .iter()
-            .map(|(_, w, u)| JobSpec {
-                workload: w.clone(),
-                user: Some(u.clone()).filter(|u| !u.is_empty()),
+    // The decision for one open GPU among `cands` (indices into `held`).
+    let choose =
+        |slot: &Slot, cands: &[usize], policy: &Policy| -> std::result::Result<Chosen, String> {
+            let (Some(db), Some(mem)) = (db.as_ref(), s.gpu_memory_gib) else {
+                return Ok(Chosen::default());
+            };
+            let running: Vec<JobSpec> = slot
+                .jobs
+                .iter()
+                .map(|(_, w, u)| JobSpec {
+                    workload: w.clone(),
+                    user: Some(u.clone()).filter(|u| !u.is_empty()),
+                })
+                .collect();
+            let specs: Vec<JobSpec> = cands
+                .iter()
+                .map(|&i| JobSpec {
+                    workload: held[i].workload.clone(),
+                    user: Some(held[i].user.clone()).filter(|u| !u.is_empty()),
+                })
+                .collect();
+            let d =
+                decide(db, &running, &specs, policy, Some(mem), None).map_err(|e| e.to_string())?;
+            let records = cands
+                .iter()
+                .enumerate()
+                .map(|(k, &i)| DecisionCandidate {
+                    prediction: d.selection.verdicts.get(k).and_then(|v| v.prediction),
+                    rejected: d.reason(k),
+                    ..candidate_record(held[i], now)
+                })
+                .collect();
+            Ok(Chosen {
+                ranked: d.ranked.iter().map(|&k| cands[k]).collect(),
+                records,
+                model_version: Some(d.model_version),
             })
-            .collect();
-        let specs: Vec<JobSpec> = cands
-            .iter()
-            .map(|&i| JobSpec {
-                workload: held[i].workload.clone(),
-                user: Some(held[i].user.clone()).filter(|u| !u.is_empty()),
-            })
-            .collect();
-        let d = decide(db, &running, &specs, policy, Some(mem), None).map_err(|e| e.to_string())?;
-        Ok(d.ranked.iter().map(|&k| cands[k]).collect())
+        };
+    // The record of one release into `slot`; `chosen` is what the decision saw (an open GPU).
+    let record = |report: &mut Report,
+                  kind: ReleaseKind,
+                  j: &QueuedJob,
+                  slot: &Slot,
+                  chosen: Option<&Chosen>| {
+        let (lead_job, lead_workload) = match slot.jobs.first() {
+            Some((id, w, _)) => (id.to_string(), w.clone()),
+            None => (j.id.to_string(), j.workload.clone()),
+        };
+        let joined = !slot.jobs.is_empty();
+        let d = SpooledDecision {
+            key: release_key(kind, &s.cluster, &j.id.to_string(), &slot.at.node, now),
+            created_at: now,
+            decision: NewDecision {
+                lead_job: Some(lead_job),
+                lead_workload,
+                chosen_workload: joined.then(|| j.workload.clone()),
+                chosen_job: joined.then(|| j.id.to_string()),
+                model_version: chosen.and_then(|c| c.model_version),
+                candidates: match chosen {
+                    Some(c) if !c.records.is_empty() => c.records.clone(),
+                    _ => vec![candidate_record(j, now)],
+                },
+            },
+        };
+        match write_decision(s.spool, &d) {
+            Ok(_) => report.records.push(d),
+            Err(e) => {
+                report.problems.push(format!("couldn't spool the release of job {}: {e}", j.id))
+            }
+        }
     };
     let mut taken: Vec<usize> = Vec::new(); // indices into `held` released this pass
                                             // Whether releasing into `slot` is still safe: no prolog or epilog is choosing anywhere
@@ -361,19 +431,23 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
     for &i in &expired {
         let j = held[i];
         let place = match slots.iter().position(Slot::free) {
-            Some(k) => Some(k),
+            Some(k) => Some((k, None)),
             None => slots
                 .iter()
                 .enumerate()
                 .filter(|(_, x)| x.open(limit))
-                .find(|(_, x)| matches!(choose(x, &[i], &fit_only), Ok(r) if r == [i]))
-                .map(|(k, _)| k),
+                .find_map(|(k, x)| match choose(x, &[i], &fit_only) {
+                    Ok(c) if c.ranked == [i] => Some((k, c)),
+                    _ => None,
+                })
+                .map(|(k, c)| (k, Some(c))),
         };
-        let Some(k) = place else {
+        let Some((k, chosen)) = place else {
             report.waiting_expired.push(j.id);
             continue;
         };
         if release(&mut report, j, &slots[k]) {
+            record(&mut report, ReleaseKind::MaxHold, j, &slots[k], chosen.as_ref());
             report.expired.push((j.id, slots[k].at.node.clone(), slots[k].at.index.0));
             slots[k].coming += 1;
         }
@@ -389,8 +463,8 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
         if cands.is_empty() {
             break;
         }
-        let ranked = match choose(slot, &cands, &s.policy) {
-            Ok(r) => r,
+        let chosen = match choose(slot, &cands, &s.policy) {
+            Ok(c) => c,
             Err(e) => {
                 let at = &slot.at;
                 report.problems.push(format!(
@@ -400,9 +474,10 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
                 continue;
             }
         };
-        for i in ranked.into_iter().take(3) {
+        for &i in chosen.ranked.iter().take(3) {
             taken.push(i);
             if release(&mut report, held[i], slot) {
+                record(&mut report, ReleaseKind::LateArrival, held[i], slot, Some(&chosen));
                 report.joiners.push((held[i].id, slot.at.node.clone(), slot.at.index.0));
                 slot.coming += 1;
                 break;
@@ -420,6 +495,7 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
         let Some(i) = leads.next() else { break };
         taken.push(i);
         if release(&mut report, held[i], slot) {
+            record(&mut report, ReleaseKind::LeadRelease, held[i], slot, None);
             report.leads.push((held[i].id, slot.at.node.clone(), slot.at.index.0));
             slot.coming += 1;
             report.waiting_expired.retain(|j| *j != held[i].id);

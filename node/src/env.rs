@@ -30,6 +30,31 @@ pub struct JobEnv {
     pub gpu: Option<GpuIndex>,
     /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, when set.
     pub mps_share: Option<f64>,
+    /// How the job ended, from the epilog's `SLURM_JOB_EXIT_CODE2` (`<exit code>:<signal>`);
+    /// `None` in the prolog, or when Slurm did not say.
+    pub exit: Option<JobExit>,
+}
+
+/// A job's exit status as Slurm gives it to the epilog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobExit {
+    /// The batch script's exit code.
+    pub code: u32,
+    /// The signal that ended it (0: none).
+    pub signal: u32,
+}
+
+impl JobExit {
+    /// Reads `<exit code>:<signal>`.
+    pub fn parse(text: &str) -> Option<JobExit> {
+        let (code, signal) = text.trim().split_once(':')?;
+        Some(JobExit { code: code.parse().ok()?, signal: signal.parse().ok()? })
+    }
+
+    /// Whether the job failed (a non-zero exit or a signal).
+    pub fn failed(&self) -> bool {
+        self.code != 0 || self.signal != 0
+    }
 }
 
 impl JobEnv {
@@ -52,6 +77,7 @@ impl JobEnv {
                 kace,
                 gpu: None,
                 mps_share: None,
+                exit: None,
             });
         }
         let node = get("SLURMD_NODENAME")
@@ -73,6 +99,7 @@ impl JobEnv {
             mps_share: get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
                 .and_then(|v| v.trim().parse::<f64>().ok())
                 .filter(|v| v.is_finite() && *v > 0.0 && *v <= 100.0),
+            exit: get("SLURM_JOB_EXIT_CODE2").as_deref().and_then(JobExit::parse),
         })
     }
 }
@@ -107,9 +134,15 @@ mod tests {
             ("SLURM_JOB_GPUS", "1"),
             ("CUDA_VISIBLE_DEVICES", "0"),
             ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50"),
+            ("SLURM_JOB_EXIT_CODE2", "1:0"),
         ]))
         .unwrap();
         assert!(e.kace);
+        assert_eq!(e.exit, Some(JobExit { code: 1, signal: 0 }));
+        assert!(e.exit.is_some_and(|x| x.failed()));
+        assert_eq!(JobExit::parse("0:9").map(|x| x.failed()), Some(true));
+        assert_eq!(JobExit::parse("0:0").map(|x| x.failed()), Some(false));
+        assert_eq!(JobExit::parse("x:0"), None);
         assert_eq!((e.uid, e.user.as_str(), e.node.as_str()), (1001, "alice", "n1"));
         assert_eq!(
             (e.gpu, e.mps_share, e.cluster.as_str()),

@@ -1,8 +1,9 @@
 //! `kace-epilog`'s logic: end the job's record on its GPU; when kace jobs remain there, choose
 //! and release a new joiner for them (the refill, [`crate::fill`], under the GPU's lock); stop
-//! the GPU's MPS daemon when no kace job is left; and turn the job's progress file into
+//! the GPU's MPS daemon when no kace job is left; turn the job's progress file into
 //! observations: one per interval in which the set of kace jobs sharing the GPU stayed the same
-//! (alone, or with partners).
+//! (alone, or with partners); and turn kace-sampler's readings of the job's alone intervals
+//! into a profile measurement of source `observed` ([`crate::measure`]), spooled for ingest.
 //!
 //! A job is a kace job here when kace's own record holds it (the prolog wrote it after checking
 //! the gate's mark). That record also names the GPU when Slurm passes no GPU variable (after a
@@ -12,13 +13,13 @@
 //! blocking (a FIFO), only a regular file is read, and at most
 //! [`kace_profiling::progress::MAX_BYTES`] of it.
 
-use std::io::Read;
+use std::io::{Read, Seek};
 use std::path::Path;
 
 use kace_layout::{mps_dirs, progress_file, GpuIndex};
 use kace_profiling::progress::{self, Point, Progress};
 use kace_sql::spool::{unpark, write_or_park, Written};
-use kace_sql::{Observation, Partner};
+use kace_sql::{Observation, ObservedProfile, Partner};
 
 use crate::env::JobEnv;
 use crate::error::{io, Error, Result};
@@ -40,6 +41,8 @@ pub enum Outcome {
         refill: Option<u32>,
         /// Observations written to the spool.
         observations: Vec<Observation>,
+        /// The profile measurement of the job's alone intervals written to the spool, if any.
+        profile: Option<Box<ObservedProfile>>,
         /// Whether this was the GPU's last kace job (and its daemon was told to quit).
         stopped_mps: bool,
     },
@@ -131,9 +134,13 @@ pub fn read_progress(path: &Path) -> Result<(Progress, bool)> {
             cause: std::io::Error::other("not a regular file"),
         });
     }
+    // kace-sampler's cap may have punched out the file's start (see kace_sampler::progress_cap).
+    let start = progress::data_start(&f).map_err(io("find the data in progress file", path))?;
+    let mut f = f;
+    f.seek(std::io::SeekFrom::Start(start)).map_err(io("read progress file", path))?;
     let mut buf = Vec::new();
     f.take(progress::MAX_BYTES).read_to_end(&mut buf).map_err(io("read progress file", path))?;
-    let truncated = meta.len() > progress::MAX_BYTES;
+    let truncated = meta.len().saturating_sub(start) > progress::MAX_BYTES;
     Ok((progress::parse(&String::from_utf8_lossy(&buf)), truncated))
 }
 
@@ -174,13 +181,35 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         Ok(moved) => log(&format!("moved {moved} parked observation(s) into the spool")),
         Err(e) => log(&format!("couldn't move parked observations into the spool: {e}")),
     }
-    let observations = match me {
+    let (observations, profile) = match me {
         None => {
             log("has no kace record on its GPU (not marked by the gate, or its prolog did not run); no observation");
-            Vec::new()
+            (Vec::new(), None)
         }
-        Some(me) => observe(n, env, gpu, &me, &history, &path),
+        Some(me) => {
+            let progress = match read_progress(&path) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    log(&format!("couldn't use the progress file: {e}; no observation"));
+                    None
+                }
+            };
+            let observations = progress
+                .as_ref()
+                .map(|p| observe(n, env, gpu, &me, &history, &path, p))
+                .unwrap_or_default();
+            let points = progress.as_ref().map(|(p, _)| p.points.as_slice()).unwrap_or(&[]);
+            let oom_at = progress.as_ref().and_then(|(p, _)| p.oom_at);
+            let profile = match out_of_memory(n, env, gpu, &me, oom_at) {
+                Some(record) => Some(record),
+                None => measure_profile(n, env, gpu, &me, &history, points),
+            };
+            (observations, profile)
+        }
     };
+    if let Err(e) = kace_layout::memory_limit::write(&n.config.node.progress_root, env.job, None) {
+        log(&format!("couldn't remove the job's memory limit file: {e}"));
+    }
     match std::fs::symlink_metadata(&path) {
         Ok(m) if m.file_type().is_file() || m.file_type().is_symlink() => {
             if let Err(e) = std::fs::remove_file(&path) {
@@ -189,7 +218,7 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         }
         _ => {}
     }
-    Outcome::Done { refill, observations, stopped_mps }
+    Outcome::Done { refill, observations, profile, stopped_mps }
 }
 
 type Finished = (Option<JobRecord>, Vec<JobRecord>, Option<u32>, bool);
@@ -229,28 +258,173 @@ fn finish_on_gpu(
         let asker = Asker { trigger: Trigger::End, job: env.job, cluster: &env.cluster };
         refill = fill(n, &lock, &at, asker, timings, started).partner;
     }
+    let dirs = mps_dirs(&n.config.node.mps_root, gpu);
+    if n.mps.running(&dirs) {
+        // Slurm has killed the job's tasks by now; a client that outlived that (blocked in the
+        // driver) still holds work on the server its partners share: end it in NVIDIA's order.
+        let procs = crate::mps::ProcFs { root: "/proc".into() };
+        let (ended, problems) =
+            crate::mps::end_job_clients(n.mps, &procs, &dirs, env.job, env.uid, n.deadline);
+        if !ended.is_empty() {
+            log(&format!("terminated its {} remaining MPS client(s) {ended:?}", ended.len()));
+        }
+        for p in problems {
+            log(&p);
+        }
+    }
     let mut stopped = false;
-    if running.is_empty() {
-        let dirs = mps_dirs(&n.config.node.mps_root, gpu);
-        if n.mps.running(&dirs) {
-            match n.mps.quit(&dirs) {
-                Ok(()) => {
-                    stopped = true;
-                    log(&format!(
-                        "stopped the MPS control daemon of GPU {}: no kace job left",
-                        gpu.0
-                    ));
-                }
-                Err(e) => {
-                    log(&format!("couldn't stop the MPS control daemon of GPU {}: {e}", gpu.0))
-                }
+    if running.is_empty() && n.mps.running(&dirs) {
+        match n.mps.quit(&dirs) {
+            Ok(()) => {
+                stopped = true;
+                log(&format!("stopped the MPS control daemon of GPU {}: no kace job left", gpu.0));
             }
+            Err(e) => log(&format!("couldn't stop the MPS control daemon of GPU {}: {e}", gpu.0)),
         }
     }
     let mut history = running;
     history.extend(lock.ended().into_iter().filter(|r| r.job != env.job));
     Ok((me, history, refill, stopped))
 }
+
+/// The profile measurement of the job's alone intervals ([`crate::measure`]), spooled; `None`
+/// (logged) when there was nothing to measure or it could not be spooled.
+fn measure_profile(
+    n: &Node,
+    env: &JobEnv,
+    gpu: GpuIndex,
+    me: &JobRecord,
+    history: &[JobRecord],
+    points: &[Point],
+) -> Option<Box<ObservedProfile>> {
+    let log = |m: &str| (n.log)(&format!("kace: epilog: job {}: {m}", env.job));
+    if kace_sql::validate_workload_name(&me.workload).is_err() {
+        return None;
+    }
+    let end = me.end.unwrap_or(me.start);
+    let segs = segments(me.start, end, history);
+    if !segs.iter().any(|s| s.partners.is_empty()) {
+        log("never ran alone on its GPU; no profile measurement");
+        return None;
+    }
+    let ring = kace_sampler::ring::ring_path(&n.config.sampler.dir, gpu.0);
+    let readings = match kace_sampler::Ring::open(&ring).and_then(|r| r.readings(me.start, end)) {
+        Ok(r) => r,
+        Err(e) => {
+            // Without the sampler the progress lines still give the exclusive throughput.
+            log(&format!("couldn't read the GPU's samples (is kace-sampler running?): {e}"));
+            Vec::new()
+        }
+    };
+    let warmup = n.config.profiling.warmup_steps;
+    let min_samples = n.config.profile.min_samples as usize;
+    let run = crate::measure::alone_run(&segs, &readings, points, warmup, min_samples);
+    if run.system.is_none() && run.readings > 0 {
+        log(&format!(
+            "{} sampler reading(s) in {:.0} s alone, fewer than profile.min_samples = {min_samples} with both utilizations; no system profile",
+            run.readings, run.seconds
+        ));
+    }
+    let model = n.gpus.model(gpu).unwrap_or_else(|_| UNKNOWN_GPU_MODEL.to_string());
+    let Some(profile) = run.profile(&me.workload, &model) else {
+        log("no sampler readings and no progress lines while it ran alone; no profile measurement");
+        return None;
+    };
+    let record = ObservedProfile {
+        key: kace_sql::spool::profile_key(&env.cluster, &env.job.to_string(), &env.node, me.start),
+        job: env.job.to_string(),
+        created_at: end,
+        profile,
+        samples: run.system.map_or(0, |s| s.samples as u64),
+        alone_seconds: run.seconds,
+        oom_limit_mib: None,
+    };
+    match kace_sql::spool::write_profile(&n.config.spool.dir, &record) {
+        Ok(_) => {
+            log(&format!(
+                "measured its profile alone over {:.0} s ({} readings): spooled as {}",
+                run.seconds, record.samples, record.key
+            ));
+            Some(Box::new(record))
+        }
+        Err(e) => {
+            log(&format!("couldn't spool the profile measurement {}: {e}", record.key));
+            None
+        }
+    }
+}
+
+/// The memory guard's record of a job that ran out of GPU memory at its limit, spooled: its
+/// workload's memcap is at least that limit, so the next limit is higher. kace knows it only
+/// when the job says so (an `<unix-seconds> oom` progress line, which its PyTorch hook writes
+/// for an uncaught CUDA out-of-memory error) and failed (Slurm's exit status, when given): an
+/// allocation failure under MPS is an ordinary error exit, with no signal of its own. `None`
+/// when that did not happen, or the job had no limit (then its alone run still measures it).
+fn out_of_memory(
+    n: &Node,
+    env: &JobEnv,
+    gpu: GpuIndex,
+    me: &JobRecord,
+    oom_at: Option<f64>,
+) -> Option<Box<ObservedProfile>> {
+    let log = |m: &str| (n.log)(&format!("kace: epilog: job {}: {m}", env.job));
+    let at = oom_at?;
+    if env.exit.is_some_and(|x| !x.failed()) {
+        log("reported running out of GPU memory but ended successfully (it recovered); not recorded");
+        return None;
+    }
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let me_uid = unsafe { libc::geteuid() };
+    let limit = match kace_layout::memory_limit::read(&n.config.node.progress_root, env.job, me_uid)
+    {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            log("ran out of GPU memory with no kace memory limit (no memcap was known)");
+            return None;
+        }
+        Err(e) => {
+            log(&format!("ran out of GPU memory; couldn't read its memory limit: {e}"));
+            return None;
+        }
+    };
+    let mut values = [None; kace_sql::FEATURE_COUNT];
+    values[kace_sql::MEMCAP] = Some(limit.mib as f64 / 1024.0);
+    let end = me.end.unwrap_or(me.start);
+    let record = ObservedProfile {
+        key: format!(
+            "{}-oom",
+            kace_sql::spool::profile_key(&env.cluster, &env.job.to_string(), &env.node, me.start)
+        ),
+        job: env.job.to_string(),
+        created_at: end,
+        profile: kace_sql::NewProfile {
+            workload: me.workload.clone(),
+            gpu_model: n.gpus.model(gpu).unwrap_or_else(|_| UNKNOWN_GPU_MODEL.into()),
+            source: kace_sql::OOM_SOURCE.to_string(),
+            values,
+        },
+        samples: 0,
+        alone_seconds: 0.0,
+        oom_limit_mib: Some(limit.mib),
+    };
+    match kace_sql::spool::write_profile(&n.config.spool.dir, &record) {
+        Ok(_) => {
+            log(&format!(
+                "ran out of GPU memory at {at:.0} under its limit of {} MiB ({}); recorded, so its memcap rises to at least that",
+                limit.mib,
+                env.exit.map_or("exit status unknown".to_string(), |x| format!("exit {}:{}", x.code, x.signal))
+            ));
+            Some(Box::new(record))
+        }
+        Err(e) => {
+            log(&format!("couldn't spool the out-of-memory record {}: {e}", record.key));
+            None
+        }
+    }
+}
+
+/// GPU model recorded when NVML cannot tell it (as `kace profile import` records "unspecified").
+pub const UNKNOWN_GPU_MODEL: &str = "unspecified";
 
 fn observe(
     n: &Node,
@@ -259,19 +433,14 @@ fn observe(
     me: &JobRecord,
     history: &[JobRecord],
     path: &Path,
+    (prog, truncated): &(Progress, bool),
 ) -> Vec<Observation> {
     let log = |m: &str| (n.log)(&format!("kace: epilog: job {}: {m}", env.job));
     if kace_sql::validate_workload_name(&me.workload).is_err() {
         log("couldn't name the job's workload; no observation");
         return Vec::new();
     }
-    let (prog, truncated) = match read_progress(path) {
-        Ok(p) => p,
-        Err(e) => {
-            log(&format!("couldn't use the progress file: {e}; no observation"));
-            return Vec::new();
-        }
-    };
+    let truncated = *truncated;
     if truncated {
         log(&format!("read only the first {} bytes of the progress file", progress::MAX_BYTES));
     }
@@ -401,6 +570,8 @@ mod tests {
         assert!(p.points.is_empty() && p.skipped > 0);
         let big = std::fs::File::create(d.join("huge")).unwrap();
         big.set_len(progress::MAX_BYTES + 10).unwrap();
+        // Data at its start: a file that is only a hole has nothing to read.
+        std::os::unix::fs::FileExt::write_all_at(&big, b"1 1\n", 0).unwrap();
         let (_, truncated) = read_progress(&d.join("huge")).unwrap();
         assert!(truncated);
         let _ = std::fs::remove_dir_all(&d);

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use kace_layout::GpuIndex;
 use kace_sql::decide::{decide, JobSpec};
-use kace_sql::spool::{decision_key, write_decision, SpooledDecision};
+use kace_sql::spool::{release_key, write_decision, ReleaseKind, SpooledDecision};
 use kace_sql::{DecisionCandidate, NewDecision};
 
 use crate::slurm::{QueuedJob, Target};
@@ -62,10 +62,10 @@ impl Trigger {
         }
     }
 
-    fn key(self) -> &'static str {
+    fn kind(self) -> ReleaseKind {
         match self {
-            Trigger::Start => "decision",
-            Trigger::End => "refill",
+            Trigger::Start => ReleaseKind::Lead,
+            Trigger::End => ReleaseKind::Refill,
         }
     }
 }
@@ -111,6 +111,18 @@ pub fn in_flight_to(j: &QueuedJob, gpu: &GpuAt) -> bool {
     match (pinned_kind, &gpu.kind) {
         (Some(theirs), Some(ours)) => theirs == *ours,
         _ => true,
+    }
+}
+
+/// A held job as a decision record lists it, before the decision's verdict: its id, workload
+/// and how long it has been held at `now` (the released one's is its hold time).
+pub fn candidate_record(j: &QueuedJob, now: f64) -> DecisionCandidate {
+    DecisionCandidate {
+        job: Some(j.id.to_string()),
+        workload: j.workload.clone(),
+        prediction: None,
+        rejected: None,
+        held_s: j.hold_started().map(|t| (now - t).max(0.0)),
     }
 }
 
@@ -219,18 +231,11 @@ pub fn fill(
         .map(|(_, j)| j)
         .collect();
 
-    let mut records: Vec<DecisionCandidate> = held
-        .iter()
-        .map(|j| DecisionCandidate {
-            job: Some(j.id.to_string()),
-            workload: j.workload.clone(),
-            prediction: None,
-            rejected: None,
-        })
-        .collect();
+    let now = n.clock.now();
+    let mut records: Vec<DecisionCandidate> =
+        held.iter().map(|j| candidate_record(j, now)).collect();
     let mut specs = Vec::new();
     let mut spec_of = Vec::new(); // index into `held` of each spec
-    let now = n.clock.now();
     for (i, j) in held.iter().enumerate() {
         if let Some(why) = j.blocked(now) {
             records[i].rejected = Some(format!("{why}, so it would not start beside them"));
@@ -365,13 +370,7 @@ pub fn fill(
 
     let chosen = partner.and_then(|p| held.iter().find(|j| j.id == p));
     let decision = SpooledDecision {
-        key: {
-            let key = decision_key(cluster, &trigger_job.to_string(), &gpu.node, now);
-            match key.strip_suffix("decision") {
-                Some(stem) => format!("{stem}{}", trigger.key()),
-                None => key,
-            }
-        },
+        key: release_key(trigger.kind(), cluster, &trigger_job.to_string(), &gpu.node, now),
         created_at: now,
         decision: NewDecision {
             lead_job: Some(lead.job.to_string()),

@@ -1,4 +1,4 @@
-//! How much memory a GPU has, for the memory filter: NVML when a driver is there (or the fake
+//! How much memory a GPU has (for the memory filter) and its model (for profile measurements): NVML when a driver is there (or the fake
 //! selected by `KACE_FAKE_NVML`), else the configured `node.gpu_memory_gib`, else unknown.
 
 use kace_layout::GpuIndex;
@@ -7,6 +7,12 @@ use kace_layout::GpuIndex;
 pub trait GpuInfo {
     /// Total memory of `gpu` in GiB, or why it is unknown.
     fn memory_gib(&self, gpu: GpuIndex) -> std::result::Result<f64, String>;
+
+    /// The model name of `gpu` (what profile measurements are recorded against), or why it is
+    /// unknown.
+    fn model(&self, _gpu: GpuIndex) -> std::result::Result<String, String> {
+        Err("this GPU source does not tell models".into())
+    }
 }
 
 /// NVML through kace-profiling's sampler (which honours `KACE_FAKE_NVML`).
@@ -22,6 +28,11 @@ impl GpuInfo for Nvml {
         let mut s = kace_profiling::nvml::open_sampler(gpu.0).map_err(|e| e.to_string())?;
         let bytes = s.total_memory_bytes().map_err(|e| e.to_string())?;
         Ok(bytes as f64 / f64::from(1u32 << 30))
+    }
+
+    fn model(&self, gpu: GpuIndex) -> std::result::Result<String, String> {
+        let mut s = kace_profiling::nvml::open_sampler(gpu.0).map_err(|e| e.to_string())?;
+        s.gpu_model().map_err(|e| e.to_string())
     }
 }
 

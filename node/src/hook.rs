@@ -109,13 +109,7 @@ fn body(phase: Phase, started: Instant, early: &Logger) {
     let budget = Duration::from_millis(config.node.prolog_budget_ms);
     let deadline = started + budget;
     let timeout = Duration::from_millis(config.node.command_timeout_ms);
-    let slurm = Commands {
-        scontrol: config.node.scontrol.clone(),
-        squeue: config.node.squeue.clone(),
-        sinfo: config.node.sinfo.clone(),
-        timeout,
-        deadline: Some(deadline),
-    };
+    let slurm = Commands::configured(&config.node, Some(deadline), logger.clone());
     let mps =
         NvidiaMps { program: config.node.mps_control.clone(), timeout, deadline: Some(deadline) };
     let log = |m: &str| logger.line(m);

@@ -11,6 +11,7 @@
 //! - [`gpu`]: GPU memory from NVML or the configuration.
 //! - [`state`]: per-GPU locks and the record of kace jobs on each GPU.
 //! - [`env`]: the job facts in a prolog/epilog environment.
+//! - [`measure`]: the profile measurement of a job's alone intervals (sampler readings, progress).
 //! - [`fill`]: filling one GPU by one joiner on its node (the prolog's and epilog's decision).
 //! - [`prolog`], [`epilog`], [`dispatch`]: the three programs' logic.
 //! - [`doctor`]: `kace doctor`'s checks of a node's or the controller's setup.
@@ -28,6 +29,7 @@ pub mod fill;
 pub mod gpu;
 pub mod gres;
 pub mod hook;
+pub mod measure;
 pub mod mps;
 pub mod prolog;
 pub mod slurm;

@@ -2,6 +2,12 @@
 //! `nvidia-cuda-mps-control` the way NVIDIA documents it: `-d` starts the daemon, commands such
 //! as `start_server -uid N`, `get_server_list` and `quit` go to it on standard input, and the
 //! environment names its pipe and log directories and the GPU.
+//!
+//! A job's MPS clients are ended the way NVIDIA's MPS guide asks ("Client Early Termination"):
+//! `terminate_client <server PID> <client PID>` first, so that the server drops the client's
+//! outstanding GPU work, and only then may the process die; a client killed with work still
+//! queued can leave the server and its other clients (the job's partners) hung. See
+//! [`end_job_clients`].
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -20,6 +26,87 @@ pub trait MpsControl {
     fn start(&self, dirs: &MpsDirs, gpu: GpuIndex, uid: u32, multi_user: bool) -> Result<()>;
     /// Stops the control daemon (and its server).
     fn quit(&self, dirs: &MpsDirs) -> Result<()>;
+    /// Every client of every server of this daemon, as `(server PID, client PID)`.
+    fn clients(&self, _dirs: &MpsDirs) -> Result<Vec<(u32, u32)>> {
+        Ok(Vec::new())
+    }
+    /// `terminate_client <server> <client>`: the server drops the client's outstanding work.
+    fn terminate_client(&self, _dirs: &MpsDirs, _server: u32, _client: u32) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Tells whether process `pid` belongs to job `job` of user `uid`.
+pub trait JobOfProcess {
+    /// Whether `pid` is one of the job's processes.
+    fn belongs(&self, pid: u32, job: u32, uid: u32) -> bool;
+}
+
+/// Reads `/proc` (or a stand-in root in tests): a process belongs to a job when it runs as the
+/// job's user and its environment holds `SLURM_JOB_ID=<job>`, which slurmstepd gives every task.
+/// The user check means a process claiming another's job id can only be its own user's.
+#[derive(Debug, Clone)]
+pub struct ProcFs {
+    /// `/proc`.
+    pub root: PathBuf,
+}
+
+impl JobOfProcess for ProcFs {
+    fn belongs(&self, pid: u32, job: u32, uid: u32) -> bool {
+        use std::io::Read;
+        use std::os::unix::fs::MetadataExt;
+        let dir = self.root.join(pid.to_string());
+        if std::fs::metadata(&dir).map(|m| m.uid()).ok() != Some(uid) {
+            return false;
+        }
+        let mut environ = Vec::new();
+        let read = std::fs::File::open(dir.join("environ"))
+            .and_then(|f| f.take(1 << 20).read_to_end(&mut environ));
+        let want = format!("SLURM_JOB_ID={job}");
+        read.is_ok() && environ.split(|b| *b == 0).any(|v| v == want.as_bytes())
+    }
+}
+
+/// Ends the MPS clients of `job` on one GPU in NVIDIA's order: `terminate_client` for each, then
+/// waits (until `deadline`) for them to leave the server's list. Returns the clients ended;
+/// errors of single clients are in the messages, the others still go on.
+pub fn end_job_clients(
+    mps: &dyn MpsControl,
+    procs: &dyn JobOfProcess,
+    dirs: &MpsDirs,
+    job: u32,
+    uid: u32,
+    deadline: Instant,
+) -> (Vec<u32>, Vec<String>) {
+    let mut problems = Vec::new();
+    let mine = |list: Vec<(u32, u32)>| -> Vec<(u32, u32)> {
+        list.into_iter().filter(|(_, c)| procs.belongs(*c, job, uid)).collect()
+    };
+    let ours = match mps.clients(dirs) {
+        Ok(l) => mine(l),
+        Err(e) => return (Vec::new(), vec![format!("couldn't list MPS clients: {e}")]),
+    };
+    let mut ended = Vec::new();
+    for (server, client) in &ours {
+        match mps.terminate_client(dirs, *server, *client) {
+            Ok(()) => ended.push(*client),
+            Err(e) => problems.push(format!("couldn't terminate MPS client {client}: {e}")),
+        }
+    }
+    while !ended.is_empty() && Instant::now() < deadline {
+        match mps.clients(dirs) {
+            Ok(l) if l.iter().all(|(_, c)| !ended.contains(c)) => return (ended, problems),
+            Ok(_) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => {
+                problems.push(format!("couldn't list MPS clients: {e}"));
+                break;
+            }
+        }
+    }
+    if !ended.is_empty() && Instant::now() >= deadline {
+        problems.push("terminated clients still listed at the deadline".into());
+    }
+    (ended, problems)
 }
 
 /// The real control program (or a stand-in at the same configured path).
@@ -82,5 +169,108 @@ impl MpsControl for NvidiaMps {
         let inv = self.invocation(dirs, &[]).stdin("quit\n");
         exec::run_ok(&inv, self.timeout())?;
         Ok(())
+    }
+
+    fn clients(&self, dirs: &MpsDirs) -> Result<Vec<(u32, u32)>> {
+        if !dirs.pipe.is_dir() {
+            return Ok(Vec::new());
+        }
+        let servers =
+            exec::run_ok(&self.invocation(dirs, &[]).stdin("get_server_list\n"), self.timeout())?;
+        let mut out = Vec::new();
+        for server in pids(&servers) {
+            let inv = self.invocation(dirs, &[]).stdin(&format!("get_client_list {server}\n"));
+            let clients = exec::run_ok(&inv, self.timeout())?;
+            out.extend(pids(&clients).into_iter().map(|c| (server, c)));
+        }
+        Ok(out)
+    }
+
+    fn terminate_client(&self, dirs: &MpsDirs, server: u32, client: u32) -> Result<()> {
+        let inv =
+            self.invocation(dirs, &[]).stdin(&format!("terminate_client {server} {client}\n"));
+        exec::run_ok(&inv, self.timeout())?;
+        Ok(())
+    }
+}
+
+/// The PIDs in the control program's answer: one per line; anything else is ignored.
+fn pids(text: &str) -> Vec<u32> {
+    text.lines().filter_map(|l| l.trim().parse().ok()).filter(|p| *p > 0).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    /// A control daemon whose server 100 has clients 7 (the job's), 8 (its partner's) and 9 (the
+    /// job's, but another user's: a forged job id); it records every command.
+    struct Recording {
+        clients: RefCell<Vec<(u32, u32)>>,
+        calls: RefCell<Vec<String>>,
+    }
+
+    impl MpsControl for Recording {
+        fn running(&self, _: &MpsDirs) -> bool {
+            true
+        }
+        fn start(&self, _: &MpsDirs, _: GpuIndex, _: u32, _: bool) -> Result<()> {
+            Ok(())
+        }
+        fn quit(&self, _: &MpsDirs) -> Result<()> {
+            self.calls.borrow_mut().push("quit".into());
+            Ok(())
+        }
+        fn clients(&self, _: &MpsDirs) -> Result<Vec<(u32, u32)>> {
+            self.calls.borrow_mut().push("get_client_list".into());
+            Ok(self.clients.borrow().clone())
+        }
+        fn terminate_client(&self, _: &MpsDirs, server: u32, client: u32) -> Result<()> {
+            self.calls.borrow_mut().push(format!("terminate_client {server} {client}"));
+            self.clients.borrow_mut().retain(|(_, c)| *c != client);
+            Ok(())
+        }
+    }
+
+    struct Owners;
+    impl JobOfProcess for Owners {
+        fn belongs(&self, pid: u32, job: u32, uid: u32) -> bool {
+            matches!((pid, job, uid), (7, 42, 1000))
+        }
+    }
+
+    #[test]
+    fn only_the_jobs_clients_are_terminated_and_awaited() {
+        let mps = Recording {
+            clients: RefCell::new(vec![(100, 7), (100, 8), (100, 9)]),
+            calls: RefCell::new(Vec::new()),
+        };
+        let dirs = kace_layout::mps_dirs(std::path::Path::new("/x"), GpuIndex(0));
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let (ended, problems) = end_job_clients(&mps, &Owners, &dirs, 42, 1000, deadline);
+        assert_eq!((ended, problems), (vec![7], Vec::<String>::new()));
+        assert_eq!(
+            mps.calls.borrow().as_slice(),
+            ["get_client_list", "terminate_client 100 7", "get_client_list"]
+        );
+        assert_eq!(mps.clients.borrow().as_slice(), [(100, 8), (100, 9)]);
+    }
+
+    #[test]
+    fn a_job_is_known_by_its_user_and_slurm_job_id_in_proc() {
+        let root = kace_test_support::TempDir::new("procfs");
+        std::fs::create_dir_all(root.join("7")).unwrap();
+        std::fs::write(root.join("7/environ"), b"HOME=/x\0SLURM_JOB_ID=42\0PATH=/bin\0").unwrap();
+        let me = {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(root.join("7")).unwrap().uid()
+        };
+        let procs = ProcFs { root: root.path().to_path_buf() };
+        assert!(procs.belongs(7, 42, me));
+        assert!(!procs.belongs(7, 4, me), "SLURM_JOB_ID=42 is not job 4");
+        assert!(!procs.belongs(7, 42, me + 1), "another user's process");
+        assert!(!procs.belongs(8, 42, me), "no such process");
+        assert_eq!(pids("1234\n\n 99 \nserver gone\n0\n"), vec![1234, 99]);
     }
 }

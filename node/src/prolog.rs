@@ -4,10 +4,12 @@
 //! jobs than `selection.max_jobs_per_gpu`, fill it by one joiner ([`crate::fill`]): a lead
 //! chooses its first partner, a joiner that leaves room chooses the next. All under the GPU's
 //! lock, so that two prologs or an epilog on the same GPU never decide at once. A plain job
-//! returns at once.
+//! returns at once. Before it decides, it hands the job's memory limit to the SPANK plugin (the
+//! memory guard, [`kace_layout::memory_limit`]).
 
 use std::time::Instant;
 
+use kace_layout::memory_limit::MemoryLimit;
 use kace_layout::{mps_dirs, progress_file, GpuIndex};
 use kace_profiling::progress::CreateError as ProgressCreateError;
 use kace_sql::spool::SpooledDecision;
@@ -84,6 +86,20 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
     if let Err(e) = prepare_progress(n, env) {
         log(&format!("couldn't prepare the progress file: {e}"));
     }
+    if n.config.mps.memory_limit {
+        match write_memory_limit(n, env, &workload) {
+            Ok(Some((limit, memcap))) => log(&format!(
+                "memory limit {}={} for its tasks (memcap {memcap:.2} GiB + {:.0} %)",
+                kace_layout::memory_limit::VAR,
+                limit.env_value(),
+                n.config.mps.memory_limit_margin * 100.0
+            )),
+            Ok(None) => log(&format!(
+                "no memory limit: workload {workload} has no memcap yet (its first alone run measures one)"
+            )),
+            Err(e) => log(&format!("couldn't set a memory limit: {e}; its tasks run without one")),
+        }
+    }
 
     let (lock, others) = match register(n, env, gpu, &workload) {
         Ok(o) => o,
@@ -135,6 +151,38 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
 fn prepare_progress(n: &Node, env: &JobEnv) -> std::result::Result<(), ProgressCreateError> {
     let root = &n.config.node.progress_root;
     kace_profiling::progress::create_for_job(root, &progress_file(root, env.job), env.uid)
+}
+
+/// The memory guard: the job's limit (its workload's memcap × (1 + `mps.memory_limit_margin`))
+/// written where the SPANK plugin reads it ([`kace_layout::memory_limit`]); `None` when the
+/// workload has no memcap. Any earlier file of the same job id is replaced or removed first, so
+/// a stale limit never reaches a later job.
+fn write_memory_limit(
+    n: &Node,
+    env: &JobEnv,
+    workload: &str,
+) -> std::result::Result<Option<(MemoryLimit, f64)>, String> {
+    let root = &n.config.node.progress_root;
+    let shown = || kace_layout::memory_limit::file(root, env.job).display().to_string();
+    kace_layout::trusted_dir::ensure_trusted_dir(root)
+        .map_err(|e| format!("couldn't use {}: {e}", root.display()))?;
+    // Whatever follows, no earlier job's limit may reach this one.
+    kace_layout::memory_limit::write(root, env.job, None)
+        .map_err(|e| format!("couldn't remove the old {}: {e}", shown()))?;
+    n.check_budget("reading the job's memcap").map_err(|e| e.to_string())?;
+    let left = n.deadline.saturating_duration_since(std::time::Instant::now());
+    let db = kace_sql::Db::open_read_only_within(&n.config.database.path, left)
+        .map_err(|e| e.to_string())?;
+    let profiles = db.profiles(&[workload], None).map_err(|e| e.to_string())?;
+    let Some(memcap) = profiles.get(workload).and_then(|p| p.values[kace_sql::MEMCAP]) else {
+        return Ok(None);
+    };
+    let Some(limit) = MemoryLimit::of(memcap, n.config.mps.memory_limit_margin) else {
+        return Ok(None);
+    };
+    kace_layout::memory_limit::write(root, env.job, Some(limit))
+        .map_err(|e| format!("couldn't write {}: {e}", shown()))?;
+    Ok(Some((limit, memcap)))
 }
 
 /// Records the job on its GPU, starts the GPU's MPS daemon when none runs, and returns the

@@ -11,6 +11,7 @@
 //! ([`crate::slurm_json`]), never from `scontrol show job`, whose one-line text mixes user text
 //! (`JobName=`, `Comment=`, and from 25.11 `SubmitLine=`) with the admin fields.
 
+use kace_log::Logger;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -253,9 +254,28 @@ pub struct Commands {
     pub timeout: Duration,
     /// No command starts after this, and none runs past it.
     pub deadline: Option<Instant>,
+    /// Where skipped queue lines and unreadable job records are said.
+    pub logger: Logger,
 }
 
 impl Commands {
+    /// The commands `[node]` names, each call within its `command_timeout_ms`, all of them
+    /// before `deadline`; what they skip is logged to `logger`.
+    pub fn configured(
+        node: &kace_config::Node,
+        deadline: Option<Instant>,
+        logger: Logger,
+    ) -> Commands {
+        Commands {
+            scontrol: node.scontrol.clone(),
+            squeue: node.squeue.clone(),
+            sinfo: node.sinfo.clone(),
+            timeout: Duration::from_millis(node.command_timeout_ms),
+            deadline,
+            logger,
+        }
+    }
+
     fn call(&self, program: &std::path::Path, args: &[&str]) -> Result<String> {
         let mut timeout = self.timeout;
         if let Some(d) = self.deadline {
@@ -275,6 +295,18 @@ impl Commands {
         Ok(exec::run_ok(&inv, timeout)?)
     }
 
+    /// The readable job records of a JSON document `program` printed; unreadable ones are
+    /// logged.
+    fn read_json_jobs(&self, out: &str, program: &str) -> Result<Vec<slurm_json::JsonJob>> {
+        let (jobs, skipped) = slurm_json::jobs(out)?;
+        if skipped > 0 {
+            self.logger.line(&format!(
+                "kace: slurm: couldn't read {skipped} job record(s) of {program} --json; skipped them"
+            ));
+        }
+        Ok(jobs)
+    }
+
     fn scontrol(&self, args: &[&str]) -> Result<String> {
         self.call(&self.scontrol, args)
     }
@@ -285,7 +317,7 @@ impl Commands {
         let mut full = vec!["--json"];
         full.extend_from_slice(args);
         let out = self.call(&self.squeue, &full)?;
-        read_json_jobs(&out, "squeue")
+        self.read_json_jobs(&out, "squeue")
     }
 }
 
@@ -294,9 +326,9 @@ impl Slurm for Commands {
         let out = self.call(&self.squeue, &["-h", "-t", QUEUE_STATES, "-O", QUEUE_FORMAT])?;
         let (jobs, unreadable) = parse_queue(&out);
         for line in unreadable {
-            eprintln!(
+            self.logger.line(&format!(
                 "kace: slurm: couldn't read a line of squeue's queue listing, skipped it: {line:?}"
-            );
+            ));
         }
         Ok(jobs)
     }
@@ -312,7 +344,7 @@ impl Slurm for Commands {
             match self.scontrol(&["--json", "show", "job", &id_text]) {
                 Ok(out) => {
                     let _ = SCONTROL_JSON.set(true);
-                    read_json_jobs(&out, "scontrol")?
+                    self.read_json_jobs(&out, "scontrol")?
                 }
                 Err(Error::Exec(ExecError::Failed { stderr, .. }))
                     if SCONTROL_JSON.get().is_none() && stderr.contains("unrecognized option") =>
@@ -382,17 +414,6 @@ impl Slurm for Commands {
 /// Whether this process's `scontrol` takes `--json` (Slurm 23.02 on; 22.05 says "unrecognized
 /// option"), once known.
 static SCONTROL_JSON: OnceLock<bool> = OnceLock::new();
-
-/// The readable job records of a JSON document `program` printed; unreadable ones are logged.
-fn read_json_jobs(out: &str, program: &str) -> Result<Vec<slurm_json::JsonJob>> {
-    let (jobs, skipped) = slurm_json::jobs(out)?;
-    if skipped > 0 {
-        eprintln!(
-            "kace: slurm: couldn't read {skipped} job record(s) of {program} --json; skipped them"
-        );
-    }
-    Ok(jobs)
-}
 
 /// The fields of one `-O` line whose every field ends in `|`: exactly `n` of them, or `None`.
 fn strict_fields(line: &str, n: usize) -> Option<Vec<&str>> {

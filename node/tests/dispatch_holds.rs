@@ -85,7 +85,9 @@ fn admin_holds_dependencies_and_begin_times_are_never_released() {
         released: RefCell::new(vec![]),
     };
     // max_hold_s is 600 by default.
-    let config = kace_config::Config::default();
+    let spool = kace_test_support::TempDir::new("dispatch-holds");
+    let mut config = kace_config::Config::default();
+    config.spool.dir = spool.path().to_path_buf();
     let settings = dispatch::Settings::of(&config);
     let r = dispatch::run(&q, &settings, now).unwrap();
     assert!(r.expired.is_empty(), "{r:?}");
@@ -101,4 +103,25 @@ fn admin_holds_dependencies_and_begin_times_are_never_released() {
     expired.sort_unstable();
     assert_eq!(expired, vec![3, 4], "{r:?}");
     assert!(!q.released.borrow().contains(&1) && !q.released.borrow().contains(&2));
+    // Both are recorded as max_hold releases onto free GPUs (each leads its own), with how
+    // long each was held: job 3 since its --begin, job 4 since its --begin 10 s before `now`.
+    let mut holds: Vec<(String, Option<String>, Option<f64>)> = r
+        .records
+        .iter()
+        .map(|d| {
+            let kind = kace_sql::spool::ReleaseKind::of_key(Some(&d.key));
+            (kind.name().to_string(), d.decision.lead_job.clone(), d.decision.candidates[0].held_s)
+        })
+        .collect();
+    holds.sort_by(|a, b| a.1.cmp(&b.1));
+    assert_eq!(
+        holds,
+        vec![
+            ("max_hold".into(), Some("3".into()), Some(3600.0)),
+            ("max_hold".into(), Some("4".into()), Some(7210.0)),
+        ]
+    );
+    assert!(r.records.iter().all(|d| d.decision.chosen_job.is_none()));
+    let spooled = kace_sql::spool::spooled_decisions(&config.spool.dir).unwrap();
+    assert_eq!(spooled.len(), 3, "the lead release of the first pass and the two max_hold ones");
 }

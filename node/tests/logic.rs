@@ -18,6 +18,7 @@ use kace_node::{dispatch, epilog, prolog, Clock, Node};
 use kace_selector::dataset::Group;
 use kace_selector::{Model, ModelKind, Objective, Profile, SlowdownParams};
 use kace_sql::decide::{decide, model_to_new_model, JobSpec};
+use kace_sql::spool::{spooled_decisions, ReleaseKind};
 use kace_sql::{Db, NewProfile, FEATURE_COUNT};
 use kace_test_support::TempDir;
 
@@ -243,6 +244,7 @@ fn job_env(job: u32, gpu: u32) -> JobEnv {
         kace: true,
         gpu: Some(GpuIndex(gpu)),
         mps_share: None,
+        exit: None,
     }
 }
 
@@ -357,6 +359,10 @@ fn a_lead_releases_the_predicted_best_onto_its_gpu_and_spools_every_verdict() {
     );
     assert!(by_job["15"].rejected.as_deref().unwrap().contains("no shard"), "{:?}", by_job["15"]);
     assert!(by_job[&expected.to_string()].prediction.is_some());
+    // Each candidate's hold at the decision (the clock reads 2000; job N was submitted at
+    // 1000 + N): the chosen one's is its hold time.
+    assert_eq!(by_job["11"].held_s, Some(989.0));
+    assert_eq!(by_job[&expected.to_string()].held_s, Some(1000.0 - f64::from(expected)));
     // The decision is in the spool for `kace ingest`.
     let spooled = kace_sql::spool::spooled_decisions(&w.config.spool.dir).unwrap();
     assert_eq!(spooled.len(), 1);
@@ -472,7 +478,7 @@ fn only_the_gates_mark_makes_a_kace_job() {
     assert!(w.mps.calls.borrow().is_empty());
     assert!(!w.slurm.calls.borrow().iter().any(|c| c.starts_with("release")));
     let out = w.with(|n| epilog::run(n, &job_env(30, 1)));
-    let epilog::Outcome::Done { refill, observations, stopped_mps } = out else {
+    let epilog::Outcome::Done { refill, observations, stopped_mps, .. } = out else {
         panic!("{out:?}")
     };
     assert_eq!((refill, observations.len(), stopped_mps), (None, 0, false));
@@ -578,6 +584,16 @@ fn dispatch_releases_leads_onto_free_gpus_and_places_expired_holds() {
     assert_eq!(r.expired, vec![(8, "n1".to_string(), 1)], "{r:?}");
     assert!(r.leads.is_empty() && r.joiners.is_empty(), "{r:?}");
     assert!(w.slurm.calls.borrow().contains(&"pin 8 n1 Some(\"g1\") 1".to_string()));
+    // Recorded: released by max_hold onto a free GPU (it leads there), held 1100 s.
+    let [rec] = r.records.as_slice() else { panic!("{r:?}") };
+    assert!(rec.key.ends_with("/8/1100000/n1/max_hold"), "{}", rec.key);
+    assert_eq!(ReleaseKind::of_key(Some(&rec.key)), ReleaseKind::MaxHold);
+    assert_eq!(
+        (rec.decision.lead_job.as_deref(), rec.decision.chosen_job.as_deref()),
+        (Some("8"), None)
+    );
+    assert_eq!(rec.decision.candidates[0].held_s, Some(1100.0));
+    assert_eq!(spooled_decisions(&w.config.spool.dir).unwrap().len(), 1);
     // Job 8 is now released but not started: it takes g1, so a second pass releases nothing.
     {
         let mut p = w.slurm.pending.borrow_mut();
@@ -640,6 +656,23 @@ fn dispatch_fills_open_gpus_before_free_ones() {
     // The oldest remaining held job leads on the free GPU g0.
     let first_left = [11, 12, 13, 14, 16, 17].into_iter().find(|j| *j != expected).unwrap();
     assert_eq!(r.leads, vec![(first_left, "n1".to_string(), 0)], "{r:?}");
+    // Both releases are recorded: the late arrival with the decision over every candidate (the
+    // same predictions a lead would make) and the lead with its hold.
+    let kinds: Vec<ReleaseKind> =
+        r.records.iter().map(|d| ReleaseKind::of_key(Some(&d.key))).collect();
+    assert_eq!(kinds, [ReleaseKind::LateArrival, ReleaseKind::LeadRelease]);
+    let join = &r.records[0].decision;
+    assert_eq!(join.lead_job.as_deref(), Some("10"));
+    assert_eq!(join.chosen_job, Some(expected.to_string()));
+    assert!(join.model_version.is_some());
+    let c = join.candidates.iter().find(|c| c.job == join.chosen_job).unwrap();
+    assert!(c.prediction.is_some() && c.rejected.is_none(), "{c:?}");
+    assert_eq!(c.held_s, Some(100.0 - f64::from(expected)));
+    let lead = &r.records[1].decision;
+    assert_eq!(
+        (lead.lead_job.clone(), lead.chosen_job.clone()),
+        (Some(first_left.to_string()), None)
+    );
 
     // The same GPU with its kace job completing: its epilog refills it, dispatch does not.
     let w2 = World::new("open-cg", lead_slurm(Some("g1")));
@@ -659,6 +692,39 @@ fn dispatch_fills_open_gpus_before_free_ones() {
     let r = dispatch::run(&w2.slurm, &dispatch_settings(&w2), 1100.0).unwrap();
     assert!(r.joiners.is_empty(), "{r:?}");
     assert_eq!(r.leads.iter().map(|l| l.2).collect::<Vec<_>>(), vec![0], "{r:?}");
+}
+
+/// A job held past `max_hold` with no free GPU goes to an open GPU where the group fits (no
+/// gain threshold), and its record says so: the GPU's lead, the job chosen, its hold.
+#[test]
+fn dispatch_places_an_expired_hold_on_an_open_gpu_and_records_it() {
+    let s = FakeSlurm::default();
+    let mut old = held(11, "beta", "alice", "gres:shard:1");
+    old.submitted = Some(100.0);
+    *s.pending.borrow_mut() = vec![old];
+    let s = FakeSlurm {
+        nodes: vec![NodeGpus { name: "n1".into(), gpus: vec![Some("g1".into())], usable: true }],
+        ..s
+    };
+    *s.running.borrow_mut() = vec![RunningJob {
+        id: 10,
+        node: "n1".into(),
+        gpus: vec![0],
+        state: "R".into(),
+        workload: "alpha".into(),
+        user: "alice".into(),
+        ..Default::default()
+    }];
+    let w = World::new("expired-open", s);
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1100.0).unwrap();
+    assert_eq!(r.expired, vec![(11, "n1".to_string(), 0)], "{r:?}");
+    let [rec] = r.records.as_slice() else { panic!("{r:?}") };
+    assert_eq!(ReleaseKind::of_key(Some(&rec.key)), ReleaseKind::MaxHold);
+    let d = &rec.decision;
+    assert_eq!((d.lead_job.as_deref(), d.chosen_job.as_deref()), (Some("10"), Some("11")));
+    assert_eq!(d.candidates.len(), 1);
+    assert_eq!(d.candidates[0].held_s, Some(1000.0));
+    assert!(d.candidates[0].prediction.is_some(), "{d:?}");
 }
 
 #[test]
@@ -937,4 +1003,250 @@ fn job_records_are_not_world_readable() {
         let mode = std::fs::metadata(&d).unwrap().permissions().mode();
         assert_eq!(mode & 0o007, 0, "{} is {mode:o}", d.display());
     }
+}
+
+/// A job may append to its progress file without bound (the file shares a disk with the spool);
+/// kace-sampler's cap compacts it while the job keeps appending, and the epilog still measures
+/// both intervals exactly: 4 steps/s alone, 2 steps/s with its partner.
+#[test]
+fn a_runaway_progress_writer_is_capped_and_still_observed() {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    s.details.borrow_mut().insert(11, running_detail(11, "beta", 0, None));
+    *s.on_node.borrow_mut() = vec![10, 11];
+    let w = World::new("runaway", s);
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    *w.clock.0.borrow_mut() = 2010.0;
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(11, 0))), prolog::Outcome::Joined { .. }));
+    let file = w.config.node.progress_root.join("10.progress");
+
+    // 1.2 million lines (about 30 MB) over the job's 30 s, appended 2 000 at a time.
+    const LINES: u32 = 1_200_000;
+    let writer = {
+        let file = file.clone();
+        std::thread::spawn(move || {
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&file)
+                .unwrap();
+            let mut written = 0u64;
+            for chunk in 0..LINES / 2000 {
+                let mut text = String::new();
+                for i in chunk * 2000..(chunk + 1) * 2000 {
+                    let t = 2000.0 + 30.0 * f64::from(i) / f64::from(LINES);
+                    let steps =
+                        if t <= 2010.0 { (t - 2000.0) * 4.0 } else { 40.0 + (t - 2010.0) * 2.0 };
+                    text.push_str(&format!("{t} {steps}\n"));
+                }
+                f.write_all(text.as_bytes()).unwrap();
+                written += text.len() as u64;
+            }
+            f.write_all(b"2030 80\n").unwrap();
+            written + 8
+        })
+    };
+    const CAP: u64 = 1 << 20;
+    let mut cap =
+        kace_sampler::progress_cap::ProgressCap::new(&w.config.node.progress_root, CAP, 0);
+    let lines = RefCell::new(Vec::new());
+    let log = |l: &str| lines.borrow_mut().push(l.to_string());
+    let mut compactions = 0;
+    while !writer.is_finished() {
+        compactions += cap.tick(&log);
+    }
+    let written = writer.join().unwrap();
+    compactions += cap.tick(&log);
+    let logs = lines.borrow().join("\n");
+    assert!(compactions >= 2, "{compactions} compactions: {logs}");
+    assert!(!logs.contains("couldn't"), "{logs}");
+    let meta = std::fs::metadata(&file).unwrap();
+    let f = std::fs::File::open(&file).unwrap();
+    let data = meta.len() - kace_profiling::progress::data_start(&f).unwrap();
+    assert!(written > 20 * CAP && data <= CAP, "{written} bytes written, {data} left");
+    // Nothing the job appended during a compaction was torn or lost.
+    let (prog, _) = epilog::read_progress(&file).unwrap();
+    assert_eq!(prog.skipped, 0);
+    assert_eq!(
+        prog.points.last(),
+        Some(&kace_profiling::progress::Point { time: 2030.0, steps: 80.0 })
+    );
+
+    *w.clock.0.borrow_mut() = 2030.0;
+    let out = w.with(|n| epilog::run(n, &job_env(10, 0)));
+    let epilog::Outcome::Done { observations, .. } = out else { panic!("{out:?}") };
+    assert_eq!(observations.len(), 2, "{observations:#?}");
+    assert!(observations[0].partners.is_empty());
+    assert!((observations[0].throughput - 4.0).abs() < 1e-6, "{observations:#?}");
+    assert_eq!(observations[1].partners[0].job, "11");
+    assert!((observations[1].throughput - 2.0).abs() < 1e-6, "{observations:#?}");
+}
+
+/// A workload no admin measured alone (kernel metrics only, from an ncu import) is no candidate
+/// until it has run alone once: its epilog then measures it from the sampler's readings and its
+/// progress lines (source `observed`), ingest stores that, and the next decision takes it.
+#[test]
+fn an_unprofiled_workload_profiles_itself_alone_and_then_is_a_candidate() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(20, running_detail(20, "newbie", 0, None));
+    *s.on_node.borrow_mut() = vec![20];
+    let mut w = World::new("onboard", s);
+    w.config.sampler.dir = w.dir.join("samples");
+    w.config.profile.min_samples = 5;
+    let mut kernel = [None; FEATURE_COUNT];
+    for (i, v) in kernel.iter_mut().enumerate().take(6) {
+        *v = Some(10.0 * (i as f64 + 1.0));
+    }
+    Db::open(&w.config.database.path)
+        .unwrap()
+        .insert_profiles(&[NewProfile {
+            workload: "newbie".into(),
+            gpu_model: "Fake".into(),
+            source: "ncu:newbie.csv".into(),
+            values: kernel,
+        }])
+        .unwrap();
+    let verdict = |w: &World| {
+        let db = Db::open_read_only(&w.config.database.path).unwrap();
+        let cand = [JobSpec { workload: "newbie".into(), user: Some("alice".into()) }];
+        let lead = [JobSpec { workload: "alpha".into(), user: Some("alice".into()) }];
+        let d = decide(&db, &lead, &cand, &w.config.policy(), Some(32.0), None).unwrap();
+        (d.reason(0), d.selection.verdicts[0].prediction)
+    };
+    let (reason, _) = verdict(&w);
+    assert_eq!(
+        reason.as_deref(),
+        Some("unknown profile (observed alone in 0 of the 1 runs needed)")
+    );
+
+    // The sampler's ring: start-up (idle, until the warm-up ends at 2002), then 40 % SM, 20 %
+    // memory bandwidth and 3 GiB while the job runs alone from 2000 to 2030.
+    std::fs::create_dir_all(&w.config.sampler.dir).unwrap();
+    let ring = kace_sampler::ring::ring_path(&w.config.sampler.dir, 0);
+    let mut r = kace_sampler::Ring::create(&ring, 600).unwrap();
+    for t in 1990..=2040 {
+        let busy = (2002..=2030).contains(&t);
+        r.push(&kace_sampler::Reading {
+            time: f64::from(t),
+            sm_pct: Some(if busy { 40.0 } else { 0.0 }),
+            mem_pct: Some(if busy { 20.0 } else { 0.0 }),
+            used_bytes: Some(if busy { 3 << 30 } else { 0 }),
+        })
+        .unwrap();
+    }
+    w.config.profiling.warmup_steps = 8;
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(20, 0))), prolog::Outcome::Led { .. }));
+    let progress: String = (2000..=2030).map(|t| format!("{t} {}\n", (t - 2000) * 4)).collect();
+    std::fs::write(w.config.node.progress_root.join("20.progress"), progress).unwrap();
+    *w.clock.0.borrow_mut() = 2030.0;
+    let out = w.with(|n| epilog::run(n, &job_env(20, 0)));
+    let epilog::Outcome::Done { profile: Some(p), .. } = out else { panic!("{out:?}") };
+    assert_eq!(p.profile.source, kace_sql::OBSERVED_SOURCE);
+    assert_eq!(&p.profile.values[6..], &[Some(4.0), Some(40.0), Some(20.0), Some(3.0)]);
+    assert_eq!((p.samples, p.alone_seconds, p.job.as_str()), (29, 28.0, "20"));
+
+    let mut db = Db::open(&w.config.database.path).unwrap();
+    let r =
+        kace_sql::spool::ingest_profiles(&mut db, &w.config.spool.dir, &w.dir.join("q")).unwrap();
+    assert_eq!((r.inserted, r.quarantined.len()), (1, 0));
+    let stored = &db.profiles(&["newbie"], None).unwrap()["newbie"];
+    assert_eq!(stored.sources[0].as_deref(), Some("ncu:newbie.csv"));
+    assert_eq!(stored.sources[9].as_deref(), Some(kace_sql::OBSERVED_SOURCE));
+    let (reason, prediction) = verdict(&w);
+    assert_eq!(reason, None, "a candidate after one alone run");
+    assert!(prediction.is_some());
+    // A site that wants two alone runs first still waits.
+    w.config.profile.min_alone_runs = 2;
+    let (reason, _) = verdict(&w);
+    assert_eq!(
+        reason.as_deref(),
+        Some("unknown profile (observed alone in 1 of the 2 runs needed)")
+    );
+}
+
+/// The memory guard: each kace job gets memcap × (1 + margin) as its limit file for the plugin;
+/// a partner that runs out of memory under it is recorded (its memcap rises, so its next limit
+/// is higher) while the lead's run and observations are untouched.
+#[test]
+fn a_partner_out_of_memory_under_its_limit_is_recorded_and_its_next_limit_is_higher() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    s.details.borrow_mut().insert(11, running_detail(11, "beta", 0, None));
+    s.details.borrow_mut().insert(12, running_detail(12, "beta", 0, None));
+    *s.on_node.borrow_mut() = vec![10, 11];
+    let w = World::new("oom", s);
+    let limit_of = |job: u32| {
+        let f = kace_layout::memory_limit::file(&w.config.node.progress_root, job);
+        std::fs::read_to_string(f).ok()
+    };
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    *w.clock.0.borrow_mut() = 2010.0;
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(11, 0))), prolog::Outcome::Joined { .. }));
+    // alpha's memcap is 2 GiB, beta's 5 GiB; the margin is 10 %.
+    assert_eq!(limit_of(10).as_deref(), Some("0=2253M\n"));
+    assert_eq!(limit_of(11).as_deref(), Some("0=5632M\n"));
+
+    let lines = |from: u32, to: u32| -> String {
+        (from..=to).map(|t| format!("{t} {}\n", (t - from) * 2)).collect()
+    };
+    std::fs::write(w.config.node.progress_root.join("10.progress"), lines(2000, 2040)).unwrap();
+    let mut p11 = lines(2010, 2020);
+    p11.push_str("2020.5 oom\n");
+    std::fs::write(w.config.node.progress_root.join("11.progress"), p11).unwrap();
+    *w.clock.0.borrow_mut() = 2021.0;
+    let failed =
+        JobEnv { exit: Some(kace_node::env::JobExit { code: 1, signal: 0 }), ..job_env(11, 0) };
+    let out = w.with(|n| epilog::run(n, &failed));
+    let epilog::Outcome::Done { profile: Some(p), stopped_mps, .. } = out else {
+        panic!("{out:?}")
+    };
+    assert!(!stopped_mps, "the lead still runs");
+    assert_eq!(p.profile.source, kace_sql::OOM_SOURCE);
+    assert_eq!(p.oom_limit_mib, Some(5632));
+    assert_eq!(p.profile.values[kace_sql::MEMCAP], Some(5.5));
+    assert_eq!(limit_of(11), None, "the limit file goes with the job");
+    assert!(w
+        .logs
+        .borrow()
+        .iter()
+        .any(|l| l.contains("ran out of GPU memory at 2020 under its limit of 5632 MiB")));
+
+    // The lead runs on and ends normally, observed alone and with its partner.
+    *w.slurm.on_node.borrow_mut() = vec![10];
+    *w.clock.0.borrow_mut() = 2040.0;
+    let out = w.with(|n| epilog::run(n, &job_env(10, 0)));
+    let epilog::Outcome::Done { observations, stopped_mps, .. } = out else { panic!("{out:?}") };
+    assert!(stopped_mps);
+    assert_eq!(observations.len(), 3, "{observations:#?}");
+    assert_eq!(observations[1].partners[0].job, "11");
+
+    let mut db = Db::open(&w.config.database.path).unwrap();
+    kace_sql::spool::ingest_profiles(&mut db, &w.config.spool.dir, &w.dir.join("q")).unwrap();
+    drop(db);
+    // beta's next job gets a higher limit: 5.5 GiB × 1.1.
+    *w.slurm.on_node.borrow_mut() = vec![12];
+    *w.clock.0.borrow_mut() = 2050.0;
+    w.with(|n| prolog::run(n, &job_env(12, 0)));
+    assert_eq!(limit_of(12).as_deref(), Some("0=6196M\n"));
+}
+
+#[test]
+fn an_oom_line_from_a_job_that_succeeded_or_without_a_limit_raises_nothing() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    *s.on_node.borrow_mut() = vec![10];
+    let mut w = World::new("oom-not", s);
+    w.with(|n| prolog::run(n, &job_env(10, 0)));
+    std::fs::write(w.config.node.progress_root.join("10.progress"), "2000 0\n2001 oom\n").unwrap();
+    let ok =
+        JobEnv { exit: Some(kace_node::env::JobExit { code: 0, signal: 0 }), ..job_env(10, 0) };
+    let out = w.with(|n| epilog::run(n, &ok));
+    let epilog::Outcome::Done { profile, .. } = out else { panic!("{out:?}") };
+    assert!(profile.is_none_or(|p| p.profile.source != kace_sql::OOM_SOURCE));
+    // With the guard off, no limit file is written and an OOM has no limit to record.
+    w.config.mps.memory_limit = false;
+    w.with(|n| prolog::run(n, &job_env(10, 0)));
+    assert!(!kace_layout::memory_limit::file(&w.config.node.progress_root, 10).exists());
 }

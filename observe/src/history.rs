@@ -1,10 +1,14 @@
 //! One job's story for `kace explain`: what Slurm says (state, user, submitted, started, ended,
 //! node) and what kace's records say — how long it was held, when and by what it was released
-//! (as a lead, as a lead's partner, or by `max_hold`), and with whom it ran.
+//! (as a lead, as a lead's partner, by a refill, as a late arrival, or by `max_hold`), and with
+//! whom it ran.
 
 use kace_node::slurm::Slurm;
+use kace_sql::spool::ReleaseKind;
 use kace_sql::{NewDecision, Observation};
 use serde::Serialize;
+
+use crate::releases::{released, Place};
 
 /// What released a held kace job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -16,18 +20,12 @@ pub enum ReleasedBy {
     Partner,
     /// An ending job's epilog chose it to refill the place on its GPU.
     Refill,
-    /// It waited `max_hold` and `kace dispatch` released it whatever the model said (inferred:
-    /// no decision names it and it started after the deadline).
+    /// `kace dispatch` offered it, held, to an open GPU and the decision chose it.
+    LateArrival,
+    /// It waited `max_hold` and `kace dispatch` released it where it fits whatever the model's
+    /// gain (from dispatch's record; inferred for records from before dispatch kept them: no
+    /// decision names it and it started after the deadline).
     MaxHold,
-}
-
-/// Whether a decision was a prolog's (a job starting: `lead`) or an epilog's refill, from its
-/// spool key (`<cluster>/<job>/decision` or `…/refill`); unknown keys count as `lead`.
-pub fn decision_kind(key: Option<&str>) -> &'static str {
-    match key {
-        Some(k) if k.ends_with("/refill") => "refill",
-        _ => "lead",
-    }
 }
 
 /// The release.
@@ -37,8 +35,11 @@ pub struct Release {
     pub by: ReleasedBy,
     /// When, Unix seconds (the decision's time; for `max_hold`, the deadline).
     pub at: Option<f64>,
-    /// The lead that chose it (partners only).
+    /// The first kace job of the GPU it joined (partners, refills, late arrivals, max_hold
+    /// onto an open GPU).
     pub lead_job: Option<String>,
+    /// Where it went, when a record says so.
+    pub place: Option<Place>,
 }
 
 /// What Slurm says about the job now.
@@ -132,16 +133,30 @@ pub fn story(
         };
         f.submitted.zip(until).map(|(s, u)| (u - s).max(0.0))
     });
-    let as_partner = decisions.iter().find(|(d, _, _)| d.chosen_job.as_deref() == Some(job));
+    // The newest record that released it (a requeued job has one per run).
+    let recorded = decisions
+        .iter()
+        .filter_map(|(d, at, key)| released(d, *at, key.as_deref()))
+        .filter(|r| r.job == job)
+        .max_by(|a, b| a.at.total_cmp(&b.at));
     let as_lead = decisions.iter().find(|(d, _, _)| d.lead_job.as_deref() == Some(job));
-    let released = if let Some((d, at, key)) = as_partner {
-        let by = match decision_kind(key.as_deref()) {
-            "refill" => ReleasedBy::Refill,
-            _ => ReleasedBy::Partner,
+    let released = if let Some(r) = recorded {
+        let by = match r.kind {
+            ReleaseKind::Lead => ReleasedBy::Partner,
+            ReleaseKind::Refill => ReleasedBy::Refill,
+            ReleaseKind::LateArrival => ReleasedBy::LateArrival,
+            ReleaseKind::MaxHold => ReleasedBy::MaxHold,
+            ReleaseKind::LeadRelease => ReleasedBy::Lead,
         };
-        Some(Release { by, at: Some(*at), lead_job: d.lead_job.clone() })
+        Some(Release { by, at: Some(r.at), lead_job: r.beside, place: Some(r.place) })
     } else if let Some((_, at, _)) = as_lead {
-        Some(Release { by: ReleasedBy::Lead, at: Some(*at), lead_job: None })
+        // Only its prolog's decision (dispatch kept no records before): it led a free GPU.
+        Some(Release {
+            by: ReleasedBy::Lead,
+            at: Some(*at),
+            lead_job: None,
+            place: Some(Place::FreeGpu),
+        })
     } else {
         facts.as_ref().and_then(|f| {
             let (sub, start) = f.submitted.zip(f.started)?;
@@ -150,6 +165,7 @@ pub fn story(
                 by: ReleasedBy::MaxHold,
                 at: Some(deadline),
                 lead_job: None,
+                place: None,
             })
         })
     };
@@ -254,12 +270,36 @@ mod tests {
         let ds = vec![(decision("5", Some("7")), 1009.0, Some("c/6/refill".to_string()))];
         let r = story(Some(&s), "7", &ds, &[], 300, 2000.0).released.unwrap();
         assert_eq!((r.by, r.lead_job.as_deref()), (ReleasedBy::Refill, Some("5")));
-        assert_eq!(decision_kind(Some("c/6/refill")), "refill");
-        assert_eq!(decision_kind(Some("c/6/decision")), "lead");
-        assert_eq!(decision_kind(None), "lead");
+        // Offered by dispatch to the open GPU of job 5: a late arrival.
+        let ds = vec![(decision("5", Some("7")), 1009.5, Some("c/7/1009500/n1/join".to_string()))];
+        let r = story(Some(&s), "7", &ds, &[], 300, 2000.0).released.unwrap();
+        assert_eq!(
+            (r.by, r.lead_job.as_deref(), r.place),
+            (ReleasedBy::LateArrival, Some("5"), Some(Place::OpenGpu))
+        );
+        // Dispatch's lead release comes before its own prolog's decision; the release counts.
+        let ds = vec![
+            (decision("7", None), 1009.2, Some("c/7/1009200/n1/lead_release".to_string())),
+            (decision("7", None), 1010.0, Some("c/7/1010000/n1/decision".to_string())),
+        ];
+        let r = story(Some(&s), "7", &ds, &[], 300, 2000.0).released.unwrap();
+        assert_eq!((r.by, r.at), (ReleasedBy::Lead, Some(1009.2)));
 
-        // Started after the deadline with no decision naming it: max_hold.
+        // Released by max_hold, recorded by dispatch: onto a free GPU, or an open one.
         let late = OneJob(detail(7, 1000.0, Some(1301.0)));
+        let ds = vec![(decision("7", None), 1300.5, Some("c/7/1300500/n1/max_hold".to_string()))];
+        let r = story(Some(&late), "7", &ds, &[], 300, 2000.0).released.unwrap();
+        assert_eq!(
+            (r.by, r.at, r.place),
+            (ReleasedBy::MaxHold, Some(1300.5), Some(Place::FreeGpu))
+        );
+        let ds = vec![(decision("5", Some("7")), 1300.5, Some("c/7/1300500/n1/max_hold".into()))];
+        let r = story(Some(&late), "7", &ds, &[], 300, 2000.0).released.unwrap();
+        assert_eq!(
+            (r.by, r.place, r.lead_job.as_deref()),
+            (ReleasedBy::MaxHold, Some(Place::OpenGpu), Some("5"))
+        );
+        // Started after the deadline with no decision naming it: max_hold (inferred).
         let r = story(Some(&late), "7", &[], &[], 300, 2000.0).released.unwrap();
         assert_eq!((r.by, r.at), (ReleasedBy::MaxHold, Some(1300.0)));
         // Before the deadline and no decision: not known.

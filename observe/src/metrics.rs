@@ -14,11 +14,19 @@ use std::path::{Path, PathBuf};
 use kace_selector::Objective;
 use kace_sql::Db;
 
+use kace_sql::spool::ReleaseKind;
+
+use crate::releases::{count_by, groups_by_kind, released, Released};
 use crate::report::{self, Report};
 use crate::{Error, Result};
 
 /// The file node_exporter reads.
 pub const FILE_NAME: &str = "kace.prom";
+
+/// Upper bounds of the hold-time histogram's buckets, seconds: from a watch-loop pass (1 s)
+/// to the default `max_hold` (600 s) and past it.
+pub const HOLD_BUCKETS_S: [f64; 11] =
+    [1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0];
 
 /// The window of "recent" groups for the predicted/observed quantiles.
 pub const RECENT_S: f64 = 7.0 * 86_400.0;
@@ -108,23 +116,50 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 pub fn render(db: &Db, objective: Objective, live: &Live, now: f64) -> Result<String> {
     let mut o = Out(String::new());
     let decisions = db.decisions(1_000_000)?;
-    let paired = decisions.iter().filter(|d| d.decision.chosen_job.is_some()).count();
+    let releases: Vec<Released> = decisions
+        .iter()
+        .filter_map(|d| released(&d.decision, d.created_at, d.key.as_deref()))
+        .collect();
     o.family(
         "kace_groups_formed_total",
         "counter",
-        "Colocated groups formed by a kace decision, by kind: a starting job's prolog (lead) or an ending job's epilog (refill).",
+        "Colocated groups formed (a held job released onto a GPU running kace jobs), by kind: a starting job's prolog (lead), an ending job's epilog (refill), dispatch offering a held job to an open GPU (late_arrival), or a job released by max_hold onto an open GPU (max_hold).",
     );
-    for kind in ["lead", "refill"] {
-        let n = decisions
-            .iter()
-            .filter(|d| d.decision.chosen_job.is_some())
-            .filter(|d| crate::history::decision_kind(d.key.as_deref()) == kind)
-            .count();
+    for (kind, n) in groups_by_kind(&releases) {
         o.sample("kace_groups_formed_total", &[("kind", kind)], n as f64);
     }
-    o.family("kace_decisions_total", "counter", "Partner decisions made, by outcome.");
+    o.family(
+        "kace_jobs_released_total",
+        "counter",
+        "Held kace jobs released, by what released them (lead: dispatch onto a free GPU; partner: a starting job's prolog; refill: an ending job's epilog; late_arrival: dispatch onto an open GPU; max_hold: held longer than dispatch.max_hold_s) and where to (free_gpu, open_gpu).",
+    );
+    for ((by, place), n) in count_by(&releases) {
+        o.sample("kace_jobs_released_total", &[("by", by), ("place", place)], n as f64);
+    }
+    let holds: Vec<f64> = releases.iter().filter_map(|r| r.held_s).collect();
+    o.family(
+        "kace_hold_seconds",
+        "histogram",
+        "How long each released kace job was held, from its submission (or --begin time) to its release.",
+    );
+    for le in HOLD_BUCKETS_S {
+        let n = holds.iter().filter(|h| **h <= le).count();
+        o.sample("kace_hold_seconds_bucket", &[("le", &number(le))], n as f64);
+    }
+    o.sample("kace_hold_seconds_bucket", &[("le", "+Inf")], holds.len() as f64);
+    o.sample("kace_hold_seconds_sum", &[], holds.iter().sum());
+    o.sample("kace_hold_seconds_count", &[], holds.len() as f64);
+    // Only the hooks' records are decisions that may choose no one.
+    let hooks: Vec<_> =
+        decisions.iter().filter(|d| ReleaseKind::of_key(d.key.as_deref()).by_hook()).collect();
+    let paired = hooks.iter().filter(|d| d.decision.chosen_job.is_some()).count();
+    o.family(
+        "kace_decisions_total",
+        "counter",
+        "Partner decisions made by the prologs and epilogs, by outcome.",
+    );
     o.sample("kace_decisions_total", &[("outcome", "paired")], paired as f64);
-    o.sample("kace_decisions_total", &[("outcome", "alone")], (decisions.len() - paired) as f64);
+    o.sample("kace_decisions_total", &[("outcome", "alone")], (hooks.len() - paired) as f64);
 
     let all = db.observations()?;
     let live_obs: Vec<_> = all.iter().filter(|x| x.node != report::IMPORTED_NODE).collect();

@@ -12,6 +12,7 @@ use kace_selector::Objective;
 use kace_sql::{Db, Observation};
 use serde::Serialize;
 
+use crate::releases::{count_by, groups_by_kind, released, Released};
 use crate::Result;
 
 /// The `node` of observations imported from a table rather than observed by an epilog.
@@ -70,6 +71,13 @@ pub struct Totals {
     pub shared_fraction: Option<f64>,
     /// Mean normalised progress of the groups.
     pub mean_gain: Option<f64>,
+    /// Groups formed over the period by kind (lead, refill, late_arrival, max_hold), from the
+    /// decision records.
+    pub groups_formed: BTreeMap<&'static str, usize>,
+    /// Jobs released over the period, by what released them (`by/place`, as in `kace metrics`).
+    pub released: BTreeMap<String, usize>,
+    /// Median hold of the released jobs, seconds.
+    pub median_hold_s: Option<f64>,
 }
 
 /// The report.
@@ -139,6 +147,11 @@ pub fn build(db: &Db, objective: Objective, since: f64, now: f64) -> Result<Repo
         profiles.get(w).and_then(|p| p.values[kace_sql::FIRST_SYSTEM_FEATURE]).filter(|x| *x > 0.0)
     };
     let decisions = db.decisions(100_000)?;
+    let releases: Vec<Released> = decisions
+        .iter()
+        .filter(|d| d.created_at >= since && d.created_at <= now)
+        .filter_map(|d| released(&d.decision, d.created_at, d.key.as_deref()))
+        .collect();
 
     let mut groups = Vec::new();
     for g in db.observed_groups()? {
@@ -231,6 +244,12 @@ pub fn build(db: &Db, objective: Objective, since: f64, now: f64) -> Result<Repo
         mean_abs_error: mean(&pairs.iter().map(|(p, o)| (p - o).abs() / o).collect::<Vec<_>>()),
         shared_fraction: (shared + alone > 0.0).then(|| shared / (shared + alone)),
         mean_gain: mean(&gains),
+        groups_formed: groups_by_kind(&releases),
+        released: count_by(&releases)
+            .into_iter()
+            .map(|((by, place), n)| (format!("{by}/{place}"), n))
+            .collect(),
+        median_hold_s: median(releases.iter().filter_map(|r| r.held_s).collect()),
     };
     Ok(Report { since, until: now, objective: objective.key(), groups, days, totals })
 }

@@ -1,5 +1,7 @@
 //! The progress-file protocol: a job appends `<unix-seconds> <steps-done>` lines to the file
-//! named by `KACE_PROGRESS_FILE`; throughput is steps per second after the warm-up.
+//! named by `KACE_PROGRESS_FILE`; throughput is steps per second after the warm-up. A line
+//! `<unix-seconds> oom` says the job ran out of GPU memory then (kace's PyTorch hook writes it
+//! for an uncaught CUDA out-of-memory error); the epilog reads it with the job's exit status.
 //!
 //! The file is written by user code, so it is untrusted: reading is bounded, and malformed or
 //! backwards-going lines are skipped and counted rather than trusted. Its creation by the root
@@ -7,7 +9,9 @@
 //! user through the open descriptor, never by path.
 
 use std::fmt;
-use std::io::Read;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::fd::AsRawFd;
 use std::path::Path;
 
 /// Environment variable that tells a job where to write its progress.
@@ -32,6 +36,8 @@ pub struct Progress {
     pub points: Vec<Point>,
     /// Lines that were malformed, not finite, or went backwards.
     pub skipped: usize,
+    /// When the job reported running out of GPU memory (the first `<unix-seconds> oom` line).
+    pub oom_at: Option<f64>,
 }
 
 /// Throughput over the measured window.
@@ -130,6 +136,38 @@ pub fn create_for_job(root: &Path, file: &Path, uid: u32) -> Result<(), CreateEr
     std::os::unix::fs::fchown(&f, Some(uid), None).map_err(io("hand over progress file"))
 }
 
+/// What one line says, `None` when it is malformed or not finite (empty lines included: callers
+/// skip those without counting them).
+fn parse_line(line: &str) -> Option<Line> {
+    let mut it = line.split_whitespace();
+    match (it.next(), it.next(), it.next()) {
+        (Some(t), Some("oom"), None) => match t.parse::<f64>() {
+            Ok(time) if time.is_finite() => Some(Line::Oom(time)),
+            _ => None,
+        },
+        (Some(t), Some(s), None) => match (t.parse::<f64>(), s.parse::<f64>()) {
+            (Ok(time), Ok(steps)) if time.is_finite() && steps.is_finite() && steps >= 0.0 => {
+                Some(Line::Point(Point { time, steps }))
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// What one well-formed progress line says.
+enum Line {
+    /// `<time> <steps>`.
+    Point(Point),
+    /// `<time> oom`: the job ran out of GPU memory then.
+    Oom(f64),
+}
+
+/// Whether `p` may follow `last`: neither time nor steps go backwards.
+fn follows(last: Option<&Point>, p: &Point) -> bool {
+    last.is_none_or(|last| p.time >= last.time && p.steps >= last.steps)
+}
+
 /// Parses progress text.
 pub fn parse(text: &str) -> Progress {
     let mut out = Progress::default();
@@ -138,39 +176,176 @@ pub fn parse(text: &str) -> Progress {
         if line.is_empty() {
             continue;
         }
-        let mut it = line.split_whitespace();
-        let point = match (it.next(), it.next(), it.next()) {
-            (Some(t), Some(s), None) => match (t.parse::<f64>(), s.parse::<f64>()) {
-                (Ok(time), Ok(steps)) if time.is_finite() && steps.is_finite() && steps >= 0.0 => {
-                    Some(Point { time, steps })
-                }
-                _ => None,
-            },
-            _ => None,
-        };
-        let monotone = |p: &Point| {
-            out.points.last().is_none_or(|last| p.time >= last.time && p.steps >= last.steps)
-        };
-        match point {
-            Some(p) if monotone(&p) => out.points.push(p),
+        match parse_line(line) {
+            Some(Line::Oom(time)) => {
+                out.oom_at.get_or_insert(time);
+            }
+            Some(Line::Point(p)) if follows(out.points.last(), &p) => out.points.push(p),
             _ => out.skipped += 1,
         }
     }
     out
 }
 
+/// Longest line written by [`format_point`], in bytes (newline included).
+pub const MAX_FORMATTED_LINE: usize = 64;
+
+/// `p` as a progress line that parses back to exactly `p`: the shortest decimal form, or
+/// scientific notation where that is shorter (a hostile 1e300 would otherwise print 301 digits).
+pub fn format_point(p: &Point) -> String {
+    fn number(x: f64) -> String {
+        let plain = x.to_string();
+        if plain.len() <= 24 {
+            plain
+        } else {
+            format!("{x:e}")
+        }
+    }
+    format!("{} {}\n", number(p.time), number(p.steps))
+}
+
+/// The points of a progress file that its readers need, in bounded memory, fed one line at a
+/// time: a file compacted to these gives the same throughput over any interval up to
+/// [`Thinner::resolution`] seconds at each end.
+///
+/// The readers ([`Progress::throughput`] and the epilog's per-interval throughput) use only the
+/// first and the last point inside an interval, after the warm-up. So the thinner keeps, for each
+/// time bucket of `resolution` seconds, its first and last point, plus the first point past the
+/// warm-up (steps only grow, so there is one); whenever more than `budget` points are kept, the
+/// buckets double, which keeps the first and last point of every coarser bucket. Lines that
+/// are malformed or go backwards are dropped, as [`parse`] skips them; the last point kept is
+/// the last one accepted, so lines appended later are accepted exactly as before.
+#[derive(Debug, Clone)]
+pub struct Thinner {
+    warmup_steps: f64,
+    budget: usize,
+    resolution: f64,
+    /// Kept points, and whether each is pinned (the first past the warm-up: never replaced).
+    kept: Vec<(Point, bool)>,
+    warm: bool,
+    /// The first out-of-memory line's time: kept whatever else is thinned.
+    oom_at: Option<f64>,
+    /// Lines dropped as malformed or backwards.
+    pub skipped: usize,
+}
+
+/// The finest bucket, seconds: progress lines carry no finer time that matters.
+const FINEST_RESOLUTION: f64 = 0.001;
+
+impl Thinner {
+    /// A thinner keeping at most `budget` points (at least 8) past `warmup_steps`.
+    pub fn new(warmup_steps: u64, budget: usize) -> Thinner {
+        Thinner {
+            warmup_steps: warmup_steps as f64,
+            budget: budget.max(8),
+            resolution: FINEST_RESOLUTION,
+            kept: Vec::new(),
+            warm: false,
+            oom_at: None,
+            skipped: 0,
+        }
+    }
+
+    /// Seconds per bucket so far: the most the throughput's window can move at each end.
+    pub fn resolution(&self) -> f64 {
+        self.resolution
+    }
+
+    /// Feeds one line (without its newline).
+    pub fn push_line(&mut self, line: &str) {
+        let line = line.trim();
+        if line.is_empty() {
+            return;
+        }
+        match parse_line(line) {
+            Some(Line::Oom(time)) => {
+                self.oom_at.get_or_insert(time);
+            }
+            Some(Line::Point(p)) if follows(self.kept.last().map(|k| &k.0), &p) => self.push(p),
+            _ => self.skipped += 1,
+        }
+    }
+
+    fn push(&mut self, p: Point) {
+        let pinned = !self.warm && p.steps >= self.warmup_steps;
+        self.warm |= pinned;
+        self.add(p, pinned);
+        while self.kept.len() > self.budget && self.resolution.is_finite() {
+            self.resolution *= 2.0;
+            let kept = std::mem::take(&mut self.kept);
+            for (q, pin) in kept {
+                self.add(q, pin);
+            }
+        }
+    }
+
+    fn bucket(&self, p: &Point) -> f64 {
+        (p.time / self.resolution).floor()
+    }
+
+    /// Adds `p` as its bucket's last point: it replaces the previous last one, unless that one
+    /// is the bucket's first or pinned.
+    fn add(&mut self, p: Point, pinned: bool) {
+        let n = self.kept.len();
+        let b = self.bucket(&p);
+        if !pinned && n >= 2 {
+            let (last, last_pinned) = self.kept[n - 1];
+            let before = self.kept[n - 2].0;
+            if !last_pinned && self.bucket(&last) == b && self.bucket(&before) == b {
+                self.kept[n - 1] = (p, false);
+                return;
+            }
+        }
+        self.kept.push((p, pinned));
+    }
+
+    /// The points kept, in order.
+    pub fn points(&self) -> impl Iterator<Item = &Point> {
+        self.kept.iter().map(|k| &k.0)
+    }
+
+    /// The kept lines as text that [`parse`] reads back to the same points and out-of-memory
+    /// time: the points, then the first `oom` line if there was one.
+    pub fn text(&self) -> String {
+        let mut text: String = self.points().map(format_point).collect();
+        if let Some(t) = self.oom_at {
+            text.push_str(&format!("{t} oom\n"));
+        }
+        text
+    }
+}
+
+/// The offset of a file's first data: past the hole that kace-sampler's cap punches at the start
+/// of an oversize progress file where the file system cannot cut it out. Readers start there.
+pub fn data_start(f: &File) -> std::io::Result<u64> {
+    // SAFETY: lseek on a descriptor we own.
+    let off = unsafe { libc::lseek(f.as_raw_fd(), 0, libc::SEEK_DATA) };
+    if off >= 0 {
+        return Ok(off as u64);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        // No data at all (empty, or one hole): nothing before the end.
+        Some(libc::ENXIO) => f.metadata().map(|m| m.len()),
+        // A file system without SEEK_DATA: data from the start.
+        Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Ok(0),
+        _ => Err(e),
+    }
+}
+
 /// Reads and parses a progress file, at most [`MAX_BYTES`] of it. A file that does not exist
 /// is a job that never reported progress: no points, which `throughput` then explains.
 pub fn read(path: &Path) -> Result<Progress, ProgressError> {
-    let f = match std::fs::File::open(path) {
+    let err = |e: std::io::Error| ProgressError::Read(format!("{}: {e}", path.display()));
+    let mut f = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Progress::default()),
-        Err(e) => return Err(ProgressError::Read(format!("{}: {e}", path.display()))),
+        Err(e) => return Err(err(e)),
     };
+    let start = data_start(&f).map_err(err)?;
+    f.seek(SeekFrom::Start(start)).map_err(err)?;
     let mut buf = Vec::new();
-    f.take(MAX_BYTES)
-        .read_to_end(&mut buf)
-        .map_err(|e| ProgressError::Read(format!("{}: {e}", path.display())))?;
+    f.take(MAX_BYTES).read_to_end(&mut buf).map_err(err)?;
     Ok(parse(&String::from_utf8_lossy(&buf)))
 }
 
@@ -250,6 +425,23 @@ mod tests {
         assert_eq!(p.points.len(), 3);
         assert_eq!(p.skipped, 4);
         assert_eq!(p.points[2], Point { time: 104.0, steps: 20.0 });
+        assert_eq!(p.oom_at, None);
+    }
+
+    #[test]
+    fn an_out_of_memory_line_is_kept_apart_from_the_points() {
+        let p = parse(
+            "100 0
+101 5
+101.5 oom
+102 oom
+NaN oom
+x oom
+",
+        );
+        assert_eq!(p.points.len(), 2);
+        assert_eq!(p.oom_at, Some(101.5));
+        assert_eq!(p.skipped, 2);
     }
 
     #[test]
@@ -272,5 +464,81 @@ mod tests {
         ));
         assert_eq!(parse("1 20\n1 30").throughput(0), Err(ProgressError::NoElapsedTime));
         assert!(parse("").throughput(0).is_err());
+    }
+}
+
+#[cfg(test)]
+mod thinner_tests {
+    use super::*;
+
+    /// First and last point inside `[a, b]` past the warm-up: what the epilog measures from.
+    fn window(points: &[Point], a: f64, b: f64, warmup: f64) -> Option<f64> {
+        let inside: Vec<&Point> =
+            points.iter().filter(|p| p.time >= a && p.time <= b && p.steps >= warmup).collect();
+        let (f, l) = (inside.first()?, inside.last()?);
+        (l.time > f.time).then(|| (l.steps - f.steps) / (l.time - f.time))
+    }
+
+    #[test]
+    fn thinned_points_are_bounded_and_give_the_same_rates() {
+        // 200 000 points over 1000 s at 5 steps/s, 1 step/s from 400 s on, with jitter.
+        let mut text = String::new();
+        let (mut t, mut s) = (1_000_000.0f64, 0.0f64);
+        for i in 0..200_000u32 {
+            text.push_str(&format!("{t} {s}\n"));
+            let dt = 0.005 * (1.0 + f64::from(i % 7) / 10.0);
+            s += dt * if t < 1_000_400.0 { 5.0 } else { 1.0 };
+            t += dt;
+        }
+        text.push_str("garbage\n1 1\n");
+        let full = parse(&text);
+        let mut th = Thinner::new(20, 500);
+        for line in text.lines() {
+            th.push_line(line);
+        }
+        let kept: Vec<Point> = th.points().copied().collect();
+        assert!(kept.len() <= 500, "{}", kept.len());
+        assert_eq!(th.skipped, full.skipped);
+        assert_eq!(kept.last(), full.points.last(), "the last accepted point is kept");
+        let warm = full.points.iter().find(|p| p.steps >= 20.0);
+        assert!(kept.iter().any(|p| Some(p) == warm), "the first point past the warm-up");
+        let r = th.resolution();
+        assert!(r < 10.0, "{r}");
+        for (a, b) in [(1e6, 1_000_400.0), (1_000_400.0, 1_001_000.0), (1_000_100.0, 1_000_123.4)] {
+            let (x, y) = (window(&full.points, a, b, 20.0), window(&kept, a, b, 20.0));
+            let (x, y) = (x.unwrap(), y.unwrap());
+            assert!((x - y).abs() <= 0.02 * x, "[{a}, {b}]: {x} vs {y} (resolution {r})");
+        }
+        let (whole, thin) =
+            (full.throughput(20).unwrap(), Progress { points: kept, ..Progress::default() });
+        assert_eq!(thin.throughput(20).unwrap(), whole);
+    }
+
+    /// The cap must not erase the epilog's evidence that a job ran out of memory.
+    #[test]
+    fn thinning_keeps_the_first_out_of_memory_line() {
+        let mut text: String = (0..1000).map(|i| format!("{} {}\n", 100 + i, 5 * i)).collect();
+        text.push_str("1100.5 oom\n1101 oom\n");
+        let mut th = Thinner::new(0, 8);
+        for line in text.lines() {
+            th.push_line(line);
+        }
+        let back = parse(&th.text());
+        assert_eq!(back.oom_at, Some(1100.5));
+        assert!(back.points.len() <= 8, "{}", back.points.len());
+        assert_eq!(back.points.last(), parse(&text).points.last());
+    }
+
+    #[test]
+    fn formatted_points_parse_back_exactly_and_stay_short() {
+        for p in [
+            Point { time: 1_764_550_000.123_456, steps: 12.0 },
+            Point { time: -1.5e300, steps: 1.797_693_134_862_315_7e308 },
+            Point { time: 5e-324, steps: 0.1 + 0.2 },
+        ] {
+            let line = format_point(&p);
+            assert!(line.len() <= MAX_FORMATTED_LINE, "{line}");
+            assert_eq!(parse(&line).points, vec![p], "{line}");
+        }
     }
 }

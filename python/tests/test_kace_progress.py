@@ -30,8 +30,15 @@ def parse(path):
     with open(path) as f:
         for line in f:
             t, s = line.split()
+            if s == "oom":
+                continue
             points.append((float(t), int(s)))
     return points
+
+
+def oom_lines(path):
+    with open(path) as f:
+        return [line for line in f if line.split()[1:] == ["oom"]]
 
 
 class FakeClock:
@@ -137,7 +144,8 @@ def run_python(code, env_extra, pythonpath):
 
 
 FAKE_TORCH = {
-    "torch/__init__.py": "__version__ = '2.5.0+fake'\nfrom . import optim\n",
+    "torch/__init__.py": "__version__ = '2.5.0+fake'\nfrom . import optim, cuda\n",
+    "torch/cuda/__init__.py": "class OutOfMemoryError(RuntimeError):\n    pass\n",
     "torch/optim/__init__.py": "from .optimizer import Optimizer\n",
     "torch/optim/optimizer.py": textwrap.dedent(
         """
@@ -188,6 +196,19 @@ class AutoHookTest(unittest.TestCase):
         out = run_python(TRAINING_LOOP, self.env, [AUTOHOOK, self.libs])
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertEqual([s for _, s in parse(self.progress)], [1, 2, 3, 4, 5, 6, 7])
+
+    def test_an_uncaught_cuda_out_of_memory_error_is_marked_and_still_reported(self):
+        loop = TRAINING_LOOP + "raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')\n"
+        out = run_python(loop, self.env, [AUTOHOOK, self.libs])
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("OutOfMemoryError", out.stderr)
+        self.assertEqual([s for _, s in parse(self.progress)][-1], 7)
+        self.assertEqual(len(oom_lines(self.progress)), 1)
+        # Any other error is not an out-of-memory one.
+        os.remove(self.progress)
+        out = run_python(TRAINING_LOOP + "raise ValueError('bad batch')\n", self.env, [AUTOHOOK, self.libs])
+        self.assertEqual(out.returncode, 1)
+        self.assertEqual(oom_lines(self.progress), [])
 
     def test_nothing_is_written_outside_kace_jobs_or_when_opted_out(self):
         env = dict(self.env)

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use kace_profiling::nvml::GpuSampler;
 
+use crate::progress_cap::ProgressCap;
 use crate::ring::{ring_path, Reading, Ring, RingError};
 
 /// One GPU being sampled.
@@ -20,6 +21,7 @@ struct Gpu {
 /// The sampler service over a set of GPUs.
 pub struct Service {
     gpus: Vec<Gpu>,
+    progress_cap: Option<ProgressCap>,
 }
 
 impl Service {
@@ -36,11 +38,21 @@ impl Service {
                 Ok(Gpu { index, sampler, ring, failing: false })
             })
             .collect::<Result<Vec<_>, RingError>>()?;
-        Ok(Service { gpus })
+        Ok(Service { gpus, progress_cap: None })
     }
 
-    /// Takes one reading of every GPU at `now`; returns how many were stored.
+    /// Also caps running jobs' progress files at every tick.
+    pub fn with_progress_cap(mut self, cap: ProgressCap) -> Service {
+        self.progress_cap = Some(cap);
+        self
+    }
+
+    /// Takes one reading of every GPU at `now` (and caps progress files); returns how many
+    /// readings were stored.
     pub fn tick(&mut self, now: f64, log: &dyn Fn(&str)) -> usize {
+        if let Some(cap) = &mut self.progress_cap {
+            cap.tick(log);
+        }
         let mut stored = 0;
         for g in &mut self.gpus {
             let result = g.sampler.sample(now).map_err(|e| e.to_string()).and_then(|s| {

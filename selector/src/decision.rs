@@ -23,11 +23,21 @@ pub struct Policy {
     /// Whether jobs of different users may share a GPU (`mps.multi_user`: the MPS control
     /// daemon runs with `-M`, one server for all users, no isolation between them).
     pub multi_user: bool,
+    /// A workload whose profile rests only on kace's own observations (no admin measured it)
+    /// is a candidate after this many observed alone runs (`profile.min_alone_runs`, ≥ 1);
+    /// before, it is an unknown profile. The store's read path applies it, where the profile's
+    /// sources are known.
+    pub min_alone_runs: u32,
 }
 
 impl Default for Policy {
     fn default() -> Self {
-        Policy { rules: SelectionRules::default(), max_jobs_per_gpu: 2, multi_user: false }
+        Policy {
+            rules: SelectionRules::default(),
+            max_jobs_per_gpu: 2,
+            multi_user: false,
+            min_alone_runs: 1,
+        }
     }
 }
 

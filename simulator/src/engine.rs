@@ -25,14 +25,18 @@
 //!   its place in the queue and from then on only runs alone (its user resubmits it without
 //!   sharing). The failure costs no simulated time, which flatters queue order.
 //! - A pair never measured has no ground truth and no policy forms it.
+//! - Users: under MPS's per-user servers only one user's jobs share a GPU, so a candidate of
+//!   another user than the job on the GPU is passed over (the policy's same-user rule; off for
+//!   `mps.multi_user` and for queue order). Open GPUs are indexed by their job's workload and,
+//!   under the rule, its user.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeSet, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
 use crate::error::SimError;
 use crate::metrics::Timeline;
 use crate::policy::{Policy, PolicyKind};
-use crate::trace::Job;
+use crate::trace::{Job, UserId};
 use crate::world::{PairKind, WorkloadId, World};
 
 const NONE: u32 = u32::MAX;
@@ -138,8 +142,9 @@ struct Sim<'a> {
     /// `slots[2g]` is GPU g's first job, `slots[2g + 1]` its partner.
     slots: Vec<u32>,
     idle: Vec<u32>,
-    /// Open GPUs (one job, no acceptable candidate), by the workload of their job.
-    open: Vec<BTreeSet<u32>>,
+    /// Open GPUs (one job, no acceptable candidate), by the workload of their job, then by its
+    /// user under the same-user rule (else all under user 0).
+    open: Vec<BTreeMap<UserId, BTreeSet<u32>>>,
     open_total: usize,
     queue: VecDeque<u32>,
     heap: BinaryHeap<Event>,
@@ -216,7 +221,7 @@ pub fn simulate(
         slots: vec![NONE; 2 * gpus],
         // Popped from the back, so GPU 0 is used first.
         idle: (0..gpus as u32).rev().collect(),
-        open: vec![BTreeSet::new(); world.len()],
+        open: vec![BTreeMap::new(); world.len()],
         open_total: 0,
         queue: VecDeque::new(),
         heap: BinaryHeap::new(),
@@ -296,7 +301,10 @@ impl Sim<'_> {
             assert!(b == NONE || a != NONE, "GPU {g}: partner without a first job");
             busy += usize::from(a != NONE);
             shared += usize::from(b != NONE);
-            let listed = self.open.iter().position(|set| set.contains(&(g as u32)));
+            let listed = self
+                .open
+                .iter()
+                .position(|by_user| by_user.values().any(|set| set.contains(&(g as u32))));
             let alone = a != NONE && b == NONE;
             let shareable = alone
                 && self.policy.shares()
@@ -305,8 +313,15 @@ impl Sim<'_> {
             if shareable {
                 let wa = self.workload(a);
                 assert_eq!(listed, Some(usize::from(wa)), "GPU {g}: alone, shareable, not open");
+                assert!(
+                    self.open[usize::from(wa)]
+                        .get(&self.open_user(a))
+                        .is_some_and(|set| set.contains(&(g as u32))),
+                    "GPU {g}: open under another user"
+                );
                 for &c in self.queue.iter().take(self.window) {
                     let acceptable = !self.st[c as usize].alone_only
+                        && self.policy.users_may_share(self.user(a), self.user(c))
                         && self.policy.score(wa, self.workload(c)).is_some();
                     assert!(!acceptable, "GPU {g} is open but job {c} in the window fits");
                 }
@@ -321,6 +336,19 @@ impl Sim<'_> {
 
     fn workload(&self, j: u32) -> WorkloadId {
         self.jobs[j as usize].workload
+    }
+
+    fn user(&self, j: u32) -> UserId {
+        self.jobs[j as usize].user
+    }
+
+    /// The user an open GPU whose job is `j` is listed under.
+    fn open_user(&self, j: u32) -> UserId {
+        if self.policy.same_user() {
+            self.user(j)
+        } else {
+            0
+        }
     }
 
     fn advance(&mut self, t: f64) {
@@ -434,8 +462,8 @@ impl Sim<'_> {
         }
         self.slots[base] = NONE;
         self.busy -= 1;
-        let w = usize::from(self.workload(j));
-        if self.open[w].remove(&g) {
+        let (w, u) = (usize::from(self.workload(j)), self.open_user(j));
+        if self.open[w].get_mut(&u).is_some_and(|set| set.remove(&g)) {
             self.open_total -= 1;
         }
         if self.queue.is_empty() {
@@ -460,11 +488,12 @@ impl Sim<'_> {
         if !self.policy.shares() || self.st[first as usize].alone_only {
             return;
         }
-        let wf = self.workload(first);
+        let (wf, uf) = (self.workload(first), self.user(first));
         loop {
             let mut best: Option<(usize, f64)> = None;
             for (pos, &c) in self.queue.iter().take(self.window).enumerate() {
-                if self.st[c as usize].alone_only {
+                if self.st[c as usize].alone_only || !self.policy.users_may_share(uf, self.user(c))
+                {
                     continue;
                 }
                 if let Some(s) = self.policy.score(wf, self.jobs[c as usize].workload) {
@@ -475,7 +504,10 @@ impl Sim<'_> {
             }
             let Some((pos, _)) = best else {
                 // Kace at start only: a lead that found no partner stays alone.
-                if !self.policy.at_start_only() && self.open[usize::from(wf)].insert(g) {
+                let key = self.open_user(first);
+                if !self.policy.at_start_only()
+                    && self.open[usize::from(wf)].entry(key).or_default().insert(g)
+                {
                     self.open_total += 1;
                 }
                 return;
@@ -517,10 +549,10 @@ impl Sim<'_> {
         if self.st[j as usize].alone_only {
             return false;
         }
-        let wj = self.workload(j);
+        let (wj, uj) = (self.workload(j), self.open_user(j));
         let mut best: Option<(usize, f64)> = None;
-        for (a, set) in self.open.iter().enumerate() {
-            if set.is_empty() {
+        for (a, by_user) in self.open.iter().enumerate() {
+            if by_user.get(&uj).is_none_or(BTreeSet::is_empty) {
                 continue;
             }
             if let Some(s) = self.policy.score(a as WorkloadId, wj) {
@@ -534,7 +566,9 @@ impl Sim<'_> {
             self.oom(j);
             return false;
         }
-        let Some(g) = self.open[a].pop_first() else { return false };
+        let Some(g) = self.open[a].get_mut(&uj).and_then(BTreeSet::pop_first) else {
+            return false;
+        };
         self.open_total -= 1;
         self.queue.remove(pos);
         // No recursion into `window_moved`: its caller's loop offers the next entrant.
@@ -552,7 +586,7 @@ mod tests {
     use kace_selector::SelectionRules;
 
     fn job(world: &World, submit: f64, w: &str, steps: f64) -> Job {
-        Job { submit, workload: world.id(w).expect("known workload"), steps }
+        Job { submit, workload: world.id(w).expect("known workload"), steps, user: 0 }
     }
 
     fn rules() -> SelectionRules {
@@ -655,6 +689,24 @@ mod tests {
     }
 
     #[test]
+    fn only_one_users_jobs_share_unless_multi_user() {
+        let w = tiny_world();
+        let mine = |submit, wl, steps, user| Job { user, ..job(&w, submit, wl, steps) };
+        // a (user 0) leads; b of user 1 is held, then b of user 0 arrives at t = 1.
+        let jobs = [mine(0.0, "a", 100.0, 0), mine(0.0, "b", 20.0, 1), mine(1.0, "b", 20.0, 0)];
+        let rule = Policy::kace(&w, &Optimist, &rules());
+        let o = simulate(&w, &rule, &jobs, 1, 8).unwrap();
+        // User 1's b never joins a: user 0's later b does (an open GPU, under the rule's index).
+        assert_eq!(o.start[2], 1.0, "{o:?}");
+        assert!(o.start[1] >= o.finish[0] - 1e-9, "shared across users: {o:?}");
+        let multi = simulate(&w, &rule.multi_user(true), &jobs, 1, 8).unwrap();
+        assert_eq!(multi.start[1], 0.0, "{multi:?}");
+        // Queue order (Slurm's plain shards) pairs whoever is next.
+        let q = simulate(&w, &Policy::queue_order(&w), &jobs, 1, 8).unwrap();
+        assert_eq!(q.start[1], 0.0, "{q:?}");
+    }
+
+    #[test]
     fn the_window_bounds_the_candidates_and_open_gpus_get_later_entrants() {
         let w = tiny_world();
         let jobs = [job(&w, 0.0, "a", 100.0), job(&w, 1.0, "c", 4.0), job(&w, 2.0, "b", 20.0)];
@@ -680,9 +732,9 @@ mod tests {
         assert!(matches!(simulate(&w, &p, &jobs, 0, 8), Err(SimError::Config(_))));
         assert!(matches!(simulate(&w, &p, &jobs, 1, 0), Err(SimError::Config(_))));
         assert!(matches!(simulate(&w, &p, &[], 1, 8), Err(SimError::Config(_))));
-        let bad = [Job { submit: 0.0, workload: 9, steps: 1.0 }];
+        let bad = [Job { submit: 0.0, workload: 9, steps: 1.0, user: 0 }];
         assert!(matches!(simulate(&w, &p, &bad, 1, 8), Err(SimError::Config(_))));
-        let bad = [Job { submit: f64::NAN, workload: 0, steps: 1.0 }];
+        let bad = [Job { submit: f64::NAN, workload: 0, steps: 1.0, user: 0 }];
         assert!(matches!(simulate(&w, &p, &bad, 1, 8), Err(SimError::Config(_))));
     }
 
@@ -693,15 +745,22 @@ mod tests {
         for (seed, load, gpus, window) in
             [(1, 0.5, 3, 1), (2, 0.9, 4, 2), (3, 1.5, 5, 3), (4, 3.0, 2, 8), (5, 1.0, 7, 4)]
         {
-            let jobs = generate(&w, &TraceSpec::new(400, load, gpus, seed)).unwrap();
-            for p in [
-                Policy::exclusive(&w),
-                Policy::queue_order(&w),
-                Policy::memcap(&w, &rules()),
-                Policy::oracle(&w, &rules()),
+            let users = crate::trace::UserMix { users: 5, skew: 1.0, workloads_per_user: 2 };
+            for spec in [
+                TraceSpec::new(400, load, gpus, seed),
+                TraceSpec { users, ..TraceSpec::new(400, load, gpus, seed) },
             ] {
-                let o = simulate(&w, &p, &jobs, gpus, window).unwrap();
-                assert!(o.finish.iter().all(|f| f.is_finite()));
+                let jobs = generate(&w, &spec).unwrap();
+                for p in [
+                    Policy::exclusive(&w),
+                    Policy::queue_order(&w),
+                    Policy::memcap(&w, &rules()),
+                    Policy::oracle(&w, &rules()),
+                    Policy::oracle(&w, &rules()).multi_user(true),
+                ] {
+                    let o = simulate(&w, &p, &jobs, gpus, window).unwrap();
+                    assert!(o.finish.iter().all(|f| f.is_finite()));
+                }
             }
         }
     }

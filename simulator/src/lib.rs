@@ -30,5 +30,5 @@ pub use error::SimError;
 pub use metrics::{Metrics, Ratios};
 pub use model::{train_kace, TrainedKace};
 pub use policy::{Policy, PolicyKind};
-pub use trace::{generate, read_trace, Job, TraceSpec};
+pub use trace::{generate, read_trace, Job, TraceSpec, UserId, UserMix};
 pub use world::{PairKind, WorkloadId, World};

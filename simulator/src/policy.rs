@@ -6,6 +6,7 @@
 use kace_selector::decision::{decide, GpuState, Joiner, OnGpu, Policy as DecisionPolicy};
 use kace_selector::{Predictor, SelectionRules};
 
+use crate::trace::UserId;
 use crate::world::{PairKind, WorkloadId, World};
 
 /// Which policy a [`Policy`] implements.
@@ -68,6 +69,9 @@ pub struct Policy {
     /// Pairs the policy learnt from (kace's training pairs), to report how often it formed
     /// one it had seen; empty when not applicable.
     seen: Vec<bool>,
+    /// Whether only jobs of one user may share a GPU (MPS's per-user servers; off under
+    /// `mps.multi_user`).
+    same_user: bool,
 }
 
 impl Policy {
@@ -86,7 +90,10 @@ impl Policy {
                 score.push(s);
             }
         }
-        Policy { kind, n, score, seen: Vec::new() }
+        // The policies that run on kace's MPS set-up keep MPS's same-user rule; Slurm's plain
+        // shards (queue order) pair whoever comes next.
+        let same_user = !matches!(kind, PolicyKind::Exclusive | PolicyKind::QueueOrder);
+        Policy { kind, n, score, seen: Vec::new(), same_user }
     }
 
     /// No sharing.
@@ -111,7 +118,8 @@ impl Policy {
 
     /// kace: the production decision ([`decide`]) with `predictor` and `rules` (memory fit,
     /// gain threshold), one candidate at a time; the merit is the predicted objective. Users
-    /// are not in the table: callers filter by user (the same-user rule) at lookup.
+    /// are not in the table: the engine applies the same-user rule ([`Policy::users_may_share`])
+    /// at lookup, as the decision would for two named users.
     pub fn kace(world: &World, predictor: &dyn Predictor, rules: &SelectionRules) -> Policy {
         Policy::kace_as(PolicyKind::Kace, world, predictor, rules)
     }
@@ -136,6 +144,7 @@ impl Policy {
             max_jobs_per_gpu: 2,
             // Users are checked by the engine, so the table holds every user's pairs.
             multi_user: true,
+            ..DecisionPolicy::default()
         };
         Policy::table(kind, world, |a, b| {
             let cand =
@@ -171,6 +180,26 @@ impl Policy {
             }
         }
         self
+    }
+
+    /// The policy with `mps.multi_user` set as given: on, jobs of different users may share a
+    /// GPU (one MPS server for all users, no isolation between them); off (the default), only
+    /// one user's jobs share.
+    pub fn multi_user(mut self, on: bool) -> Policy {
+        self.same_user =
+            !on && !matches!(self.kind, PolicyKind::Exclusive | PolicyKind::QueueOrder);
+        self
+    }
+
+    /// Whether a job of `candidate` may join a GPU running a job of `first`.
+    #[inline]
+    pub fn users_may_share(&self, first: UserId, candidate: UserId) -> bool {
+        !self.same_user || first == candidate
+    }
+
+    /// Whether the same-user rule applies.
+    pub fn same_user(&self) -> bool {
+        self.same_user
     }
 
     /// Which policy this is.
@@ -255,5 +284,17 @@ mod tests {
         let w = tiny_world();
         let k = Policy::queue_order(&w).with_seen_pairs(&w, &[["a".into(), "b".into()]]);
         assert!(k.seen(0, 1) && k.seen(1, 0) && !k.seen(1, 1));
+    }
+
+    #[test]
+    fn the_same_user_rule_is_kaces_unless_multi_user() {
+        let w = tiny_world();
+        let k = Policy::kace(&w, &SumOfExclusive, &rules());
+        assert!(k.same_user() && k.users_may_share(3, 3) && !k.users_may_share(3, 4));
+        let m = k.multi_user(true);
+        assert!(!m.same_user() && m.users_may_share(3, 4));
+        assert!(Policy::oracle(&w, &rules()).same_user());
+        // Slurm's plain shards pair whoever comes next, whatever the setting.
+        assert!(!Policy::queue_order(&w).multi_user(false).same_user());
     }
 }

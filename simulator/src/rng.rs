@@ -1,6 +1,7 @@
-//! A tiny deterministic random number generator (SplitMix64) and the two distributions the
-//! trace generator needs. Written here rather than pulling in `rand`: traces must be
-//! reproducible from a seed across versions, and three functions are all we use.
+//! A tiny deterministic random number generator (SplitMix64) and the distributions the trace
+//! generator needs (exponential gaps, bounded-Pareto lengths, Zipf users). Written here rather
+//! than pulling in `rand`: traces must be reproducible from a seed across versions, and a few
+//! functions are all we use.
 
 /// SplitMix64 (Steele, Lea, Flood 2014): 64-bit state, passes BigCrush, trivially seedable.
 #[derive(Debug, Clone)]
@@ -74,6 +75,46 @@ impl BoundedPareto {
     }
 }
 
+/// Zipf's law over ranks 0..n: rank k is drawn with weight 1 / (k + 1)^s. Who submits jobs on
+/// a shared cluster is skewed this way: a few heavy users, many light ones.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Zipf {
+    /// Cumulative probabilities, the last one 1.
+    cumulative: Vec<f64>,
+}
+
+impl Zipf {
+    /// The law over `n` ranks (n > 0) with exponent `s` (≥ 0; 0 is uniform).
+    pub fn new(n: usize, s: f64) -> Self {
+        let weights: Vec<f64> = (0..n.max(1)).map(|k| (k as f64 + 1.0).powf(-s)).collect();
+        let total: f64 = weights.iter().sum();
+        let mut acc = 0.0;
+        let mut cumulative: Vec<f64> = weights
+            .iter()
+            .map(|w| {
+                acc += w / total;
+                acc
+            })
+            .collect();
+        if let Some(last) = cumulative.last_mut() {
+            *last = 1.0;
+        }
+        Zipf { cumulative }
+    }
+
+    /// The probability of rank `k`.
+    pub fn probability(&self, k: usize) -> f64 {
+        let below = if k == 0 { 0.0 } else { self.cumulative[k - 1] };
+        self.cumulative.get(k).map_or(0.0, |c| c - below)
+    }
+
+    /// One draw.
+    pub fn sample(&self, rng: &mut SplitMix64) -> usize {
+        let u = rng.next_f64();
+        self.cumulative.partition_point(|&c| c <= u).min(self.cumulative.len() - 1)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +151,25 @@ mod tests {
         let m = draws.iter().sum::<f64>() / n as f64;
         assert!((m - 30.0).abs() < 0.6, "{m}");
         assert!(draws.iter().all(|&d| d >= p.low && d <= p.low * p.ratio * (1.0 + 1e-12)));
+    }
+
+    #[test]
+    fn zipf_draws_follow_their_weights() {
+        let z = Zipf::new(30, 1.0);
+        let h30: f64 = (1..=30).map(|k| 1.0 / k as f64).sum();
+        assert!((z.probability(0) - 1.0 / h30).abs() < 1e-12);
+        assert!((0..30).map(|k| z.probability(k)).sum::<f64>() - 1.0 < 1e-12);
+        let mut r = SplitMix64::new(9);
+        let n = 100_000;
+        let mut seen = [0usize; 30];
+        for _ in 0..n {
+            seen[z.sample(&mut r)] += 1;
+        }
+        for k in [0, 1, 9, 29] {
+            let f = seen[k] as f64 / n as f64;
+            assert!((f - z.probability(k)).abs() < 0.01, "rank {k}: {f}");
+        }
+        let u = Zipf::new(4, 0.0);
+        assert!((u.probability(3) - 0.25).abs() < 1e-12);
     }
 }

@@ -1,13 +1,17 @@
 //! Job traces: what a job is, a seeded generator (Poisson arrivals, heavy-tailed lengths,
-//! workloads drawn from the world), and the CSV trace format, parsed from any `Read`.
+//! users skewed as on a shared cluster, each drawing from its own few workloads), and the CSV
+//! trace format, parsed from any `Read`.
 
 use std::io::Read;
 
 use kace_selector::DataError;
 
 use crate::error::SimError;
-use crate::rng::{BoundedPareto, SplitMix64};
+use crate::rng::{BoundedPareto, SplitMix64, Zipf};
 use crate::world::{WorkloadId, World};
+
+/// A user's index in a trace (0 for traces without users).
+pub type UserId = u16;
 
 /// One job of a trace.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -18,6 +22,34 @@ pub struct Job {
     pub workload: WorkloadId,
     /// Its length in steps (training or inference batches); it ends when they are done.
     pub steps: f64,
+    /// Who submitted it: MPS shares a GPU spatially only among one user's jobs, unless the
+    /// site runs it multi-user.
+    pub user: UserId,
+}
+
+/// Who submits a generated trace's jobs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UserMix {
+    /// Number of users (1: every job is one user's).
+    pub users: usize,
+    /// Zipf exponent of how many jobs each submits (0: all alike; 1: the busiest user submits
+    /// a quarter of 30 users' jobs, the three busiest almost half).
+    pub skew: f64,
+    /// How many distinct workloads each user runs (drawn at random per user); 0: any of the
+    /// trace's workloads.
+    pub workloads_per_user: usize,
+}
+
+impl UserMix {
+    /// One user running every workload: no job is kept from sharing by the same-user rule.
+    pub fn single() -> Self {
+        UserMix { users: 1, skew: 0.0, workloads_per_user: 0 }
+    }
+
+    /// The mix `kace simulate` uses by default: 30 users, Zipf 1.0, 4 workloads each.
+    pub fn shared_cluster() -> Self {
+        UserMix { users: 30, skew: 1.0, workloads_per_user: 4 }
+    }
 }
 
 /// How to generate a trace.
@@ -39,13 +71,15 @@ pub struct TraceSpec {
     pub length_ratio: f64,
     /// The workloads to draw from (uniformly); empty means every workload of the world.
     pub workloads: Vec<WorkloadId>,
+    /// Who submits the jobs.
+    pub users: UserMix,
     /// RNG seed.
     pub seed: u64,
 }
 
 impl TraceSpec {
     /// A spec with the defaults `kace simulate` uses: 30 min mean, α = 1.5, lengths spanning
-    /// a factor of 100, every workload.
+    /// a factor of 100, every workload, one user (`kace simulate` sets its user mix).
     pub fn new(jobs: usize, load: f64, gpus: usize, seed: u64) -> Self {
         TraceSpec {
             jobs,
@@ -55,6 +89,7 @@ impl TraceSpec {
             tail_alpha: 1.5,
             length_ratio: 100.0,
             workloads: Vec::new(),
+            users: UserMix::single(),
             seed,
         }
     }
@@ -97,25 +132,59 @@ pub fn generate(world: &World, spec: &TraceSpec) -> Result<Vec<Job>, SimError> {
         }
         spec.workloads.clone()
     };
+    let mix = &spec.users;
+    if mix.users == 0 || mix.users > usize::from(UserId::MAX) {
+        return Err(SimError::Config(format!(
+            "users must be 1 to {}, not {}",
+            UserId::MAX,
+            mix.users
+        )));
+    }
+    if !(mix.skew.is_finite() && mix.skew >= 0.0) {
+        return Err(SimError::Config(format!("user skew must be ≥ 0, not {}", mix.skew)));
+    }
     let lengths =
         BoundedPareto::with_mean(spec.tail_alpha, spec.length_ratio, spec.mean_exclusive_s);
     let rate = spec.load * spec.gpus as f64 / spec.mean_exclusive_s;
     let mut rng = SplitMix64::new(spec.seed);
+    // Users come from a stream of their own, so a one-user trace is the trace it always was.
+    let mut user_rng = SplitMix64::new(spec.seed ^ 0x5553_4552_5355_5345);
+    let who = Zipf::new(mix.users, mix.skew);
+    let pools: Vec<Vec<WorkloadId>> = (0..mix.users)
+        .map(|_| {
+            let k = mix.workloads_per_user;
+            if k == 0 || k >= pool.len() {
+                return pool.clone();
+            }
+            // The first k of a partial Fisher–Yates shuffle.
+            let mut p = pool.clone();
+            for i in 0..k {
+                let j = i + user_rng.below(p.len() - i);
+                p.swap(i, j);
+            }
+            p.truncate(k);
+            p
+        })
+        .collect();
     let mut t = 0.0;
     let mut jobs = Vec::with_capacity(spec.jobs);
     for _ in 0..spec.jobs {
         t += rng.exponential(rate);
-        let workload = pool[rng.below(pool.len())];
+        let user = if mix.users == 1 { 0 } else { who.sample(&mut user_rng) };
+        let mine = &pools[user];
+        let workload = mine[rng.below(mine.len())];
         let seconds = lengths.sample(&mut rng);
         let steps = (seconds * world.exclusive(workload)).round().max(1.0);
-        jobs.push(Job { submit: t, workload, steps });
+        jobs.push(Job { submit: t, workload, steps, user: user as UserId });
     }
     Ok(jobs)
 }
 
-/// Reads a CSV trace with the columns `submit_s`, `workload`, `steps` (found by name; others
-/// ignored). Times are seconds ≥ 0, steps > 0, workloads must be in `world`. Jobs are returned
-/// sorted by submission time (stable, so equal times keep file order).
+/// Reads a CSV trace with the columns `submit_s`, `workload`, `steps` and, optionally, `user`
+/// (found by name; others ignored). Times are seconds ≥ 0, steps > 0, workloads must be in
+/// `world`; users are any names, numbered in order of first appearance (without the column,
+/// every job is one user's). Jobs are returned sorted by submission time (stable, so equal
+/// times keep file order).
 pub fn read_trace<R: Read>(source: &str, reader: R, world: &World) -> Result<Vec<Job>, SimError> {
     let err = |line: Option<u64>, column: Option<&str>, message: String| {
         SimError::Trace(DataError {
@@ -139,6 +208,8 @@ pub fn read_trace<R: Read>(source: &str, reader: R, world: &World) -> Result<Vec
             .ok_or_else(|| err(Some(1), Some(name), "missing column".into()))
     };
     let (cs, cw, cn) = (col("submit_s")?, col("workload")?, col("steps")?);
+    let cu = header.iter().position(|h| h == "user");
+    let mut users: std::collections::HashMap<String, UserId> = std::collections::HashMap::new();
     let mut jobs = Vec::new();
     for rec in rdr.records() {
         let rec = rec.map_err(|e| {
@@ -171,7 +242,31 @@ pub fn read_trace<R: Read>(source: &str, reader: R, world: &World) -> Result<Vec
                 format!("unknown workload '{}'", name.chars().take(80).collect::<String>()),
             )
         })?;
-        jobs.push(Job { submit, workload, steps });
+        let user = match cu {
+            None => 0,
+            Some(c) => {
+                let name = cell(c);
+                if name.is_empty() {
+                    return Err(err(line, Some("user"), "empty user".into()));
+                }
+                let next = users.len();
+                match users.get(name) {
+                    Some(&u) => u,
+                    None if next < usize::from(UserId::MAX) => {
+                        users.insert(name.to_string(), next as UserId);
+                        next as UserId
+                    }
+                    None => {
+                        return Err(err(
+                            line,
+                            Some("user"),
+                            format!("more than {} users", UserId::MAX),
+                        ))
+                    }
+                }
+            }
+        };
+        jobs.push(Job { submit, workload, steps, user });
     }
     if jobs.is_empty() {
         return Err(err(None, None, "the trace has no jobs".into()));
@@ -182,9 +277,9 @@ pub fn read_trace<R: Read>(source: &str, reader: R, world: &World) -> Result<Vec
 
 /// Writes a trace in the format [`read_trace`] reads.
 pub fn write_trace(world: &World, jobs: &[Job]) -> String {
-    let mut s = String::from("submit_s,workload,steps\n");
+    let mut s = String::from("submit_s,workload,steps,user\n");
     for j in jobs {
-        s.push_str(&format!("{},{},{}\n", j.submit, world.name(j.workload), j.steps));
+        s.push_str(&format!("{},{},{},u{}\n", j.submit, world.name(j.workload), j.steps, j.user));
     }
     s
 }
@@ -228,10 +323,50 @@ mod tests {
         let w = tiny_world();
         let text = "steps,workload,submit_s\n100,b,5\n20,a,0\n";
         let jobs = read_trace("t.csv", text.as_bytes(), &w).unwrap();
-        assert_eq!(jobs[0], Job { submit: 0.0, workload: w.id("a").unwrap(), steps: 20.0 });
+        assert_eq!(
+            jobs[0],
+            Job { submit: 0.0, workload: w.id("a").unwrap(), steps: 20.0, user: 0 }
+        );
         assert_eq!(jobs[1].submit, 5.0);
         let again = read_trace("t2.csv", write_trace(&w, &jobs).as_bytes(), &w).unwrap();
         assert_eq!(again, jobs);
+        // Users by name, numbered in order of appearance.
+        let text = "submit_s,workload,steps,user\n0,a,1,bob\n1,b,1,ann\n2,a,1,bob\n";
+        let jobs = read_trace("u.csv", text.as_bytes(), &w).unwrap();
+        assert_eq!(jobs.iter().map(|j| j.user).collect::<Vec<_>>(), [0, 1, 0]);
+        let again = read_trace("u2.csv", write_trace(&w, &jobs).as_bytes(), &w).unwrap();
+        assert_eq!(again, jobs);
+        let bad = read_trace("e.csv", "submit_s,workload,steps,user\n0,a,1,\n".as_bytes(), &w);
+        assert!(matches!(bad, Err(SimError::Trace(e)) if e.column.as_deref() == Some("user")));
+    }
+
+    #[test]
+    fn users_are_skewed_and_keep_to_their_workloads() {
+        let w = tiny_world();
+        let one = TraceSpec::new(2_000, 1.0, 4, 5);
+        let mixed = TraceSpec {
+            users: UserMix { users: 10, skew: 1.0, workloads_per_user: 1 },
+            ..one.clone()
+        };
+        let a = generate(&w, &one).unwrap();
+        assert!(a.iter().all(|j| j.user == 0));
+        let b = generate(&w, &mixed).unwrap();
+        // The busiest user submits about 1 / H(10) = 34 % of the jobs, the lightest 3 %.
+        let share = |u: UserId| b.iter().filter(|j| j.user == u).count() as f64 / b.len() as f64;
+        assert!((share(0) - 0.341).abs() < 0.04, "{}", share(0));
+        assert!(share(9) < 0.07, "{}", share(9));
+        // One workload each.
+        for u in 0..10 {
+            let mut ws: Vec<_> = b.iter().filter(|j| j.user == u).map(|j| j.workload).collect();
+            ws.dedup();
+            ws.sort_unstable();
+            ws.dedup();
+            assert!(ws.len() <= 1, "user {u}: {ws:?}");
+        }
+        // Arrivals do not depend on users.
+        assert!(a.iter().zip(&b).all(|(x, y)| x.submit == y.submit));
+        let bad = TraceSpec { users: UserMix { users: 0, ..UserMix::single() }, ..one };
+        assert!(matches!(generate(&w, &bad), Err(SimError::Config(_))));
     }
 
     #[test]

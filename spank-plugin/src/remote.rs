@@ -1,5 +1,6 @@
 //! slurmstepd (remote context): the environment a kace job's tasks get — the MPS directories of
-//! the job's GPU and the job's progress file, laid out by [`crate::layout`].
+//! the job's GPU, the job's progress file, laid out by [`crate::layout`], and the memory guard's
+//! `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` that the prolog computed for the job.
 
 use std::ffi::{c_int, CStr, CString};
 use std::os::unix::ffi::OsStrExt;
@@ -48,6 +49,7 @@ pub fn set_task_env(sp: Handle, args: &[&[u8]]) -> c_int {
             let dirs = layout::mps_dirs(&config.mps_root, gpu);
             set(sp, c"CUDA_MPS_PIPE_DIRECTORY", &dirs.pipe);
             set(sp, c"CUDA_MPS_LOG_DIRECTORY", &dirs.log);
+            set_memory_limit(sp, &config.progress_root, job_id);
         }
         None => log(
             Level::Verbose,
@@ -55,6 +57,30 @@ pub fn set_task_env(sp: Handle, args: &[&[u8]]) -> c_int {
         ),
     }
     0
+}
+
+/// Sets the job's `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` from the prolog's limit file, replacing
+/// any value the job brought (the limit protects the job's GPU partners). No file: no limit.
+fn set_memory_limit(sp: Handle, progress_root: &Path, job_id: u32) {
+    match crate::layout::memory_limit::read(progress_root, job_id, 0) {
+        Ok(Some(limit)) => {
+            // Digits only: no NUL can be inside.
+            let value = CString::new(limit.env_value()).unwrap_or_default();
+            if let Err(e) = sp.setenv(c"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", &value) {
+                log(
+                    Level::Error,
+                    &format!("kace: user_init: couldn't set CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: {e}"),
+                );
+            }
+        }
+        Ok(None) => log(
+            Level::Verbose,
+            &format!("kace: user_init: job {job_id} has no memory limit (no memcap known)"),
+        ),
+        Err(e) => {
+            log(Level::Error, &format!("kace: user_init: couldn't read the memory limit: {e}"))
+        }
+    }
 }
 
 /// Puts the PyTorch progress hook first on the job's `PYTHONPATH`; its `sitecustomize` runs any

@@ -9,10 +9,11 @@ use rusqlite::{params, params_from_iter, Connection, OpenFlags, OptionalExtensio
 
 use crate::error::{sql, Error, Result};
 use crate::schema::{CURRENT_VERSION, MIGRATIONS};
+use crate::types::is_observed_source;
 use crate::types::{
     feature_value_problem, implausibility, DecisionRecord, ModelRecord, NewDecision, NewModel,
-    NewProfile, Observation, ObservationFilter, ObservedGroup, ObservedMember, Partner, Profile,
-    FEATURE_COLUMNS, FEATURE_COUNT,
+    NewProfile, Observation, ObservationFilter, ObservedGroup, ObservedMember, ObservedProfile,
+    Partner, Profile, FEATURE_COLUMNS, FEATURE_COUNT, MEMCAP, OBSERVED_SOURCE,
 };
 
 /// How long a connection waits for another process's lock before giving up. The nightly
@@ -510,40 +511,152 @@ impl Db {
         let cols = FEATURE_COLUMNS.iter().map(|c| format!("p.{c}")).collect::<Vec<_>>().join(", ");
         let gpu_filter = if gpu_model.is_some() { " AND p.gpu_model = ?" } else { "" };
         let text = format!(
-            "SELECT w.name, p.gpu_model, p.created_at, {cols} FROM profiles p \
+            "SELECT w.name, p.gpu_model, p.created_at, p.source, p.samples, {cols} FROM profiles p \
              JOIN workloads w ON w.id = p.workload_id WHERE {filter}{gpu_filter} \
              ORDER BY w.name, p.created_at DESC, p.id DESC"
         );
         let mut stmt = self.conn.prepare_cached(&text).map_err(sql("load profiles", p))?;
         let binds = names.iter().copied().chain(gpu_model);
         let mut rows = stmt.query(params_from_iter(binds)).map_err(sql("load profiles", p))?;
+        // The newest observed memcap per workload, which may raise an admin's (see Profile).
+        let mut observed_memcap: HashMap<String, (f64, String)> = HashMap::new();
         while let Some(row) = rows.next().map_err(sql("load profiles", p))? {
             let name: String = row.get(0).map_err(sql("load profiles", p))?;
+            let source: String = row.get(3).map_err(sql("load profiles", p))?;
+            let samples: Option<i64> = row.get(4).map_err(sql("load profiles", p))?;
             let mut values = [None; FEATURE_COUNT];
             for (i, v) in values.iter_mut().enumerate() {
-                *v = row.get(i + 3).map_err(sql("load profiles", p))?;
+                *v = row.get(i + 5).map_err(sql("load profiles", p))?;
             }
-            match out.get_mut(&name) {
-                // Rows come newest first: fill only what newer rows left unknown.
-                Some(prof) => {
-                    for (have, older) in prof.values.iter_mut().zip(values) {
-                        if have.is_none() {
-                            *have = older;
-                        }
-                    }
-                }
+            let observed = is_observed_source(&source);
+            let prof = match out.get_mut(&name) {
+                Some(prof) => prof,
                 None => {
                     let prof = Profile {
                         workload: name.clone(),
                         gpu_model: row.get(1).map_err(sql("load profiles", p))?,
                         updated_at: row.get(2).map_err(sql("load profiles", p))?,
-                        values,
+                        values: [None; FEATURE_COUNT],
+                        sources: Default::default(),
+                        observed_runs: 0,
+                        observed_samples: 0,
                     };
-                    out.insert(name, prof);
+                    out.entry(name.clone()).or_insert(prof)
+                }
+            };
+            if source == OBSERVED_SOURCE {
+                if prof.observed_runs == 0 {
+                    prof.observed_samples = samples.unwrap_or(0).max(0) as u64;
+                }
+                prof.observed_runs += 1;
+            }
+            if observed {
+                if let Some(m) = values[MEMCAP] {
+                    observed_memcap.entry(name.clone()).or_insert((m, source.clone()));
+                }
+            }
+            // Rows come newest first: a value is taken where none is known yet, and an admin's
+            // value replaces one kace observed.
+            for (i, v) in values.into_iter().enumerate() {
+                let Some(v) = v else { continue };
+                let have_observed = prof.sources[i].as_deref().is_some_and(is_observed_source);
+                if prof.values[i].is_none() || (have_observed && !observed) {
+                    prof.values[i] = Some(v);
+                    prof.sources[i] = Some(source.clone());
+                }
+            }
+        }
+        for (name, (memcap, source)) in observed_memcap {
+            if let Some(prof) = out.get_mut(&name) {
+                if prof.values[MEMCAP].is_none_or(|m| memcap > m) {
+                    prof.values[MEMCAP] = Some(memcap);
+                    prof.sources[MEMCAP] = Some(source);
                 }
             }
         }
         Ok(())
+    }
+
+    /// Stores a profile measurement the epilog spooled, unless its key is stored already (the
+    /// same record ingested again, or by another ingest at once: the key is UNIQUE). Returns
+    /// whether it was inserted.
+    pub fn insert_observed_profile(&mut self, o: &ObservedProfile) -> Result<bool> {
+        o.validate()?;
+        let path = self.path.clone();
+        let tx = self.conn.transaction().map_err(sql("begin profile measurement", &path))?;
+        let wid = Db::workload_id(&tx, &path, &o.profile.workload)?;
+        let cols = FEATURE_COLUMNS.join(", ");
+        let v = o.profile.values;
+        let n = tx
+            .execute(
+                &format!(
+                    "INSERT INTO profiles (workload_id, gpu_model, source, created_at, key, job, \
+                     samples, oom_limit_mib, alone_seconds, {cols}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, \
+                     ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19) \
+                     ON CONFLICT(key) DO NOTHING"
+                ),
+                params![
+                    wid,
+                    o.profile.gpu_model,
+                    o.profile.source,
+                    o.created_at,
+                    o.key,
+                    o.job,
+                    i64::try_from(o.samples).unwrap_or(i64::MAX),
+                    o.oom_limit_mib.map(|m| i64::try_from(m).unwrap_or(i64::MAX)),
+                    o.alone_seconds,
+                    v[0],
+                    v[1],
+                    v[2],
+                    v[3],
+                    v[4],
+                    v[5],
+                    v[6],
+                    v[7],
+                    v[8],
+                    v[9]
+                ],
+            )
+            .map_err(sql("store profile measurement", &path))?;
+        tx.commit().map_err(sql("commit profile measurement", &path))?;
+        Ok(n == 1)
+    }
+
+    /// The profile measurements kace made from `job`'s runs, oldest first (for `kace explain`).
+    pub fn observed_profiles_of_job(&self, job: &str) -> Result<Vec<ObservedProfile>> {
+        let p = &self.path;
+        let cols = FEATURE_COLUMNS.iter().map(|c| format!("p.{c}")).collect::<Vec<_>>().join(", ");
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT p.key, w.name, p.gpu_model, p.source, p.created_at, p.samples, \
+                 p.oom_limit_mib, p.alone_seconds, {cols} FROM profiles p JOIN workloads w ON w.id = p.workload_id \
+                 WHERE p.job = ?1 AND p.key IS NOT NULL ORDER BY p.created_at, p.id"
+            ))
+            .map_err(sql("load profile measurements", p))?;
+        let rows = stmt
+            .query_map([job], |r| {
+                let mut values = [None; FEATURE_COUNT];
+                for (i, v) in values.iter_mut().enumerate() {
+                    *v = r.get(i + 8)?;
+                }
+                Ok(ObservedProfile {
+                    key: r.get(0)?,
+                    job: job.to_string(),
+                    created_at: r.get(4)?,
+                    profile: NewProfile {
+                        workload: r.get(1)?,
+                        gpu_model: r.get(2)?,
+                        source: r.get(3)?,
+                        values,
+                    },
+                    samples: r.get::<_, Option<i64>>(5)?.unwrap_or(0).max(0) as u64,
+                    alone_seconds: r.get::<_, Option<f64>>(7)?.unwrap_or(0.0),
+                    oom_limit_mib: r.get::<_, Option<i64>>(6)?.map(|m| m.max(0) as u64),
+                })
+            })
+            .and_then(|r| r.collect());
+        rows.map_err(sql("load profile measurements", p))
     }
 
     // ---- observations ----------------------------------------------------------------------

@@ -190,6 +190,11 @@ pub struct Decision {
     pub ranked: Vec<usize>,
     /// Per candidate, the features its profile lacks (empty when complete or absent).
     pub incomplete: Vec<Vec<&'static str>>,
+    /// Per candidate whose profile rests only on kace's observations of too few alone runs
+    /// (`profile.min_alone_runs`): how many it has. `None` for the others.
+    pub too_few_alone_runs: Vec<Option<u32>>,
+    /// The policy's `min_alone_runs`, for the reason text.
+    pub min_alone_runs: u32,
     /// Time spent reading the model and the profiles.
     pub db_time: std::time::Duration,
     /// Time spent filtering and predicting.
@@ -202,7 +207,13 @@ impl Decision {
     pub fn reason(&self, i: usize) -> Option<String> {
         let r = self.selection.verdicts.get(i)?.rejection.as_ref()?;
         let missing = self.incomplete.get(i).map(Vec::as_slice).unwrap_or_default();
+        let runs = self.too_few_alone_runs.get(i).copied().flatten();
         Some(match r {
+            Rejection::UnknownProfile if runs.is_some() => format!(
+                "unknown profile (observed alone in {} of the {} runs needed)",
+                runs.unwrap_or(0),
+                self.min_alone_runs
+            ),
             Rejection::UnknownProfile if !missing.is_empty() => {
                 format!("incomplete profile (missing {})", missing.join(", "))
             }
@@ -219,7 +230,8 @@ pub fn active_model(db: &Db) -> Result<(i64, Model)> {
 
 /// The read path of every decision: the active model, the profiles of the jobs on the GPU and
 /// of the candidates (one query), then [`kace_selector::decision::decide`]. The jobs on the GPU
-/// must have complete profiles; candidates without one are rejected as unknown.
+/// must have complete profiles; candidates without one are rejected as unknown, and so are
+/// candidates whose profile only kace observed, in fewer than `policy.min_alone_runs` alone runs.
 pub fn decide(
     db: &Db,
     running: &[JobSpec],
@@ -264,10 +276,18 @@ pub fn decide(
             })
         })
         .collect();
+    let too_few_alone_runs: Vec<Option<u32>> = candidates
+        .iter()
+        .map(|c| {
+            let p = stored.get(&c.workload)?;
+            (!p.usable(policy.min_alone_runs)).then_some(p.observed_runs)
+        })
+        .collect();
     let joiners: Vec<Joiner<'_>> = candidates
         .iter()
-        .map(|c| Joiner {
-            profile: converted.get(c.workload.as_str()),
+        .zip(&too_few_alone_runs)
+        .map(|(c, few)| Joiner {
+            profile: converted.get(c.workload.as_str()).filter(|_| few.is_none()),
             workload: &c.workload,
             user: c.user.as_deref(),
         })
@@ -285,6 +305,8 @@ pub fn decide(
         selection: d.selection,
         ranked: d.ranked,
         incomplete,
+        too_few_alone_runs,
+        min_alone_runs: policy.min_alone_runs,
         db_time,
         predict_time,
     })

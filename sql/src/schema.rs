@@ -93,4 +93,16 @@ ALTER TABLE decisions ADD COLUMN key TEXT;
 CREATE UNIQUE INDEX decisions_by_key ON decisions(key);
 ALTER TABLE observations ADD COLUMN quarantined TEXT;
 "#,
+    // 3: profile measurements kace makes itself from jobs' alone runs (source `observed`) or
+    // after an out-of-memory exit (source `observed-oom`): stored once per spool key, with the
+    // job they come from, the sampler readings they rest on and the memory limit the job hit.
+    r#"
+ALTER TABLE profiles ADD COLUMN key TEXT;
+CREATE UNIQUE INDEX profiles_by_key ON profiles(key);
+ALTER TABLE profiles ADD COLUMN job TEXT;
+ALTER TABLE profiles ADD COLUMN samples INTEGER;
+ALTER TABLE profiles ADD COLUMN oom_limit_mib INTEGER;
+ALTER TABLE profiles ADD COLUMN alone_seconds REAL;
+CREATE INDEX profiles_by_job ON profiles(job);
+"#,
 ];

@@ -11,7 +11,10 @@
 //! prolog opens the database read-only): [`write_decision`] and [`ingest_decisions`]. A
 //! decision is stored once per key, so re-ingesting changes nothing either.
 //!
-//! This module owns the spool's whole life cycle, for both record kinds: keys
+//! Profile measurements the epilog makes from a job's alone intervals (and out-of-memory
+//! records of the memory guard) travel in `profiles/`: [`write_profile`], [`ingest_profiles`].
+//!
+//! This module owns the spool's whole life cycle, for every record kind: keys
 //! ([`observation_key`], [`decision_key`]), writing, listing and reading, ingest, quarantine
 //! (and taking back a quarantined file that was only half copied), and [`prune`].
 
@@ -22,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use crate::db::Db;
 use crate::error::{Error, Result};
-use crate::types::{implausibility, NewDecision, Observation};
+use crate::types::{implausibility, NewDecision, Observation, ObservedProfile};
 
 /// Suffix of a complete spool record.
 pub const RECORD_SUFFIX: &str = ".json";
@@ -45,7 +48,83 @@ pub fn observation_key(cluster: &str, job: &str, run_start: f64, segment: usize)
 /// The key of a lead's decision: `<cluster>/<job>/<run>/<node>/decision` (see
 /// [`observation_key`]; the node tells apart the prologs of a multi-node job).
 pub fn decision_key(cluster: &str, job: &str, node: &str, run_start: f64) -> String {
-    format!("{cluster}/{job}/{}/{node}/decision", run_millis(run_start))
+    release_key(ReleaseKind::Lead, cluster, job, node, run_start)
+}
+
+/// The key of a decision record of `kind`: `<cluster>/<job>/<time>/<node>/<suffix>`. For the
+/// hooks' kinds `<job>` is the job whose prolog or epilog decided and `<time>` its run's
+/// start; for dispatch's, the released job and the release time.
+pub fn release_key(kind: ReleaseKind, cluster: &str, job: &str, node: &str, at: f64) -> String {
+    format!("{cluster}/{job}/{}/{node}/{}", run_millis(at), kind.suffix())
+}
+
+/// Who made a decision record, which says how the job it names left kace's hold. The kind is
+/// the last part of the record's key, so the records of every kind share one table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ReleaseKind {
+    /// A starting job's prolog chose a partner for its GPU (`…/decision`).
+    Lead,
+    /// An ending job's epilog chose a new partner for the jobs it left (`…/refill`).
+    Refill,
+    /// Dispatch offered a held job to an open GPU and the decision chose it (`…/join`).
+    LateArrival,
+    /// Dispatch released a job held longer than `max_hold` where it fits (`…/max_hold`): onto
+    /// a free GPU (the record's lead is the job itself) or an open one (the record's chosen job).
+    MaxHold,
+    /// Dispatch released the oldest held job as a lead onto a free GPU (`…/lead_release`; its
+    /// prolog's own decision follows under `…/decision`).
+    LeadRelease,
+}
+
+impl ReleaseKind {
+    /// Every kind, in a fixed order (for counting).
+    pub const ALL: [ReleaseKind; 5] = [
+        ReleaseKind::Lead,
+        ReleaseKind::Refill,
+        ReleaseKind::LateArrival,
+        ReleaseKind::MaxHold,
+        ReleaseKind::LeadRelease,
+    ];
+
+    /// The last part of its records' keys.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            ReleaseKind::Lead => "decision",
+            ReleaseKind::Refill => "refill",
+            ReleaseKind::LateArrival => "join",
+            ReleaseKind::MaxHold => "max_hold",
+            ReleaseKind::LeadRelease => "lead_release",
+        }
+    }
+
+    /// Its name in metrics labels and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReleaseKind::Lead => "lead",
+            ReleaseKind::Refill => "refill",
+            ReleaseKind::LateArrival => "late_arrival",
+            ReleaseKind::MaxHold => "max_hold",
+            ReleaseKind::LeadRelease => "lead_release",
+        }
+    }
+
+    /// The kind of a record from its key; keys of other shapes (and rows from before keys were
+    /// stored) are a prolog's decision, the only kind there was then.
+    pub fn of_key(key: Option<&str>) -> ReleaseKind {
+        let last = key.and_then(|k| k.rsplit('/').next()).unwrap_or("");
+        ReleaseKind::ALL.into_iter().find(|k| k.suffix() == last).unwrap_or(ReleaseKind::Lead)
+    }
+
+    /// Whether a prolog or an epilog made it (dispatch's own releases are also in its log).
+    pub fn by_hook(self) -> bool {
+        matches!(self, ReleaseKind::Lead | ReleaseKind::Refill)
+    }
+
+    /// Whether the one decision function ranked candidates for it (dispatch's releases onto
+    /// free GPUs rank nothing: they record the release and the hold).
+    pub fn decides(self) -> bool {
+        matches!(self, ReleaseKind::Lead | ReleaseKind::Refill | ReleaseKind::LateArrival)
+    }
 }
 
 fn run_millis(t: f64) -> i64 {
@@ -179,11 +258,11 @@ pub fn unpark(park: &Path, spool: &Path) -> Result<usize> {
 /// Sub-directory of the spool that holds decision records.
 pub const DECISIONS_DIR: &str = "decisions";
 
-/// A partner decision as the prolog spools it.
+/// A decision record as the prolog, the epilog or dispatch spools it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpooledDecision {
-    /// Unique key (`<cluster>/<lead job>/decision`).
+    /// Unique key (see [`release_key`]; its last part is the [`ReleaseKind`]).
     pub key: String,
     /// Unix seconds when the decision was made.
     pub created_at: f64,
@@ -316,6 +395,121 @@ pub fn ingest_decisions(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Res
             }
             Ok(inserted) => {
                 if inserted.is_some() {
+                    report.inserted += 1;
+                } else {
+                    report.duplicates += 1;
+                }
+                remove_ingested(&[path])?;
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// Sub-directory of the spool that holds profile measurements (see [`write_profile`]).
+pub const PROFILES_DIR: &str = "profiles";
+
+/// The key of a job's profile measurement: `<cluster>/<job>/<run>/<node>/profile` (see
+/// [`observation_key`]).
+pub fn profile_key(cluster: &str, job: &str, node: &str, run_start: f64) -> String {
+    format!("{cluster}/{job}/{}/{node}/profile", run_millis(run_start))
+}
+
+/// Writes a profile measurement into `<spool>/profiles/` atomically, creating that directory.
+pub fn write_profile(spool: &Path, p: &ObservedProfile) -> Result<PathBuf> {
+    p.validate()?;
+    let dir = spool.join(PROFILES_DIR);
+    create_dir(&dir).map_err(io_err("create profile spool", &dir))?;
+    trusted(&dir)?;
+    let body = serde_json::to_vec(p)
+        .map_err(|source| Error::Json { what: format!("profile {}", p.key), source })?;
+    write_atomic(&dir, &record_file_name(&p.key), &body)
+}
+
+/// A profile record that parses and passes the checks ingest makes, or why not.
+fn parse_profile(buf: &[u8]) -> std::result::Result<ObservedProfile, String> {
+    let p = serde_json::from_slice::<ObservedProfile>(buf)
+        .map_err(|e| format!("not a valid profile record: {e}"))?;
+    p.validate().map_err(|e| e.to_string())?;
+    Ok(p)
+}
+
+/// The profile measurements still in `<spool>/profiles/` (not yet ingested) that parse, in
+/// file-name order (for `kace explain`; ingest quarantines the others).
+pub fn spooled_profiles(spool: &Path) -> Result<Vec<ObservedProfile>> {
+    let dir = spool.join(PROFILES_DIR);
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err("read profile spool", &dir)(e)),
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            !name.starts_with('.') && name.ends_with(RECORD_SUFFIX)
+        })
+        .collect();
+    paths.sort();
+    let mut out = Vec::new();
+    for p in paths {
+        if let Some(Ok(buf)) = read_bounded(&p, MAX_RECORD_BYTES)? {
+            out.extend(parse_profile(&buf).ok());
+        }
+    }
+    Ok(out)
+}
+
+/// Moves the profile measurements of `<spool>/profiles/` into `db`, each key once (see
+/// [`ingest`]); a record that does not parse or validate goes to quarantine with its reason.
+pub fn ingest_profiles(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<IngestReport> {
+    let mut report = IngestReport::default();
+    let dir = spool.join(PROFILES_DIR);
+    if !dir.is_dir() {
+        return Ok(report);
+    }
+    trusted(&dir)?;
+    let mut paths: Vec<PathBuf> = Vec::new();
+    for entry in fs::read_dir(&dir).map_err(io_err("read profile spool", &dir))? {
+        let entry = entry.map_err(io_err("read profile spool", &dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            if is_stale_temp(&entry) {
+                report.stale_temp_files.push(entry.path());
+            }
+        } else if name.ends_with(RECORD_SUFFIX) {
+            paths.push(entry.path());
+        }
+    }
+    paths.sort();
+    for path in paths {
+        let stored = match read_bounded(&path, MAX_RECORD_BYTES)? {
+            None => {
+                report.vanished += 1;
+                continue;
+            }
+            Some(Err(why)) => Err(why),
+            Some(Ok(buf)) => match parse_profile(&buf) {
+                Err(why) => Err(why),
+                Ok(p) => match db.insert_observed_profile(&p) {
+                    Ok(inserted) => Ok(inserted),
+                    Err(Error::Invalid { reason }) => Err(reason),
+                    // The database, not the record, failed: keep the file for the next run.
+                    Err(e) => return Err(e),
+                },
+            },
+        };
+        match stored {
+            Err(reason) => {
+                if quarantine(&path, quarantine_dir, &reason)? {
+                    report.quarantined.push((path, reason));
+                } else {
+                    report.vanished += 1;
+                }
+            }
+            Ok(inserted) => {
+                if inserted {
                     report.inserted += 1;
                 } else {
                     report.duplicates += 1;
@@ -474,7 +668,8 @@ fn quarantine(path: &Path, qdir: &Path, reason: &str) -> Result<bool> {
 
 /// Reason prefixes of records quarantined because they did not parse. Such a file may have been
 /// caught while it was still being copied in; once it parses, it goes back to the spool.
-const UNPARSED: [&str; 2] = ["not a valid observation record", "not a valid decision record"];
+const UNPARSED: [&str; 3] =
+    ["not a valid observation record", "not a valid decision record", "not a valid profile record"];
 
 /// Moves quarantined files that were quarantined unparsed and now parse back into the spool
 /// (observations) or its `decisions/` directory, with their `.reason` removed: a half-copied
@@ -509,6 +704,8 @@ fn requeue_completed(spool: &Path, qdir: &Path, report: &mut IngestReport) -> Re
             spool.to_path_buf()
         } else if parse_decision(&buf).is_ok() {
             spool.join(DECISIONS_DIR)
+        } else if parse_profile(&buf).is_ok() {
+            spool.join(PROFILES_DIR)
         } else {
             continue;
         };
@@ -651,7 +848,7 @@ enum Keep {
 }
 
 /// Removes files older than `keep` (by modification time, relative to `now`) from `quarantine`
-/// and abandoned writes from `spool` and its `decisions/` (of both record kinds). Quarantined
+/// and abandoned writes from `spool`, its `decisions/` and its `profiles/`. Quarantined
 /// files (each with its `.reason`) are kept that long for the admin to look at; records waiting
 /// to be ingested are never touched. A missing directory has nothing to prune.
 pub fn prune(
@@ -665,6 +862,7 @@ pub fn prune(
     prune_dir(quarantine, Keep::Nothing, cutoff, &mut report);
     prune_dir(spool, Keep::RecordsAndLiveWrites, cutoff, &mut report);
     prune_dir(&spool.join(DECISIONS_DIR), Keep::RecordsAndLiveWrites, cutoff, &mut report);
+    prune_dir(&spool.join(PROFILES_DIR), Keep::RecordsAndLiveWrites, cutoff, &mut report);
     report.removed.sort();
     report
 }

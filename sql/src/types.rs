@@ -139,7 +139,24 @@ pub(crate) fn feature_value_problem(i: usize, v: f64) -> Option<&'static str> {
     }
 }
 
-/// A workload's current profile: per feature, the newest measured value.
+/// Source of a profile measurement kace made itself, from the sampler's readings of one job's
+/// alone intervals (and its progress lines): see `kace-epilog`.
+pub const OBSERVED_SOURCE: &str = "observed";
+
+/// Source of a memcap kace raised because a job ran out of memory at its limit (the memory
+/// guard): the job needed more than the limit, so the limit is a lower bound of its memcap.
+pub const OOM_SOURCE: &str = "observed-oom";
+
+/// Whether a measurement of this source was made by kace from jobs' runs (not by an admin's
+/// `kace profile run`, `import` or `import-ncu`).
+pub fn is_observed_source(source: &str) -> bool {
+    source == OBSERVED_SOURCE || source == OOM_SOURCE
+}
+
+/// A workload's current profile. Per feature, the newest value an admin measured (`kace
+/// profile run`, `import`, `import-ncu`) wins; without one, the newest value kace observed.
+/// Memcap is the exception: a newer observed peak above the admin's figure raises it, because
+/// a job limited to a memcap it outgrew fails (the memory guard).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Profile {
     /// Workload name.
@@ -150,6 +167,15 @@ pub struct Profile {
     pub values: [Option<f64>; FEATURE_COUNT],
     /// Unix time of the newest contributing measurement.
     pub updated_at: f64,
+    /// Per feature, the source of the value in `values` (`None` where there is no value).
+    #[serde(default)]
+    pub sources: [Option<String>; FEATURE_COUNT],
+    /// Alone runs kace observed (measurements of source [`OBSERVED_SOURCE`]).
+    #[serde(default)]
+    pub observed_runs: u32,
+    /// Readings behind the newest observed measurement (0: none).
+    #[serde(default)]
+    pub observed_samples: u64,
 }
 
 impl Profile {
@@ -162,6 +188,21 @@ impl Profile {
         Some(out)
     }
 
+    /// Whether any value came from an admin's measurement rather than kace's observations.
+    pub fn has_admin_values(&self) -> bool {
+        self.sources.iter().flatten().any(|s| !is_observed_source(s))
+    }
+
+    /// Whether this profile may stand for its workload in a decision: an admin measured part
+    /// of its system metrics (exclusive throughput, SM %, memory %, memcap), or kace observed
+    /// the workload alone at least `min_alone_runs` times. Kernel metrics alone (an ncu import)
+    /// do not lift the rule: the system part is then still kace's observation.
+    pub fn usable(&self, min_alone_runs: u32) -> bool {
+        let admin_system =
+            self.sources[FIRST_SYSTEM_FEATURE..].iter().flatten().any(|s| !is_observed_source(s));
+        admin_system || self.observed_runs >= min_alone_runs
+    }
+
     /// Names of the features that are still unknown.
     pub fn missing(&self) -> Vec<&'static str> {
         FEATURE_COLUMNS
@@ -170,6 +211,63 @@ impl Profile {
             .filter(|(_, v)| v.is_none())
             .map(|(n, _)| *n)
             .collect()
+    }
+}
+
+/// A profile measurement the epilog made from one job's run: the sampler's readings of its
+/// alone intervals (source [`OBSERVED_SOURCE`]), or a memcap raised after the job ran out of
+/// memory at its limit (source [`OOM_SOURCE`]). Spooled, then stored once per key at ingest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObservedProfile {
+    /// Unique key (`<cluster>/<job>/<run>/profile`).
+    pub key: String,
+    /// The job it was measured on.
+    pub job: String,
+    /// Unix seconds when it was measured (the job's end).
+    pub created_at: f64,
+    /// The measurement; its source is [`OBSERVED_SOURCE`] or [`OOM_SOURCE`].
+    pub profile: NewProfile,
+    /// Readings of the sampler it rests on (0 for an out-of-memory record without readings).
+    pub samples: u64,
+    /// Seconds the job ran alone (what the readings cover).
+    pub alone_seconds: f64,
+    /// Set when the job ran out of memory at its memory-guard limit: that limit, MiB.
+    #[serde(default)]
+    pub oom_limit_mib: Option<u64>,
+}
+
+impl ObservedProfile {
+    /// Checks what ingest checks: the profile, an observed source, the key and the numbers.
+    pub fn validate(&self) -> Result<()> {
+        self.profile.validate()?;
+        let bad = |why: &str| {
+            Err(Error::Invalid {
+                reason: format!("observed profile {}: {why}", quote_untrusted(&self.key)),
+            })
+        };
+        if !is_observed_source(&self.profile.source) {
+            return bad("its source is not an observed one");
+        }
+        if self.key.is_empty()
+            || self.key.len() > MAX_KEY_LEN
+            || self.key.chars().any(char::is_control)
+        {
+            return bad("bad key");
+        }
+        if self.job.is_empty() || self.job.len() > MAX_KEY_LEN {
+            return bad("bad job id");
+        }
+        if !(self.created_at.is_finite()
+            && self.alone_seconds.is_finite()
+            && self.alone_seconds >= 0.0)
+        {
+            return bad("bad time");
+        }
+        if (self.profile.source == OOM_SOURCE) != self.oom_limit_mib.is_some() {
+            return bad("an out-of-memory record needs its limit, and only it has one");
+        }
+        Ok(())
     }
 }
 
@@ -413,6 +511,11 @@ pub struct DecisionCandidate {
     /// Why it was rejected, when it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rejected: Option<String>,
+    /// How long it had been held when the decision was made, seconds (from its submission or
+    /// `--begin` time); `None` in records from before it was kept. The released job's value is
+    /// its hold time (`kace metrics`' histogram).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_s: Option<f64>,
 }
 
 /// A partner choice to record.
@@ -495,6 +598,9 @@ mod tests {
             gpu_model: "g".into(),
             values: [Some(1.0); FEATURE_COUNT],
             updated_at: 0.0,
+            sources: Default::default(),
+            observed_runs: 0,
+            observed_samples: 0,
         };
         assert_eq!(p.complete(), Some([1.0; FEATURE_COUNT]));
         p.values[MEMCAP] = None;

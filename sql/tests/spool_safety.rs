@@ -46,6 +46,7 @@ fn decision(key: &str, lead: &str, at: f64, candidates: usize) -> SpooledDecisio
                     workload: "resnet50-train".into(),
                     prediction: None,
                     rejected: Some("memory does not fit (40.0 GiB > 30.4 GiB)".into()),
+                    held_s: None,
                 })
                 .collect(),
         },

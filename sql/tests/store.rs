@@ -3,12 +3,12 @@
 use std::fs;
 
 use kace_sql::spool::{
-    ingest, ingest_decisions, record_file_name, spooled_decisions, write_decision, write_record,
-    SpooledDecision,
+    ingest, ingest_decisions, ingest_profiles, profile_key, record_file_name, spooled_decisions,
+    write_decision, write_profile, write_record, SpooledDecision, PROFILES_DIR,
 };
 use kace_sql::{
-    Db, DecisionCandidate, Error, NewDecision, NewModel, NewProfile, Observation, Partner,
-    CURRENT_VERSION, FEATURE_COUNT,
+    Db, DecisionCandidate, Error, NewDecision, NewModel, NewProfile, Observation, ObservedProfile,
+    Partner, CURRENT_VERSION, FEATURE_COUNT, OBSERVED_SOURCE, OOM_SOURCE,
 };
 use kace_test_support::TempDir;
 
@@ -281,12 +281,14 @@ fn decisions_round_trip() {
                 workload: "wb".into(),
                 prediction: Some(7.5),
                 rejected: None,
+                held_s: None,
             },
             DecisionCandidate {
                 job: None,
                 workload: "wc".into(),
                 prediction: None,
                 rejected: Some("unknown profile".into()),
+                held_s: None,
             },
         ],
     };
@@ -432,4 +434,161 @@ fn read_only_handles_cannot_write() {
     let err = ro.insert_observations(&[obs("k", "1", "w", None, 1.0)]).unwrap_err();
     assert!(err.to_string().contains("readonly") || err.to_string().contains("read-only"), "{err}");
     assert_eq!(Db::open(&path).unwrap().observation_count().unwrap(), 0);
+}
+
+fn observed(
+    key: &str,
+    job: &str,
+    wl: &str,
+    at: f64,
+    sys: [f64; 4],
+    oom: Option<u64>,
+) -> ObservedProfile {
+    let mut values = [None; FEATURE_COUNT];
+    for (i, v) in sys.into_iter().enumerate() {
+        values[6 + i] = (v >= 0.0).then_some(v);
+    }
+    ObservedProfile {
+        key: key.into(),
+        job: job.into(),
+        created_at: at,
+        profile: NewProfile {
+            workload: wl.into(),
+            gpu_model: "V100".into(),
+            source: if oom.is_some() { OOM_SOURCE } else { OBSERVED_SOURCE }.into(),
+            values,
+        },
+        samples: if oom.is_some() { 0 } else { 30 },
+        alone_seconds: 30.0,
+        oom_limit_mib: oom,
+    }
+}
+
+/// kace's own measurements make a profile of their own, count the alone runs, and give way to
+/// an admin's values, except a memcap they measured above the admin's.
+#[test]
+fn observed_profiles_count_runs_and_admin_values_win() {
+    let dir = TempDir::new("observed-prof");
+    let (mut db, _) = Db::create(&dir.path().join("k.db")).unwrap();
+    assert!(db
+        .insert_observed_profile(&observed(
+            "c/1/1/n1/profile",
+            "1",
+            "new",
+            10.0,
+            [5.0, 40.0, 20.0, 3.0],
+            None
+        ))
+        .unwrap());
+    // The same key again (a second ingest) is stored once.
+    assert!(!db
+        .insert_observed_profile(&observed(
+            "c/1/1/n1/profile",
+            "1",
+            "new",
+            10.0,
+            [5.0, 40.0, 20.0, 3.0],
+            None
+        ))
+        .unwrap());
+    let p = &db.profiles(&["new"], None).unwrap()["new"];
+    assert_eq!((p.observed_runs, p.observed_samples), (1, 30));
+    assert!(!p.has_admin_values());
+    assert!(p.usable(1) && !p.usable(2));
+    assert_eq!(p.values[7], Some(40.0));
+    assert_eq!(p.sources[7].as_deref(), Some(OBSERVED_SOURCE));
+    assert_eq!(p.sources[0], None);
+    // A second alone run: its newer values win, two runs counted.
+    db.insert_observed_profile(&observed(
+        "c/2/1/n1/profile",
+        "2",
+        "new",
+        20.0,
+        [6.0, 50.0, 30.0, 2.0],
+        None,
+    ))
+    .unwrap();
+    let p = &db.profiles(&["new"], None).unwrap()["new"];
+    assert_eq!((p.observed_runs, p.values[7], p.values[9]), (2, Some(50.0), Some(2.0)));
+    // An admin's `kace profile run` wins over newer observations...
+    let mut admin = [None; FEATURE_COUNT];
+    admin[7] = Some(70.0);
+    admin[9] = Some(4.0);
+    db.insert_profiles(&[NewProfile {
+        workload: "new".into(),
+        gpu_model: "V100".into(),
+        source: "nvml".into(),
+        values: admin,
+    }])
+    .unwrap();
+    db.insert_observed_profile(&observed(
+        "c/3/1/n1/profile",
+        "3",
+        "new",
+        1e12,
+        [7.0, 60.0, 35.0, 3.5],
+        None,
+    ))
+    .unwrap();
+    let p = &db.profiles(&["new"], None).unwrap()["new"];
+    assert!(p.has_admin_values() && p.usable(99));
+    assert_eq!((p.values[7], p.sources[7].as_deref()), (Some(70.0), Some("nvml")));
+    assert_eq!((p.values[6], p.sources[6].as_deref()), (Some(7.0), Some(OBSERVED_SOURCE)));
+    assert_eq!((p.values[9], p.sources[9].as_deref()), (Some(4.0), Some("nvml")));
+    // ...except that a job that ran out of memory at its limit raises memcap above the admin's.
+    db.insert_observed_profile(&observed(
+        "c/4/1/n1/profile",
+        "4",
+        "new",
+        2e12,
+        [-1.0, -1.0, -1.0, 4.4],
+        Some(4505),
+    ))
+    .unwrap();
+    let p = &db.profiles(&["new"], None).unwrap()["new"];
+    assert_eq!((p.values[9], p.sources[9].as_deref()), (Some(4.4), Some(OOM_SOURCE)));
+    assert_eq!(p.observed_runs, 3, "an out-of-memory record is no alone run");
+    let of_job = db.observed_profiles_of_job("4").unwrap();
+    assert_eq!(of_job.len(), 1);
+    assert_eq!((of_job[0].oom_limit_mib, of_job[0].alone_seconds), (Some(4505), 30.0));
+    // A record that claims an admin's source, or an OOM without its limit, is refused.
+    let mut forged = observed("c/5/1/n1/profile", "5", "new", 1.0, [1.0, 1.0, 1.0, 1.0], None);
+    forged.profile.source = "nvml".into();
+    assert!(db.insert_observed_profile(&forged).is_err());
+    let mut no_limit = observed("c/6/1/n1/profile", "6", "new", 1.0, [1.0, 1.0, 1.0, 1.0], None);
+    no_limit.profile.source = OOM_SOURCE.into();
+    assert!(db.insert_observed_profile(&no_limit).is_err());
+}
+
+#[test]
+fn spooled_profiles_are_ingested_once_and_bad_ones_quarantined() {
+    let dir = TempDir::new("profile-spool");
+    let (mut db, _) = Db::create(&dir.path().join("k.db")).unwrap();
+    let spool = dir.path().join("spool");
+    let quarantine = dir.path().join("quarantine");
+    fs::create_dir_all(&spool).unwrap();
+    let rec = observed(
+        &profile_key("c", "7", "n1", 100.0),
+        "7",
+        "new",
+        100.0,
+        [5.0, 40.0, 20.0, 3.0],
+        None,
+    );
+    let path = write_profile(&spool, &rec).unwrap();
+    assert!(path.starts_with(spool.join(PROFILES_DIR)));
+    fs::write(spool.join(PROFILES_DIR).join("junk.json"), b"{\"key\": 1}").unwrap();
+    let r = ingest_profiles(&mut db, &spool, &quarantine).unwrap();
+    assert_eq!((r.inserted, r.quarantined.len()), (1, 1));
+    assert!(r.quarantined[0].1.starts_with("not a valid profile record"), "{:?}", r.quarantined);
+    assert!(!path.exists());
+    // Written again (an epilog re-run) and ingested again: stored once.
+    write_profile(&spool, &rec).unwrap();
+    let r = ingest_profiles(&mut db, &spool, &quarantine).unwrap();
+    assert_eq!((r.inserted, r.duplicates), (0, 1));
+    assert_eq!(db.profiles(&["new"], None).unwrap()["new"].observed_runs, 1);
+    // A bad record is refused at the writer too.
+    let mut bad = rec.clone();
+    bad.profile.values[7] = Some(f64::NAN);
+    assert!(write_profile(&spool, &bad).is_err());
 }

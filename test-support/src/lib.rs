@@ -1,5 +1,6 @@
 //! Test support shared by every crate's tests (a dev-dependency only, never shipped): where the
-//! third-party data under `../shared/data` live, and scratch directories removed on drop.
+//! third-party data under `../shared/data` live, scratch directories removed on drop, and
+//! Prometheus's text parser run on a metrics file.
 //!
 //! Tests that need the shared data are marked `#[ignore = "needs ../shared/data/..."]`, so a fresh
 //! checkout's `cargo test` never counts them as passed without running them; CI runs them with
@@ -7,6 +8,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The shared data folder: `$KACE_DATA_DIR`, or `../shared/data` beside the checkout.
@@ -96,6 +98,44 @@ impl Drop for TempDir {
             let _ = fs::remove_dir_all(&self.0);
         }
     }
+}
+
+/// Parses a Prometheus text file with Prometheus's own Python parser (`prometheus_client`,
+/// Debian's python3-prometheus-client) and prints `name type sample=value…` per family;
+/// `None` (with the reason) when python3 or the module is missing outside CI.
+pub fn parse_with_prometheus_client(path: &Path) -> Option<String> {
+    const SCRIPT: &str = r#"
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+text = open(sys.argv[1]).read()
+for fam in text_string_to_metric_families(text):
+    samples = " ".join("%s%s=%r" % (s.name, sorted(s.labels.items()), s.value) for s in fam.samples)
+    print(fam.name, fam.type, samples)
+"#;
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    let mut why = Vec::new();
+    // Debian's python3-prometheus-client is in the system Python, which a pyenv or venv on
+    // PATH may shadow.
+    for python in ["python3", "/usr/bin/python3"] {
+        match Command::new(python).arg("-c").arg(SCRIPT).arg(path).output() {
+            Ok(o) if o.status.success() => {
+                return Some(String::from_utf8_lossy(&o.stdout).into_owned())
+            }
+            Ok(o) => {
+                let err = String::from_utf8_lossy(&o.stderr).into_owned();
+                assert!(
+                    err.contains("No module named 'prometheus_client'"),
+                    "prometheus_client refused {}: {err}",
+                    path.display()
+                );
+                why.push(format!("{python}: no prometheus_client"));
+            }
+            Err(e) => why.push(format!("{python}: {e}")),
+        }
+    }
+    assert!(!ci, "CI=true but no Python with prometheus_client: {why:?}");
+    eprintln!("SKIPPED the parser check ({why:?}): install python3-prometheus-client");
+    None
 }
 
 #[cfg(test)]

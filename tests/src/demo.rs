@@ -588,6 +588,8 @@ pub fn run(say: &mut dyn FnMut(&str)) -> Result<(Recorded, String), HarnessError
         .map_err(|e| err("read decisions", e))?
         .into_iter()
         .filter(|d| d.decision.lead_job.as_deref().is_some_and(|l| ours.contains(&l)))
+        // The hooks' decisions; dispatch's release records are not a lead's choice.
+        .filter(|d| kace_sql::spool::ReleaseKind::of_key(d.key.as_deref()).by_hook())
         .collect();
     decisions.sort_by(|a, b| a.created_at.total_cmp(&b.created_at));
     let observations: Vec<Observation> = db

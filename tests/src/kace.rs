@@ -10,10 +10,20 @@ use std::time::SystemTime;
 
 use crate::{HarnessError, Hook, SlurmInstall};
 
-const BINS: [&str; 4] = ["kace", "kace-prolog", "kace-epilog", "kace-dispatch"];
+const BINS: [&str; 5] = ["kace", "kace-prolog", "kace-epilog", "kace-dispatch", "kace-sampler"];
 /// The crates the binaries are built from (for the staleness check).
-const CRATES: [&str; 9] =
-    ["node", "cli", "sql", "selector", "config", "layout", "profiling", "simulator", "log"];
+const CRATES: [&str; 10] = [
+    "node",
+    "cli",
+    "sql",
+    "selector",
+    "config",
+    "layout",
+    "profiling",
+    "simulator",
+    "log",
+    "sampler",
+];
 
 /// The directory holding fresh `kace`, `kace-prolog` and `kace-epilog`: `$KACE_BIN_DIR` if set,
 /// else cargo's own output next to the test binary, else a build into `target/kace-e2e-plugin`.
@@ -47,7 +57,7 @@ fn locate() -> Result<PathBuf, HarnessError> {
     // A benchmark (built optimised) measures optimised binaries; tests use debug ones.
     let release = profile.as_deref().and_then(Path::file_name).is_some_and(|n| n == "release");
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--offline", "-p", "kace-node", "-p", "kace-cli"]);
+    cmd.args(["build", "--offline", "-p", "kace-node", "-p", "kace-cli", "-p", "kace-sampler"]);
     if release {
         cmd.arg("--release");
     }
@@ -60,7 +70,7 @@ fn locate() -> Result<PathBuf, HarnessError> {
             .map_err(|e| HarnessError::Plugin(format!("couldn't run cargo build for kace: {e}")))?;
     if !out.status.success() {
         return Err(HarnessError::Plugin(format!(
-            "cargo build -p kace-node -p kace-cli failed: {}",
+            "cargo build -p kace-node -p kace-cli -p kace-sampler failed: {}",
             String::from_utf8_lossy(&out.stderr)
         )));
     }

@@ -45,6 +45,7 @@ fn kace_reads_what_this_slurm_prints() {
         sinfo: slurm.program("sinfo"),
         timeout: Duration::from_secs(10),
         deadline: None,
+        logger: kace_log::Logger::new(None),
     };
     let comment = format!("--comment={FORGED}");
     let name = format!("--job-name=x {FORGED}");

@@ -175,6 +175,7 @@ pub fn run(
                 kace: true,
                 gpu: Some(spec.gpu),
                 mps_share: None,
+                exit: None,
             };
             let node = Node {
                 config,

@@ -22,7 +22,7 @@ fn main() -> ExitCode {
             }
         };
         let log = Logger::new(config.log.socket());
-        match kace_node::dispatch::run_configured(&config, SystemClock.now()) {
+        match kace_node::dispatch::run_configured(&config, SystemClock.now(), &log) {
             Ok(None) => {}
             Ok(Some(r)) => {
                 for line in kace_node::dispatch::report_lines(&r, config.dispatch.max_hold_s) {

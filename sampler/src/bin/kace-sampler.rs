@@ -1,5 +1,6 @@
-//! kace-sampler: the node service (systemd, root) that reads every GPU into kace's rings.
-//! Thin: arguments, configuration, NVML, signals; the loop is [`kace_sampler::service`].
+//! kace-sampler: the node service (systemd, root) that reads every GPU into kace's rings
+//! and caps running jobs' progress files. Thin: arguments, configuration, NVML, signals; the
+//! loop is [`kace_sampler::service`].
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use kace_profiling::nvml;
+use kace_sampler::progress_cap::ProgressCap;
 use kace_sampler::service::Service;
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -45,11 +47,14 @@ fn main() -> ExitCode {
         }
     };
     let s = &config.sampler;
+    // Without NVML there is nothing to read, but progress files are still capped.
     let count = match nvml::gpu_count() {
         Ok(n) => n,
         Err(e) => {
-            log(&format!("kace: sampler: {e}; no GPU readings on this node"));
-            return ExitCode::from(1);
+            log(&format!(
+                "kace: sampler: couldn't read the GPUs: {e}; capping progress files only"
+            ));
+            0
         }
     };
     let mut samplers = Vec::new();
@@ -63,8 +68,13 @@ fn main() -> ExitCode {
         log(&format!("kace: sampler: couldn't create {}: {e}", s.dir.display()));
         return ExitCode::from(1);
     }
+    let cap = ProgressCap::new(
+        &config.node.progress_root,
+        s.progress_max_bytes,
+        config.profiling.warmup_steps,
+    );
     let mut service = match Service::open(&s.dir, s.capacity, samplers) {
-        Ok(svc) => svc,
+        Ok(svc) => svc.with_progress_cap(cap),
         Err(e) => {
             log(&format!("kace: sampler: couldn't open the rings: {e}"));
             return ExitCode::from(1);
@@ -86,9 +96,11 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGINT, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t);
     }
     log(&format!(
-        "kace: sampler: sampling {count} GPU(s) every {} ms into {}",
+        "kace: sampler: sampling {count} GPU(s) every {} ms into {}; capping progress files in {} at {} bytes",
         s.interval_ms,
-        s.dir.display()
+        s.dir.display(),
+        config.node.progress_root.display(),
+        s.progress_max_bytes
     ));
     service.run(Duration::from_millis(s.interval_ms), &STOP, &now, &log);
     ExitCode::SUCCESS

@@ -1,0 +1,165 @@
+//! The memory guard's hand-over from the prolog to the SPANK plugin: the prolog writes a kace
+//! job's limit (memcap × (1 + `mps.memory_limit_margin`)) into a root-owned file beside the job's
+//! progress file, and the plugin turns it into the job's `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, so
+//! that a job outgrowing its profile fails alone instead of ending its partner.
+//!
+//! The device in the value is `0`: kace starts each GPU's MPS control daemon with
+//! `CUDA_VISIBLE_DEVICES=<that GPU>`, and the MPS server remaps the devices it sees, so a client
+//! of that daemon sees its GPU as device 0 whatever its node-global index (NVIDIA's MPS guide,
+//! "Environment Variables": devices are remapped by the server).
+
+use std::path::{Path, PathBuf};
+
+/// The variable NVIDIA's MPS client reads.
+pub const VAR: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
+
+/// Longest limit file accepted (`0=<20 digits>M` and a newline).
+pub const MAX_FILE_BYTES: u64 = 64;
+
+/// The limit file of job `job_id` under `progress_root`.
+pub fn file(progress_root: &Path, job_id: u32) -> PathBuf {
+    progress_root.join(format!("{job_id}.memlimit"))
+}
+
+/// A job's device-memory limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryLimit {
+    /// The limit, MiB.
+    pub mib: u64,
+}
+
+impl MemoryLimit {
+    /// The limit for a workload of `memcap_gib` with `margin` (0.1 = 10 %) on top, rounded up to
+    /// whole MiB; `None` for a memcap or margin that is not a positive finite number.
+    pub fn of(memcap_gib: f64, margin: f64) -> Option<MemoryLimit> {
+        let mib = (memcap_gib * 1024.0 * (1.0 + margin)).ceil();
+        (memcap_gib.is_finite() && margin.is_finite() && margin >= 0.0 && mib >= 1.0)
+            .then_some(MemoryLimit { mib: mib.min(u64::MAX as f64) as u64 })
+    }
+
+    /// The value of [`VAR`]: `0=<mib>M`.
+    pub fn env_value(&self) -> String {
+        format!("0={}M", self.mib)
+    }
+
+    /// Reads what [`MemoryLimit::env_value`] wrote (one line, `0=<digits>M`), nothing else.
+    pub fn parse(text: &str) -> Option<MemoryLimit> {
+        let digits =
+            text.strip_suffix('\n').unwrap_or(text).strip_prefix("0=")?.strip_suffix('M')?;
+        if digits.is_empty() || digits.len() > 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let mib: u64 = digits.parse().ok()?;
+        (mib > 0).then_some(MemoryLimit { mib })
+    }
+}
+
+/// The limit the prolog wrote for `job_id` (see the module docs): only a regular
+/// file owned by `owner` (root), not a link, at most a few bytes, in the one form the prolog
+/// writes. `None` when there is none.
+pub fn read(progress_root: &Path, job_id: u32, owner: u32) -> Result<Option<MemoryLimit>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let path = file(progress_root, job_id);
+    let shown = path.display();
+    let link = match std::fs::symlink_metadata(&path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{shown}: {e}")),
+    };
+    if !link.file_type().is_file() || link.uid() != owner {
+        return Err(format!("{shown} is not a regular file of uid {owner}; ignored"));
+    }
+    let f = std::fs::File::open(&path).map_err(|e| format!("{shown}: {e}"))?;
+    // The file opened must be the one inspected (not swapped for another in between).
+    let opened = f.metadata().map_err(|e| format!("{shown}: {e}"))?;
+    if (opened.dev(), opened.ino()) != (link.dev(), link.ino()) {
+        return Err(format!("{shown} changed while it was opened; ignored"));
+    }
+    let mut text = String::new();
+    f.take(MAX_FILE_BYTES).read_to_string(&mut text).map_err(|e| format!("{shown}: {e}"))?;
+    MemoryLimit::parse(&text)
+        .map(Some)
+        .ok_or_else(|| format!("{shown} does not hold a limit of the form 0=<MiB>M; ignored"))
+}
+
+/// Writes `limit` as job `job_id`'s limit file (mode 0644: the plugin reads it in the job's
+/// own context), replacing any earlier one atomically; with `None`, removes it. The caller has
+/// checked that `progress_root` is root's.
+pub fn write(progress_root: &Path, job_id: u32, limit: Option<MemoryLimit>) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = file(progress_root, job_id);
+    let Some(limit) = limit else {
+        return match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        };
+    };
+    let tmp = progress_root.join(format!(".{job_id}.memlimit.tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    // create_new (O_EXCL) never follows a link planted at the name.
+    let result = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(format!("{}\n", limit.env_value()).as_bytes()))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limit_is_memcap_plus_margin_in_whole_mib() {
+        let l = MemoryLimit::of(3.0, 0.1).unwrap();
+        assert_eq!(l.mib, 3380); // 3072 × 1.1 = 3379.2, rounded up
+        assert_eq!(l.env_value(), "0=3380M");
+        assert_eq!(MemoryLimit::parse("0=3380M\n"), Some(l));
+        assert_eq!(MemoryLimit::of(0.0, 0.1), None);
+        assert_eq!(MemoryLimit::of(f64::NAN, 0.1), None);
+        assert_eq!(MemoryLimit::of(2.0, -0.5), None);
+        assert_eq!(file(Path::new("/p"), 7), PathBuf::from("/p/7.memlimit"));
+    }
+
+    #[test]
+    fn only_the_written_form_parses() {
+        for bad in ["", "0=M", "1=5M", "0=5G", "0=5M\n\n", "0=-5M", "0=5M;rm", "0=0M", " 0=5M"] {
+            assert_eq!(MemoryLimit::parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(MemoryLimit::parse(&format!("0={}M", "9".repeat(21))), None);
+    }
+}
+
+#[cfg(test)]
+mod read_tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn the_limit_file_is_read_only_in_the_form_and_from_the_owner_the_prolog_gives_it() {
+        let dir = std::env::temp_dir().join(format!("kace-spank-limit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let me = std::fs::metadata(&dir).unwrap().uid();
+        assert_eq!(read(&dir, 7, me), Ok(None));
+        write(&dir, 7, MemoryLimit::of(3.0, 0.1)).unwrap();
+        let got = read(&dir, 7, me).unwrap().unwrap();
+        assert_eq!(got.env_value(), "0=3380M");
+        // Someone else's file, a link, or another form is refused.
+        assert!(read(&dir, 7, me + 1).is_err());
+        std::os::unix::fs::symlink(dir.join("7.memlimit"), dir.join("8.memlimit")).unwrap();
+        assert!(read(&dir, 8, me).is_err());
+        std::fs::write(dir.join("9.memlimit"), "0=1G\n").unwrap();
+        assert!(read(&dir, 9, me).is_err());
+        write(&dir, 7, None).unwrap();
+        assert_eq!(read(&dir, 7, me), Ok(None));
+        write(&dir, 7, None).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
