@@ -477,6 +477,17 @@ fn render(
                 "kace_vs_oracle": kace_vs_oracle(runs).map(|(m, s)| json!({"mean": m, "std": s})),
                 "kace_vs_kace_at_start": ratio(runs, PolicyKind::Kace, PolicyKind::KaceAtStart)
                     .map(|(m, s)| json!({"mean": m, "std": s})),
+                "users": setup.users,
+                "user_skew": setup.user_mix.map(|m| m.0),
+                "workloads_per_user": setup.user_mix.map(|m| m.1),
+                "multi_user": setup.multi_user,
+                "same_user_rule": cost.as_ref().map(|c| json!({
+                    "kace_with_rule_vs_exclusive": ms(c.with_rule),
+                    "kace_multi_user_vs_exclusive": ms(c.multi_user),
+                    "with_rule_vs_multi_user": ms(c.ratio),
+                    "shared_percent_with_rule": ms(c.shared_with_rule),
+                    "shared_percent_multi_user": ms(c.shared_multi_user),
+                })),
                 "new_workload": onboarding.iter().filter_map(|c| onboarding_json(c)).collect::<Vec<_>>(),
                 "new_workload_summary": Summary::of(&onboarding.concat()).map(|s| json!({
                     "comparisons": s.comparisons,
@@ -490,17 +501,6 @@ fn render(
                         "min": s.cluster_work_ratio_min,
                         "max": s.cluster_work_ratio_max,
                     },
-                })),
-                "users": setup.users,
-                "user_skew": setup.user_mix.map(|m| m.0),
-                "workloads_per_user": setup.user_mix.map(|m| m.1),
-                "multi_user": setup.multi_user,
-                "same_user_rule": cost.as_ref().map(|c| json!({
-                    "kace_with_rule_vs_exclusive": ms(c.with_rule),
-                    "kace_multi_user_vs_exclusive": ms(c.multi_user),
-                    "with_rule_vs_multi_user": ms(c.ratio),
-                    "shared_percent_with_rule": ms(c.shared_with_rule),
-                    "shared_percent_multi_user": ms(c.shared_multi_user),
                 })),
             });
             let mut s = serde_json::to_string_pretty(&doc).unwrap_or_default();
