@@ -129,9 +129,20 @@ impl TrainingSet {
     }
 }
 
-/// Converts a stored profile to the selector's, when complete.
+/// Converts a stored profile to the selector's when its system metrics are all known: kernel
+/// metrics may be missing (a workload kace observed but nobody ran Nsight Compute on), and the
+/// model fills them from the workloads it trained on.
 pub fn selector_profile(p: &crate::types::Profile) -> Option<Profile> {
-    p.complete().map(Profile::new)
+    Profile::from_measured(p.values)
+}
+
+/// The system metrics a stored profile still lacks: what keeps it out of decisions.
+fn missing_system_metrics(p: &crate::types::Profile) -> Vec<&'static str> {
+    Feature::SYSTEM
+        .iter()
+        .filter(|f| p.values[f.index()].is_none())
+        .map(|f| crate::types::FEATURE_COLUMNS[f.index()])
+        .collect()
 }
 
 /// Builds the training set from the database: every observed group of any size k ≥ 2.
@@ -302,7 +313,7 @@ pub fn decide(
         .collect();
     let incomplete = candidates
         .iter()
-        .map(|c| stored.get(&c.workload).map(|p| p.missing()).unwrap_or_default())
+        .map(|c| stored.get(&c.workload).map(missing_system_metrics).unwrap_or_default())
         .collect();
     let db_time = started.elapsed();
     let gpu = GpuState { running: &on_gpu, memory_gib: gpu_memory_gib };
