@@ -28,7 +28,7 @@
 //! memory_limit_margin = 0.1   # that limit is memcap × (1 + this)
 //!
 //! [profile]               # profiles kace measures itself from jobs that ran alone
-//! min_alone_runs = 1      # observed alone runs before an unprofiled workload is a candidate
+//! min_alone_runs = 1      # observed alone runs before an unprofiled workload is a candidate (1-10)
 //! min_samples = 10        # sampler readings an alone run needs to count
 //!
 //! [profiling]
@@ -216,7 +216,7 @@ impl Default for Mps {
 #[serde(deny_unknown_fields, default)]
 pub struct ProfileSection {
     /// Observed alone runs after which a workload no admin profiled becomes a candidate.
-    /// Default 1; in [1, 1000].
+    /// Default 1; in [1, 10] (kace keeps a workload's newest 10 observed measurements).
     pub min_alone_runs: u32,
     /// Sampler readings (both utilizations known) an alone run needs before the epilog makes
     /// a measurement of it. Default 10 (10 s at the sampler's default 1 Hz); at least 1.
@@ -495,9 +495,9 @@ impl Config {
             return Err(format!("training.holdout_fraction = {h}: must be in (0, 1)"));
         }
         let pr = &self.profile;
-        if !(1..=1000).contains(&pr.min_alone_runs) {
+        if !(1..=10).contains(&pr.min_alone_runs) {
             return Err(format!(
-                "profile.min_alone_runs = {}: must be between 1 and 1000",
+                "profile.min_alone_runs = {}: must be between 1 and 10",
                 pr.min_alone_runs
             ));
         }

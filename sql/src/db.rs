@@ -13,7 +13,7 @@ use crate::types::is_observed_source;
 use crate::types::{
     feature_value_problem, implausibility, DecisionRecord, ModelRecord, NewDecision, NewModel,
     NewProfile, Observation, ObservationFilter, ObservedGroup, ObservedMember, ObservedProfile,
-    Partner, Profile, FEATURE_COLUMNS, FEATURE_COUNT, MEMCAP, OBSERVED_SOURCE,
+    Partner, Profile, FEATURE_COLUMNS, FEATURE_COUNT, MEMCAP, OBSERVED_KEPT, OBSERVED_SOURCE,
 };
 
 /// How long a connection waits for another process's lock before giving up. The nightly
@@ -409,8 +409,9 @@ impl Db {
     // ---- profiles --------------------------------------------------------------------------
 
     /// Stores profile measurements, all or none. One identical to its workload's newest
-    /// measurement (same GPU model, source and values) is not stored again but counted as a
-    /// duplicate, so importing a file twice changes nothing.
+    /// measurement from the same source (same GPU model and values) is not stored again but
+    /// counted as a duplicate, so importing a file twice changes nothing, even when kace
+    /// observed the workload in between.
     pub fn insert_profiles(&mut self, profiles: &[NewProfile]) -> Result<InsertCount> {
         for pr in profiles {
             pr.validate()?;
@@ -422,15 +423,15 @@ impl Db {
         let cols = FEATURE_COLUMNS.join(", ");
         for pr in profiles {
             let wid = Db::workload_id(&tx, &path, &pr.workload)?;
-            // The same measurement as the workload's newest one is the same file imported
-            // again: storing it would change nothing but the row count.
+            // The same measurement as the workload's newest one from this source is the same
+            // file imported again: storing it would change nothing but the row count.
             let newest = tx
                 .query_row(
                     &format!(
                         "SELECT gpu_model, source, {cols} FROM profiles WHERE workload_id = ?1 \
-                         ORDER BY created_at DESC, id DESC LIMIT 1"
+                         AND source = ?2 ORDER BY created_at DESC, id DESC LIMIT 1"
                     ),
-                    [wid],
+                    params![wid, pr.source],
                     |r| {
                         let mut values = [None; FEATURE_COUNT];
                         for (i, v) in values.iter_mut().enumerate() {
@@ -578,8 +579,9 @@ impl Db {
     }
 
     /// Stores a profile measurement the epilog spooled, unless its key is stored already (the
-    /// same record ingested again, or by another ingest at once: the key is UNIQUE). Returns
-    /// whether it was inserted.
+    /// same record ingested again, or by another ingest at once: the key is UNIQUE), and keeps
+    /// only the newest [`OBSERVED_KEPT`] of its workload, GPU model and source. Returns whether
+    /// it was inserted.
     pub fn insert_observed_profile(&mut self, o: &ObservedProfile) -> Result<bool> {
         o.validate()?;
         let path = self.path.clone();
@@ -618,6 +620,16 @@ impl Db {
                 ],
             )
             .map_err(sql("store profile measurement", &path))?;
+        // Every kace job's run adds one: keep the newest few per workload, GPU model and source,
+        // so that the prolog's read of a workload's profile stays a few rows.
+        tx.execute(
+            "DELETE FROM profiles WHERE workload_id = ?1 AND gpu_model = ?2 AND source = ?3 \
+             AND key IS NOT NULL AND id NOT IN (SELECT id FROM profiles WHERE workload_id = ?1 \
+             AND gpu_model = ?2 AND source = ?3 AND key IS NOT NULL \
+             ORDER BY created_at DESC, id DESC LIMIT ?4)",
+            params![wid, o.profile.gpu_model, o.profile.source, OBSERVED_KEPT as i64],
+        )
+        .map_err(sql("prune profile measurements", &path))?;
         tx.commit().map_err(sql("commit profile measurement", &path))?;
         Ok(n == 1)
     }

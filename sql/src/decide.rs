@@ -129,9 +129,20 @@ impl TrainingSet {
     }
 }
 
-/// Converts a stored profile to the selector's, when complete.
+/// Converts a stored profile to the selector's when its system metrics are all known: kernel
+/// metrics may be missing (a workload kace observed but nobody ran Nsight Compute on), and the
+/// model fills them from the workloads it trained on.
 pub fn selector_profile(p: &crate::types::Profile) -> Option<Profile> {
-    p.complete().map(Profile::new)
+    Profile::from_measured(p.values)
+}
+
+/// The system metrics a stored profile still lacks: what keeps it out of decisions.
+fn missing_system_metrics(p: &crate::types::Profile) -> Vec<&'static str> {
+    Feature::SYSTEM
+        .iter()
+        .filter(|f| p.values[f.index()].is_none())
+        .map(|f| crate::types::FEATURE_COLUMNS[f.index()])
+        .collect()
 }
 
 /// Builds the training set from the database: every observed group of any size k ≥ 2.
@@ -231,7 +242,8 @@ pub fn active_model(db: &Db) -> Result<(i64, Model)> {
 /// The read path of every decision: the active model, the profiles of the jobs on the GPU and
 /// of the candidates (one query), then [`kace_selector::decision::decide`]. The jobs on the GPU
 /// must have complete profiles; candidates without one are rejected as unknown, and so are
-/// candidates whose profile only kace observed, in fewer than `policy.min_alone_runs` alone runs.
+/// candidates whose profile only kace observed, in fewer than `policy.min_alone_runs` alone runs
+/// (such a workload on the GPU is an error: it is not paired yet).
 pub fn decide(
     db: &Db,
     running: &[JobSpec],
@@ -261,6 +273,13 @@ pub fn decide(
     let converted: HashMap<&str, Profile> =
         stored.iter().filter_map(|(w, p)| selector_profile(p).map(|sp| (w.as_str(), sp))).collect();
     for r in running {
+        if let Some(p) = stored.get(&r.workload).filter(|p| !p.usable(policy.min_alone_runs)) {
+            return Err(Error::TooFewAloneRuns {
+                workload: r.workload.clone(),
+                runs: p.observed_runs,
+                needed: policy.min_alone_runs,
+            });
+        }
         if !converted.contains_key(r.workload.as_str()) {
             let missing = stored.get(&r.workload).map(|p| p.missing()).unwrap_or_default();
             return Err(Error::NoProfile { workload: r.workload.clone(), missing });
@@ -294,7 +313,7 @@ pub fn decide(
         .collect();
     let incomplete = candidates
         .iter()
-        .map(|c| stored.get(&c.workload).map(|p| p.missing()).unwrap_or_default())
+        .map(|c| stored.get(&c.workload).map(missing_system_metrics).unwrap_or_default())
         .collect();
     let db_time = started.elapsed();
     let gpu = GpuState { running: &on_gpu, memory_gib: gpu_memory_gib };

@@ -85,6 +85,16 @@ pub enum Error {
         /// The features still unknown (empty: no profile at all).
         missing: Vec<&'static str>,
     },
+    /// A workload on the GPU whose profile only kace observed, in fewer alone runs than
+    /// `profile.min_alone_runs`: it is not paired yet, so that its runs keep measuring it.
+    TooFewAloneRuns {
+        /// The workload.
+        workload: String,
+        /// Alone runs observed.
+        runs: u32,
+        /// Alone runs needed.
+        needed: u32,
+    },
     /// A file-system operation on the database or spool failed.
     Io {
         /// What was being done ("read spool directory", …).
@@ -151,6 +161,11 @@ impl fmt::Display for Error {
                 f,
                 "couldn't use the profile of workload {workload:?}: missing {}",
                 missing.join(", ")
+            ),
+            Error::TooFewAloneRuns { workload, runs, needed } => write!(
+                f,
+                "couldn't pair workload {workload:?} yet: observed alone in {runs} of the \
+                 {needed} runs needed (profile.min_alone_runs)"
             ),
             Error::Io { op, path, source } => {
                 write!(f, "couldn't {op} {}: {source}", path.display())

@@ -143,6 +143,11 @@ pub(crate) fn feature_value_problem(i: usize, v: f64) -> Option<&'static str> {
 /// alone intervals (and its progress lines): see `kace-epilog`.
 pub const OBSERVED_SOURCE: &str = "observed";
 
+/// Measurements kace keeps per workload, GPU model and observed source (the newest): what a
+/// decision reads stays a few rows however often a workload runs. `profile.min_alone_runs` is at
+/// most this.
+pub const OBSERVED_KEPT: usize = 10;
+
 /// Source of a memcap kace raised because a job ran out of memory at its limit (the memory
 /// guard): the job needed more than the limit, so the limit is a lower bound of its memcap.
 pub const OOM_SOURCE: &str = "observed-oom";
@@ -170,7 +175,8 @@ pub struct Profile {
     /// Per feature, the source of the value in `values` (`None` where there is no value).
     #[serde(default)]
     pub sources: [Option<String>; FEATURE_COUNT],
-    /// Alone runs kace observed (measurements of source [`OBSERVED_SOURCE`]).
+    /// Alone runs kace observed (measurements of source [`OBSERVED_SOURCE`]; at most
+    /// [`OBSERVED_KEPT`] per GPU model are kept).
     #[serde(default)]
     pub observed_runs: u32,
     /// Readings behind the newest observed measurement (0: none).

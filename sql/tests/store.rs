@@ -532,6 +532,14 @@ fn observed_profiles_count_runs_and_admin_values_win() {
     .unwrap();
     let p = &db.profiles(&["new"], None).unwrap()["new"];
     assert!(p.has_admin_values() && p.usable(99));
+    // The admin's file imported again after kace's observation changes nothing.
+    let again = NewProfile {
+        workload: "new".into(),
+        gpu_model: "V100".into(),
+        source: "nvml".into(),
+        values: admin,
+    };
+    assert_eq!(db.insert_profiles(&[again]).unwrap().duplicates, 1);
     assert_eq!((p.values[7], p.sources[7].as_deref()), (Some(70.0), Some("nvml")));
     assert_eq!((p.values[6], p.sources[6].as_deref()), (Some(7.0), Some(OBSERVED_SOURCE)));
     assert_eq!((p.values[9], p.sources[9].as_deref()), (Some(4.0), Some("nvml")));
@@ -551,6 +559,18 @@ fn observed_profiles_count_runs_and_admin_values_win() {
     let of_job = db.observed_profiles_of_job("4").unwrap();
     assert_eq!(of_job.len(), 1);
     assert_eq!((of_job[0].oom_limit_mib, of_job[0].alone_seconds), (Some(4505), 30.0));
+    // However often it runs, only the newest measurements are kept (and counted).
+    for i in 0..25 {
+        let key = format!("c/{}/1/n1/profile", 100 + i);
+        let at = 3e12 + f64::from(i);
+        let rec = observed(&key, "100", "new", at, [5.0, 40.0 + f64::from(i), 20.0, 3.0], None);
+        assert!(db.insert_observed_profile(&rec).unwrap());
+    }
+    let p = &db.profiles(&["new"], None).unwrap()["new"];
+    assert_eq!(p.observed_runs as usize, kace_sql::OBSERVED_KEPT);
+    assert_eq!(p.values[6], Some(5.0));
+    assert_eq!(p.values[8], Some(20.0));
+    assert_eq!(db.observed_profiles_of_job("4").unwrap().len(), 1, "another source's rows stay");
     // A record that claims an admin's source, or an OOM without its limit, is refused.
     let mut forged = observed("c/5/1/n1/profile", "5", "new", 1.0, [1.0, 1.0, 1.0, 1.0], None);
     forged.profile.source = "nvml".into();
