@@ -85,8 +85,8 @@ pub fn model_from_record(r: &ModelRecord) -> Result<Model> {
     Ok(model)
 }
 
-/// Training examples: observed groups (pairs, triples, …) whose workloads all have complete
-/// profiles.
+/// Training examples: observed groups (pairs, triples, …) whose workloads all have their system
+/// metrics (kernel metrics too, or a system-only profile: see [`selector_profile`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TrainingSet {
     /// Each group as the selector sees it (names, profiles, per-job colocated throughput).
@@ -95,6 +95,21 @@ pub struct TrainingSet {
     pub observed: Vec<ObservedGroup>,
     /// Observed groups left out because a profile was missing or incomplete.
     pub skipped: usize,
+}
+
+impl TrainingSet {
+    /// Keeps only the groups whose every profile has kernel metrics (the paper's linear model
+    /// sums them and has no answer without them); the others count as skipped.
+    pub fn with_kernel_metrics_only(mut self) -> TrainingSet {
+        let keep: Vec<bool> =
+            self.groups.iter().map(|g| g.profiles.iter().all(|p| p.has_kernel_metrics)).collect();
+        self.skipped += keep.iter().filter(|k| !**k).count();
+        let mut k = keep.iter();
+        self.groups.retain(|_| *k.next().unwrap_or(&false));
+        let mut k = keep.iter();
+        self.observed.retain(|_| *k.next().unwrap_or(&false));
+        self
+    }
 }
 
 impl TrainingSet {
@@ -129,9 +144,11 @@ impl TrainingSet {
     }
 }
 
-/// Converts a stored profile to the selector's, when complete.
+/// Converts a stored profile to the selector's: complete, or system-only when a kernel metric
+/// is missing (a workload kace measured itself, with no Nsight Compute run; the slowdown model
+/// predicts from it). `None` when a system metric is missing: nothing can be predicted then.
 pub fn selector_profile(p: &crate::types::Profile) -> Option<Profile> {
-    p.complete().map(Profile::new)
+    Profile::from_measured(p.values)
 }
 
 /// Builds the training set from the database: every observed group of any size k ≥ 2.
@@ -188,10 +205,11 @@ pub struct Decision {
     pub selection: Selection,
     /// The passing candidates, best first: the order in which to release them.
     pub ranked: Vec<usize>,
-    /// Per candidate, the features its profile lacks (empty when complete or absent).
+    /// Per candidate, the system features its profile lacks (empty when it has them all, or has
+    /// no profile).
     pub incomplete: Vec<Vec<&'static str>>,
-    /// Per candidate whose profile rests only on kace's observations of too few alone runs
-    /// (`profile.min_alone_runs`): how many it has. `None` for the others.
+    /// Per candidate with no profile, or whose profile rests only on kace's observations of too
+    /// few alone runs (`profile.min_alone_runs`): how many it has. `None` for the others.
     pub too_few_alone_runs: Vec<Option<u32>>,
     /// The policy's `min_alone_runs`, for the reason text.
     pub min_alone_runs: u32,
@@ -270,7 +288,7 @@ pub fn decide(
             });
         }
         if !converted.contains_key(r.workload.as_str()) {
-            let missing = stored.get(&r.workload).map(|p| p.missing()).unwrap_or_default();
+            let missing = stored.get(&r.workload).map(|p| p.missing_system()).unwrap_or_default();
             return Err(Error::NoProfile { workload: r.workload.clone(), missing });
         }
     }
@@ -286,9 +304,10 @@ pub fn decide(
         .collect();
     let too_few_alone_runs: Vec<Option<u32>> = candidates
         .iter()
-        .map(|c| {
-            let p = stored.get(&c.workload)?;
-            (!p.usable(policy.min_alone_runs)).then_some(p.observed_runs)
+        .map(|c| match stored.get(&c.workload) {
+            // Never seen: its alone runs will measure it.
+            None => Some(0),
+            Some(p) => (!p.usable(policy.min_alone_runs)).then_some(p.observed_runs),
         })
         .collect();
     let joiners: Vec<Joiner<'_>> = candidates
@@ -302,7 +321,7 @@ pub fn decide(
         .collect();
     let incomplete = candidates
         .iter()
-        .map(|c| stored.get(&c.workload).map(|p| p.missing()).unwrap_or_default())
+        .map(|c| stored.get(&c.workload).map(|p| p.missing_system()).unwrap_or_default())
         .collect();
     let db_time = started.elapsed();
     let gpu = GpuState { running: &on_gpu, memory_gib: gpu_memory_gib };
