@@ -143,6 +143,11 @@ fn coefficient_tables(model: &Model) -> String {
                 })
                 .collect();
             let mut out = format!("intercept (log slowdown): {}\n", num(m.intercept));
+            // What a group with a never-trained workload must gain before it is formed.
+            out.push_str(&format!(
+                "new-workload weight (margin = weight × doubt): {}\n",
+                num(m.new_workload_weight)
+            ));
             out.push_str(&table(
                 &["feature (ln 1+x, z-scored)", "own", "partners", "own × partners"],
                 &rows,

@@ -218,6 +218,7 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
                     model_seed,
                     w,
                     args.first_jobs,
+                    args.multi_user,
                 )
                 .with_context(|| format!("couldn't simulate {w} as a new workload"))?,
             );

@@ -118,11 +118,7 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
         seed: args.seed.unwrap_or(ctx.config.training.seed),
         force_activation: args.activate,
     };
-    let set = match policy.kind {
-        // The paper's regression sums kernel metrics: a system-only profile has none.
-        ModelKind::Linear => training_set(db)?.with_kernel_metrics_only(),
-        _ => training_set(db)?,
-    };
+    let set = training_set(db)?;
     let digest = set.digest();
     let same = db.models()?.into_iter().rev().find(|m| {
         let metric = |k: &str| m.model.metrics.get(k);

@@ -251,6 +251,12 @@ fn default_slowdown_model_trains_stores_and_selects() {
     assert_eq!(row.split_whitespace().count(), 4, "{row}");
     assert!(text.contains("own × partners") && text.contains("ceiling"), "{text}");
     assert_eq!(text.lines().filter(|l| l.starts_with("exclusive_throughput")).count(), 1);
+    let shown_weight = text
+        .lines()
+        .find_map(|l| l.strip_prefix("new-workload weight (margin = weight × doubt): "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!((shown_weight - sm.new_workload_weight).abs() < 1e-3, "{text}");
 
     let profiles = artifact_profiles(&art);
     let rules = SelectionRules { gpu_memory_gib: Some(32.0), ..SelectionRules::default() };

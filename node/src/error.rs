@@ -90,6 +90,14 @@ pub enum Error {
         /// The step that was not started.
         step: String,
     },
+    /// A held job is no longer kace's to move: another decider moved or released it since
+    /// the listing, or its user asked for something else meanwhile.
+    Taken {
+        /// The job.
+        job: u32,
+        /// What it is now.
+        why: String,
+    },
     /// A value from the job's environment is missing or unusable.
     Env {
         /// The variable.
@@ -107,6 +115,7 @@ impl fmt::Display for Error {
             Error::Io { op, path, cause } => write!(f, "couldn't {op} {}: {cause}", path.display()),
             Error::Db(e) => e.fmt(f),
             Error::Budget { step } => write!(f, "the time budget ran out before {step}"),
+            Error::Taken { job, why } => write!(f, "job {job} was taken meanwhile: {why}"),
             Error::Env { var, why } => write!(f, "${var} {why}"),
         }
     }

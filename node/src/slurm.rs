@@ -379,18 +379,48 @@ impl Slurm for Commands {
     }
 
     fn pin(&self, id: u32, target: &Target, shards: u32) -> Result<()> {
+        let id_text = id.to_string();
         let job = format!("jobid={id}");
         let nodes = format!("NodeList={}", target.node);
-        match &target.kind {
+        // Another decider (dispatch, another node's hook) may have moved this job since the
+        // caller's listing, and Slurm has no compare-and-set: the job is read again just before
+        // the first change and left alone unless it is still held and nobody pinned it. Changing
+        // a request another decider had already typed (cleared, then set) left the job pending
+        // for ever on Slurm 22.05, and crashed its scheduler (a divide error) when the job had
+        // been released meanwhile: found by tests/tests/load.rs, kept by tests/tests/retarget.rs.
+        let out = self
+            .call(&self.squeue, &["-h", "-j", &id_text, "-t", QUEUE_STATES, "-O", QUEUE_FORMAT])?;
+        let (listed, _) = parse_queue(&out);
+        let taken = |why: String| Error::Taken { job: id, why };
+        let Some(now) = listed.into_iter().find(|j| j.id == id) else {
+            return Err(taken("Slurm lists it no longer".into()));
+        };
+        if !now.held() {
+            return Err(taken(format!("it is no longer held ({} {})", now.state, now.reason)));
+        }
+        if !now.req_nodes.is_empty() && now.req_nodes != target.node {
+            return Err(taken(format!("it is pinned to {} already", now.req_nodes)));
+        }
+        let asked = gres::request_kind(&now.tres_per_node, "shard");
+        match (&target.kind, asked) {
+            (Some(kind), Some(asked)) if *kind != asked => {
+                return Err(taken(format!("it asks for GPU type {asked} already")));
+            }
+            // Typed already (by its user): only the node changes.
+            (Some(_), Some(_)) | (None, _) => {
+                self.scontrol(&["update", &job, &nodes])?;
+            }
             // Slurm up to 25.05 refuses a direct untyped→typed GRES change; clearing
             // TresPerNode first works on every release (shared/reference/slurm-lab-2.md §2).
-            Some(kind) => {
-                self.scontrol(&["update", &job, "TresPerNode="])?;
+            // The direct change is tried first: where Slurm takes it, the request is never
+            // empty, which is when a release by a decider racing this one (between the read
+            // above and the clear) crashes 22.05's scheduler.
+            (Some(kind), None) => {
                 let gres = format!("Gres=shard:{kind}:{shards}");
-                self.scontrol(&["update", &job, &gres, &nodes])?;
-            }
-            None => {
-                self.scontrol(&["update", &job, &nodes])?;
+                if self.scontrol(&["update", &job, &gres, &nodes]).is_err() {
+                    self.scontrol(&["update", &job, "TresPerNode="])?;
+                    self.scontrol(&["update", &job, &gres, &nodes])?;
+                }
             }
         }
         Ok(())

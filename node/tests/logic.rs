@@ -1256,3 +1256,39 @@ fn an_oom_line_from_a_job_that_succeeded_or_without_a_limit_raises_nothing() {
     w.with(|n| prolog::run(n, &job_env(10, 0)));
     assert!(!kace_layout::memory_limit::file(&w.config.node.progress_root, 10).exists());
 }
+
+/// Zero-touch: a workload nobody ran Nsight Compute on (system metrics only) is a candidate,
+/// its kernel metrics filled by the model; one still lacking a system metric is not, and the
+/// verdict names only what is missing of those.
+#[test]
+fn a_profile_without_kernel_metrics_is_a_candidate_and_a_missing_system_metric_is_named() {
+    let w = World::new("sysonly", FakeSlurm::default());
+    let mut system = [None; FEATURE_COUNT];
+    system[6..].copy_from_slice(&[Some(4.0), Some(40.0), Some(20.0), Some(3.0)]);
+    let mut half = system;
+    half[7] = None;
+    let profile = |workload: &str, values| NewProfile {
+        workload: workload.into(),
+        gpu_model: "Fake".into(),
+        source: "manual".into(),
+        values,
+    };
+    Db::open(&w.config.database.path)
+        .unwrap()
+        .insert_profiles(&[profile("sysonly", system), profile("half", half)])
+        .unwrap();
+    let db = Db::open_read_only(&w.config.database.path).unwrap();
+    let spec = |w: &str| JobSpec { workload: w.into(), user: Some("alice".into()) };
+    let d = decide(
+        &db,
+        &[spec("alpha")],
+        &[spec("sysonly"), spec("half")],
+        &w.config.policy(),
+        Some(32.0),
+        None,
+    )
+    .unwrap();
+    assert_ne!(d.reason(0).as_deref().map(|r| r.starts_with("incomplete profile")), Some(true));
+    assert!(d.selection.verdicts[0].prediction.is_some(), "{:?}", d.reason(0));
+    assert_eq!(d.reason(1).as_deref(), Some("incomplete profile (missing sm_pct)"));
+}

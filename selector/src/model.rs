@@ -45,6 +45,14 @@ impl ModelKind {
             ModelKind::Linear => k == 2,
         }
     }
+
+    /// Whether this kind learns from `group`: its size ([`ModelKind::learns_from`]), and for
+    /// the linear model, every member's kernel metrics (its summed features need them; the
+    /// slowdown model fills absent ones).
+    pub fn learns_from_group(self, group: &Group) -> bool {
+        self.learns_from(group.k())
+            && (self == ModelKind::Slowdown || group.profiles.iter().all(|p| p.has_kernel_metrics))
+    }
 }
 
 /// A trained model of either kind.

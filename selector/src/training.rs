@@ -86,7 +86,8 @@ pub struct Trained {
     pub fit_groups: usize,
     /// Groups held out to validate it.
     pub holdout_groups: usize,
-    /// Groups of other sizes than the kind learns from, not used.
+    /// Groups the kind does not learn from (another size; for the linear model, a member
+    /// without kernel metrics), not used.
     pub unused_groups: usize,
     /// Group size → usable groups of that size.
     pub group_sizes: BTreeMap<usize, usize>,
@@ -152,7 +153,7 @@ pub fn train(
     if !(fraction > 0.0 && fraction < 1.0) {
         return Err(TrainingError::BadHoldoutFraction(fraction));
     }
-    let usable: Vec<&Group> = groups.iter().filter(|g| policy.kind.learns_from(g.k())).collect();
+    let usable: Vec<&Group> = groups.iter().filter(|g| policy.kind.learns_from_group(g)).collect();
     let (fit_idx, held_idx) = holdout_split(usable.len(), fraction, policy.seed);
     if fit_idx.len() < MIN_FIT_GROUPS || held_idx.is_empty() {
         return Err(TrainingError::NotEnoughGroups {
@@ -293,6 +294,27 @@ mod tests {
         assert!(l.tuned.is_none());
         let forced = TrainingPolicy { force_activation: true, ..policy(ModelKind::Linear) };
         assert!(train(&g, Some(&t.model), &forced).unwrap().activate);
+    }
+
+    #[test]
+    fn system_only_groups_train_the_slowdown_model_not_the_linear_one() {
+        let mut g = groups(40);
+        // w9 was only ever sampled by NVML: no kernel metrics.
+        for grp in &mut g {
+            for (w, p) in grp.workloads.iter().zip(grp.profiles.iter_mut()) {
+                if w == "w9" {
+                    *p = p.system_only();
+                }
+            }
+        }
+        let with_w9 = g.iter().filter(|x| x.contains("w9")).count();
+        assert!(with_w9 > 0);
+        let s = train(&g, None, &policy(ModelKind::Slowdown)).unwrap();
+        assert_eq!((s.unused_groups, s.fit_groups + s.holdout_groups), (0, 40));
+        assert!(s.quality.mse.is_finite());
+        let l = train(&g, None, &policy(ModelKind::Linear)).unwrap();
+        assert_eq!(l.unused_groups, with_w9);
+        assert!(l.quality.mse.is_finite());
     }
 
     #[test]

@@ -99,7 +99,8 @@ fn treatment(
 }
 
 /// Runs `jobs` under kace with `workload` known and new (see the module docs). The model is
-/// trained on the paper's n_occur = 3 split for `model_seed`; `rules` are kace's.
+/// trained on the paper's n_occur = 3 split for `model_seed`; `rules` are kace's, and
+/// `multi_user` is `mps.multi_user` ([`Policy::multi_user`]).
 #[allow(clippy::too_many_arguments)]
 pub fn new_workload_cost(
     data: &ColocationData,
@@ -111,6 +112,7 @@ pub fn new_workload_cost(
     model_seed: u32,
     workload: &str,
     first_jobs: usize,
+    multi_user: bool,
 ) -> Result<NewWorkloadCost, SimError> {
     let w = world
         .id(workload)
@@ -119,11 +121,12 @@ pub fn new_workload_cost(
         return Err(SimError::Config(format!("the trace has no job of {workload}")));
     }
     let known_model = trained(data, model_seed, None)?;
-    let known_policy = Policy::kace(world, &known_model, rules);
+    let known_policy = Policy::kace(world, &known_model, rules).multi_user(multi_user);
     let known = treatment(world, &known_policy, jobs, gpus, window, w, first_jobs)?;
     let new_model = trained(data, model_seed, Some(workload))?;
     // The decisions see the system profile; the run itself is the same ground truth.
-    let new_policy = Policy::kace(&world.with_system_only(w), &new_model, rules);
+    let new_policy =
+        Policy::kace(&world.with_system_only(w), &new_model, rules).multi_user(multi_user);
     let new = treatment(world, &new_policy, jobs, gpus, window, w, first_jobs)?;
     Ok(NewWorkloadCost { workload: workload.to_string(), first_jobs, known, new })
 }

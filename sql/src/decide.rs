@@ -98,21 +98,6 @@ pub struct TrainingSet {
 }
 
 impl TrainingSet {
-    /// Keeps only the groups whose every profile has kernel metrics (the paper's linear model
-    /// sums them and has no answer without them); the others count as skipped.
-    pub fn with_kernel_metrics_only(mut self) -> TrainingSet {
-        let keep: Vec<bool> =
-            self.groups.iter().map(|g| g.profiles.iter().all(|p| p.has_kernel_metrics)).collect();
-        self.skipped += keep.iter().filter(|k| !**k).count();
-        let mut k = keep.iter();
-        self.groups.retain(|_| *k.next().unwrap_or(&false));
-        let mut k = keep.iter();
-        self.observed.retain(|_| *k.next().unwrap_or(&false));
-        self
-    }
-}
-
-impl TrainingSet {
     /// A stable digest of the examples (FNV-1a over keys and values), so that two trainings on
     /// the same data are recognisable.
     pub fn digest(&self) -> String {
@@ -144,11 +129,20 @@ impl TrainingSet {
     }
 }
 
-/// Converts a stored profile to the selector's: complete, or system-only when a kernel metric
-/// is missing (a workload kace measured itself, with no Nsight Compute run; the slowdown model
-/// predicts from it). `None` when a system metric is missing: nothing can be predicted then.
+/// Converts a stored profile to the selector's when its system metrics are all known: kernel
+/// metrics may be missing (a workload kace observed but nobody ran Nsight Compute on), and the
+/// model fills them from the workloads it trained on.
 pub fn selector_profile(p: &crate::types::Profile) -> Option<Profile> {
     Profile::from_measured(p.values)
+}
+
+/// The system metrics a stored profile still lacks: what keeps it out of decisions.
+fn missing_system_metrics(p: &crate::types::Profile) -> Vec<&'static str> {
+    Feature::SYSTEM
+        .iter()
+        .filter(|f| p.values[f.index()].is_none())
+        .map(|f| crate::types::FEATURE_COLUMNS[f.index()])
+        .collect()
 }
 
 /// Builds the training set from the database: every observed group of any size k ≥ 2.
@@ -288,7 +282,7 @@ pub fn decide(
             });
         }
         if !converted.contains_key(r.workload.as_str()) {
-            let missing = stored.get(&r.workload).map(|p| p.missing_system()).unwrap_or_default();
+            let missing = stored.get(&r.workload).map(missing_system_metrics).unwrap_or_default();
             return Err(Error::NoProfile { workload: r.workload.clone(), missing });
         }
     }
@@ -321,7 +315,7 @@ pub fn decide(
         .collect();
     let incomplete = candidates
         .iter()
-        .map(|c| stored.get(&c.workload).map(|p| p.missing_system()).unwrap_or_default())
+        .map(|c| stored.get(&c.workload).map(missing_system_metrics).unwrap_or_default())
         .collect();
     let db_time = started.elapsed();
     let gpu = GpuState { running: &on_gpu, memory_gib: gpu_memory_gib };

@@ -209,17 +209,6 @@ impl Profile {
         admin_system || self.observed_runs >= min_alone_runs
     }
 
-    /// Names of the system features (exclusive throughput, SM %, memory %, memcap) that are
-    /// still unknown: without them no prediction can be made (kernel metrics are optional).
-    pub fn missing_system(&self) -> Vec<&'static str> {
-        FEATURE_COLUMNS[FIRST_SYSTEM_FEATURE..]
-            .iter()
-            .zip(&self.values[FIRST_SYSTEM_FEATURE..])
-            .filter(|(_, v)| v.is_none())
-            .map(|(n, _)| *n)
-            .collect()
-    }
-
     /// Names of the features that are still unknown.
     pub fn missing(&self) -> Vec<&'static str> {
         FEATURE_COLUMNS

@@ -396,6 +396,52 @@ impl Cluster {
         fs::read_to_string(self.dir.join("log/slurmctld.log")).unwrap_or_default()
     }
 
+    /// Stops slurmctld (SIGTERM, as systemd does) and starts it again from its saved state, the
+    /// jobs running on; returns once it answers again.
+    pub fn restart_slurmctld(&mut self) -> Result<(), HarnessError> {
+        if let Some(c) = self.ctld.take() {
+            c.stop();
+        }
+        self.ctld = Some(self.spawn("slurmctld", &["-D"], "slurmctld-restarted")?);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match self.run("scontrol", &["ping"]) {
+                Ok(o)
+                    if o.status.success() && String::from_utf8_lossy(&o.stdout).contains("UP") =>
+                {
+                    return Ok(())
+                }
+                _ if Instant::now() >= deadline => {
+                    return Err(HarnessError::Timeout {
+                        what: "slurmctld to answer after its restart".into(),
+                        waited: Duration::from_secs(60),
+                        detail: tail(&self.slurmctld_log(), 30),
+                    })
+                }
+                _ => sleep(POLL),
+            }
+        }
+    }
+
+    /// Kills a node's slurmd with SIGKILL, as a crash would (its jobs' slurmstepd live on).
+    pub fn kill_slurmd(&mut self, node: &str) {
+        for (_, d) in self.slurmds.iter().filter(|(n, _)| n == node) {
+            let mut child = d.child.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts a node's slurmd again (after [`Cluster::kill_slurmd`]).
+    pub fn start_slurmd(&mut self, node: &str) -> Result<(), HarnessError> {
+        let d = self.spawn("slurmd", &["-D", "-N", node], &format!("slurmd-{node}-restarted"))?;
+        match self.slurmds.iter_mut().find(|(n, _)| n == node) {
+            Some(slot) => slot.1 = d,
+            None => self.slurmds.push((node.to_string(), d)),
+        }
+        Ok(())
+    }
+
     fn spawn(&self, program: &str, args: &[&str], log: &str) -> Result<Daemon, HarnessError> {
         let out_path = self.dir.join(format!("log/{log}.out"));
         let out = fs::File::create(&out_path).map_err(io_err(&out_path))?;

@@ -493,7 +493,7 @@ fn race_drill_many_deciders_at_once() {
 /// `jobs` kace jobs submitted at once, the watch loop dispatching, `refill` on or off.
 /// Returns the share of GPU time shared while jobs were held, and the observed groups as
 /// (workloads, predicted throughput sum, observed sum, the demo's true sum).
-fn saturated(jobs: usize, refill: bool) -> (f64, Vec<(String, f64, f64, f64)>) {
+fn saturated(jobs: usize, refill: bool) -> Saturated {
     use kace_e2e::demo;
     let c = Cluster::builder()
         .nodes(vec![NodeSpec::new("n1", 1), NodeSpec::new("n2", 1)])
@@ -577,6 +577,17 @@ fn saturated(jobs: usize, refill: bool) -> (f64, Vec<(String, f64, f64, f64)>) {
         }
     }
     let share = shared / (2.0 * (until - t0));
+    let why = breakdown(&recs, &spooled_decisions(&c), t0, until);
+    assert!(
+        (why.shared - shared).abs() < 1e-6 * shared.max(1.0),
+        "the breakdown measures what the share does: {why:?} vs {shared}"
+    );
+    let accounted = why.shared
+        + why.idle
+        + why.before_decision
+        + why.partner_on_its_way
+        + why.no_acceptable_partner;
+    assert!((accounted - 2.0 * (until - t0)).abs() < 1e-6 * until, "{why:?}");
 
     // Predicted vs observed for every group this run formed.
     kace(&c, &["ingest"]);
@@ -615,7 +626,115 @@ fn saturated(jobs: usize, refill: bool) -> (f64, Vec<(String, f64, f64, f64)>) {
         .into_iter()
         .map(|(k, (p, o, t))| (k, p, o.iter().sum::<f64>() / o.len() as f64, t))
         .collect();
-    (share, table)
+    Saturated { share, groups: table, why }
+}
+
+/// What one saturated run measured.
+struct Saturated {
+    /// Share of GPU time shared while jobs were held.
+    share: f64,
+    /// Each group formed: workloads, predicted, observed and true throughput sums.
+    groups: Vec<(String, f64, f64, f64)>,
+    /// Where the GPU time went.
+    why: Breakdown,
+}
+
+/// Where a saturated run's GPU time went while jobs were held, in GPU-seconds: shared; idle
+/// (no kace job: before the first lead, or between a GPU emptying and its next lead starting);
+/// alone before any decision for the GPU (a hook's latency: from a job's start or its partner's
+/// end to the decision); alone while a released partner is on its way (the decision's release
+/// to the partner's prolog: Slurm's scheduling and the prolog's start); alone after a decision
+/// found no acceptable partner.
+#[derive(Debug, Default, Clone)]
+struct Breakdown {
+    shared: f64,
+    idle: f64,
+    before_decision: f64,
+    partner_on_its_way: f64,
+    no_acceptable_partner: f64,
+    /// Decisions that chose no one, and that did.
+    refused: usize,
+    chose: usize,
+    /// Why the candidates of the decisions that chose no one were passed over (reason, count;
+    /// numbers left out so that alike reasons count together).
+    reasons: std::collections::BTreeMap<String, usize>,
+}
+
+fn breakdown(
+    recs: &[(String, u32, f64, f64)],
+    decisions: &[kace_sql::spool::SpooledDecision],
+    t0: f64,
+    until: f64,
+) -> Breakdown {
+    let mut b = Breakdown::default();
+    // Each decision on the GPU of its lead job (its record says which): time, chosen job.
+    let gpu_of = |job: &str| recs.iter().find(|r| r.1.to_string() == job).map(|r| r.0.clone());
+    let mut decided: Vec<(String, f64, Option<u32>)> = Vec::new();
+    for d in decisions {
+        let Some(gpu) = d.decision.lead_job.as_deref().and_then(gpu_of) else { continue };
+        let kind = kace_sql::spool::ReleaseKind::of_key(Some(&d.key));
+        // Dispatch's releases onto free GPUs choose nothing for a running job.
+        if d.decision.chosen_job.is_none() && !kind.by_hook() {
+            continue;
+        }
+        let chosen = d.decision.chosen_job.as_deref().and_then(|j| j.parse().ok());
+        match chosen {
+            Some(_) => b.chose += 1,
+            None => {
+                b.refused += 1;
+                if d.decision.candidates.is_empty() {
+                    *b.reasons.entry("no kace job held".into()).or_default() += 1;
+                }
+                for c in &d.decision.candidates {
+                    let why = c.rejected.as_deref().unwrap_or("predicted, not chosen");
+                    let why: String =
+                        why.chars().filter(|ch| !ch.is_ascii_digit() && *ch != '.').collect();
+                    *b.reasons.entry(why).or_default() += 1;
+                }
+            }
+        }
+        decided.push((gpu, d.created_at, chosen));
+    }
+    let gpus: std::collections::BTreeSet<&str> = recs.iter().map(|r| r.0.as_str()).collect();
+    for gpu in gpus {
+        let mine: Vec<_> = recs.iter().filter(|r| r.0 == gpu).collect();
+        let ds: Vec<_> = decided.iter().filter(|d| d.0 == gpu).collect();
+        let mut cuts: Vec<f64> = vec![t0, until];
+        cuts.extend(mine.iter().flat_map(|r| [r.2, r.3]));
+        cuts.extend(ds.iter().map(|d| d.1));
+        cuts.retain(|t| *t >= t0 && *t <= until);
+        cuts.sort_by(f64::total_cmp);
+        for w in cuts.windows(2) {
+            let (dt, mid) = (w[1] - w[0], (w[0] + w[1]) / 2.0);
+            let n = mine.iter().filter(|r| r.2 <= mid && r.3 > mid).count();
+            if n >= 2 {
+                b.shared += dt;
+                continue;
+            }
+            if n == 0 {
+                b.idle += dt;
+                continue;
+            }
+            // Alone: what happened last on this GPU, a job starting or ending, or a decision?
+            let last_change = mine
+                .iter()
+                .flat_map(|r| [r.2, r.3])
+                .filter(|t| *t <= mid)
+                .fold(f64::NEG_INFINITY, f64::max);
+            let last_decision = ds.iter().filter(|d| d.1 <= mid).max_by(|x, y| x.1.total_cmp(&y.1));
+            match last_decision {
+                Some(d) if d.1 >= last_change => match d.2 {
+                    Some(p) if mine.iter().any(|r| r.1 == p && r.2 > mid) => {
+                        b.partner_on_its_way += dt
+                    }
+                    Some(_) => b.before_decision += dt,
+                    None => b.no_acceptable_partner += dt,
+                },
+                _ => b.before_decision += dt,
+            }
+        }
+    }
+    b
 }
 
 /// The saturated run: 20 jobs on 2 GPUs, the old mechanism (fill at a lead's start only,
@@ -628,13 +747,29 @@ fn a_saturated_queue_keeps_both_gpus_shared() {
     if kace_e2e::e2e_available(test).is_none() {
         return;
     }
-    let (before, _) = saturated(20, false);
-    let (after, groups) = saturated(20, true);
+    let Saturated { share: before, why: why_before, .. } = saturated(20, false);
+    let Saturated { share: after, groups, why: why_after } = saturated(20, true);
     eprintln!(
         "GPU time shared while jobs were held, 20 jobs on 2 GPUs: at a lead's start only {:.1} %, deployed {:.1} %",
         100.0 * before,
         100.0 * after
     );
+    for (name, w) in [("at a lead's start only", why_before), ("deployed", why_after)] {
+        eprintln!("{name}: candidates of the decisions that chose no one: {:?}", w.reasons);
+        let all =
+            w.shared + w.idle + w.before_decision + w.partner_on_its_way + w.no_acceptable_partner;
+        let pc = |x: f64| 100.0 * x / all;
+        eprintln!(
+            "{name}: GPU time while jobs were held {all:.1} GPU-s: shared {:.1} %, idle {:.1} %, alone before a decision {:.1} %, alone with a released partner on its way {:.1} %, alone after no acceptable partner {:.1} % ({} decisions chose a partner, {} none)",
+            pc(w.shared),
+            pc(w.idle),
+            pc(w.before_decision),
+            pc(w.partner_on_its_way),
+            pc(w.no_acceptable_partner),
+            w.chose,
+            w.refused
+        );
+    }
     eprintln!("group | predicted sum | observed sum | true sum (steps/s)");
     for (g, p, o, t) in &groups {
         eprintln!("{g} | {p:.2} | {o:.2} | {t:.2}");
