@@ -85,8 +85,8 @@ pub fn model_from_record(r: &ModelRecord) -> Result<Model> {
     Ok(model)
 }
 
-/// Training examples: observed groups (pairs, triples, …) whose workloads all have complete
-/// profiles.
+/// Training examples: observed groups (pairs, triples, …) whose workloads all have their system
+/// metrics (kernel metrics too, or a system-only profile: see [`selector_profile`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TrainingSet {
     /// Each group as the selector sees it (names, profiles, per-job colocated throughput).
@@ -199,10 +199,11 @@ pub struct Decision {
     pub selection: Selection,
     /// The passing candidates, best first: the order in which to release them.
     pub ranked: Vec<usize>,
-    /// Per candidate, the features its profile lacks (empty when complete or absent).
+    /// Per candidate, the system features its profile lacks (empty when it has them all, or has
+    /// no profile).
     pub incomplete: Vec<Vec<&'static str>>,
-    /// Per candidate whose profile rests only on kace's observations of too few alone runs
-    /// (`profile.min_alone_runs`): how many it has. `None` for the others.
+    /// Per candidate with no profile, or whose profile rests only on kace's observations of too
+    /// few alone runs (`profile.min_alone_runs`): how many it has. `None` for the others.
     pub too_few_alone_runs: Vec<Option<u32>>,
     /// The policy's `min_alone_runs`, for the reason text.
     pub min_alone_runs: u32,
@@ -281,7 +282,7 @@ pub fn decide(
             });
         }
         if !converted.contains_key(r.workload.as_str()) {
-            let missing = stored.get(&r.workload).map(|p| p.missing()).unwrap_or_default();
+            let missing = stored.get(&r.workload).map(missing_system_metrics).unwrap_or_default();
             return Err(Error::NoProfile { workload: r.workload.clone(), missing });
         }
     }
@@ -297,9 +298,10 @@ pub fn decide(
         .collect();
     let too_few_alone_runs: Vec<Option<u32>> = candidates
         .iter()
-        .map(|c| {
-            let p = stored.get(&c.workload)?;
-            (!p.usable(policy.min_alone_runs)).then_some(p.observed_runs)
+        .map(|c| match stored.get(&c.workload) {
+            // Never seen: its alone runs will measure it.
+            None => Some(0),
+            Some(p) => (!p.usable(policy.min_alone_runs)).then_some(p.observed_runs),
         })
         .collect();
     let joiners: Vec<Joiner<'_>> = candidates

@@ -13,9 +13,8 @@
 //!    PyTorch job fail: an `oom` progress line and exit 1), the lead runs on and completes, both
 //!    are recorded, `kace explain` says it, and its memcap is raised.
 //!
-//! The new workload comes with kernel metrics from an ncu import: today's default model needs
-//! them; predictions from system metrics alone are issue 14's part 2, after which this import
-//! can go.
+//! Nobody measures the new workload: no `kace profile run`, no Nsight Compute; the default model
+//! predicts from the system profile kace observed (kernel metrics filled from its neighbours).
 
 mod common;
 
@@ -127,22 +126,6 @@ fn a_new_workload_profiles_itself_alone_is_paired_and_cannot_crash_its_partner()
         [like.as_str()]
     .clone();
     let v = |i: usize| model.values[i].unwrap();
-    let kernel = dir.join("work/newcomer-ncu.csv");
-    std::fs::write(
-        &kernel,
-        format!(
-            "workload,threads,sm_throughput,dram_throughput,memory_throughput,registers,\
-             static_shared_memory\n{NEW},{},{},{},{},{},{}\n",
-            v(0),
-            v(1),
-            v(2),
-            v(3),
-            v(4),
-            v(5)
-        ),
-    )
-    .unwrap();
-    kace(&c, &["profile", "import", "--gpu-model", "Fake", kernel.to_str().unwrap()]);
     let memcap_mib = (v(9) * 1024.0).round() as u64;
     let _sampler = Sampler(
         Command::new(setup::bin_dir().unwrap().join("kace-sampler"))
@@ -178,7 +161,11 @@ fn a_new_workload_profiles_itself_alone_is_paired_and_cannot_crash_its_partner()
     let shown = json(&c, &["profile", "show", NEW]);
     assert_eq!(shown["observed_alone_runs"], 1, "{shown}");
     assert_eq!(shown["sources"]["sm_pct"], "observed", "{shown}");
-    assert_eq!(shown["sources"]["threads"], "file:newcomer-ncu.csv", "{shown}");
+    assert_eq!(
+        shown["sources"]["threads"],
+        serde_json::Value::Null,
+        "no admin measured it: {shown}"
+    );
     assert_eq!(shown["values"]["sm_pct"], v(7), "{shown}");
     assert_eq!(shown["values"]["memcap_gib"].as_f64(), Some(memcap_mib as f64 / 1024.0));
     assert!(shown["observed_samples"].as_u64().unwrap() >= 10, "{shown}");
