@@ -459,6 +459,7 @@ pub fn run(config: &Config, setup: &Setup) -> Vec<Finding> {
         out.push(check_writable("spool", "spool.dir", &config.spool.dir));
         out.push(check_writable("progress", "node.progress_root", &config.node.progress_root));
         out.push(check_mps(&config.node.mps_control));
+        out.push(check_device_numbering(get("TaskPlugin"), get("ConstrainDevices")));
         out.push(check_nvml(config.node.gpu_memory_gib));
     }
     out
@@ -682,6 +683,31 @@ fn check_mps(program: &Path) -> Finding {
     }
 }
 
+/// Whether a kace job's `CUDA_VISIBLE_DEVICES` names the device its MPS server has. kace starts
+/// one MPS control daemon per GPU with `CUDA_VISIBLE_DEVICES=<host index>`, and the server then
+/// shows that GPU to its clients as device 0 (NVIDIA: a client that keeps the host numbering gets
+/// an error). Slurm numbers a job's devices from 0 only under `task/cgroup` with
+/// `ConstrainDevices=yes` (`gres_use_local_device_index`); otherwise a kace job on any GPU but the
+/// first names a device its server does not have.
+pub fn check_device_numbering(task_plugin: &str, constrain_devices: &str) -> Finding {
+    const CHECK: &str = "device numbering";
+    let cgroup = task_plugin.split(',').any(|p| p.trim() == "task/cgroup");
+    let constrained = constrain_devices.trim().eq_ignore_ascii_case("yes");
+    if cgroup && constrained {
+        Finding::ok(CHECK, "task/cgroup with ConstrainDevices=yes: jobs see their GPU as device 0")
+    } else {
+        Finding::warn(
+            CHECK,
+            format!(
+                "TaskPlugin={task_plugin:?}, ConstrainDevices={constrain_devices:?}: jobs see host \
+                 GPU numbers, so a kace job on a GPU other than the first names a device its MPS \
+                 server does not have"
+            ),
+            "TaskPlugin=task/cgroup in slurm.conf and ConstrainDevices=yes in cgroup.conf",
+        )
+    }
+}
+
 fn check_nvml(fallback: Option<f64>) -> Finding {
     match kace_profiling::nvml::open_sampler(0).and_then(|mut s| s.total_memory_bytes()) {
         Ok(bytes) => Finding::ok(
@@ -728,6 +754,15 @@ mod tests {
         assert_eq!(slurm_user_uid("slurm"), None);
         assert_eq!(parse_slurm_version("slurm 22.05.8\n"), Some((22, 5)));
         assert_eq!(parse_slurm_version("slurm-wlm 26.05.3"), Some((26, 5)));
+    }
+
+    #[test]
+    fn device_numbering_needs_task_cgroup_and_constrained_devices() {
+        let status = |t, c| check_device_numbering(t, c).status;
+        assert_eq!(status("task/affinity,task/cgroup", "yes"), Status::Ok);
+        assert_eq!(status("task/cgroup", "no"), Status::Warn);
+        assert_eq!(status("task/none", "yes"), Status::Warn);
+        assert_eq!(status("task/affinity", ""), Status::Warn);
     }
 
     #[test]
