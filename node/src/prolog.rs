@@ -7,7 +7,7 @@
 //! returns at once. Before it decides, it hands the job's memory limit to the SPANK plugin (the
 //! memory guard, [`kace_layout::memory_limit`]).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kace_layout::memory_limit::MemoryLimit;
 use kace_layout::{mps_dirs, progress_file, GpuIndex};
@@ -48,6 +48,9 @@ pub enum Outcome {
     Stopped(String),
 }
 
+/// Pause between reads of the job while slurmctld does not answer.
+const SLURM_RETRY_PAUSE: Duration = Duration::from_millis(250);
+
 /// Runs the prolog for `env`. Never fails: every problem is logged and ends in
 /// [`Outcome::Stopped`] or a lead without a partner, and the job runs.
 pub fn run(n: &Node, env: &JobEnv) -> Outcome {
@@ -57,9 +60,26 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
     }
     let log = |m: &str| (n.log)(&format!("kace: prolog: job {}: {m}", env.job));
     let mut timings = Timings::default();
-    let t = Instant::now();
-    let detail = n.slurm.job(env.job);
-    timings.slurm += t.elapsed();
+    // slurmctld may be restarting (seconds) while a job it launched starts: a kace job whose mark
+    // cannot be read runs as a plain one, and its partner's interval would then be stored as
+    // alone. So the read is retried for up to half the budget, leaving the rest for the decision.
+    let patience = Duration::from_millis(n.config.node.prolog_budget_ms / 2);
+    let mut tries = 0u32;
+    let detail = loop {
+        let t = Instant::now();
+        let d = n.slurm.job(env.job);
+        timings.slurm += t.elapsed();
+        tries += 1;
+        match d {
+            Err(e) if started.elapsed() + SLURM_RETRY_PAUSE < patience => {
+                if tries == 1 {
+                    log(&format!("couldn't read the job from Slurm ({e}); trying again"));
+                }
+                std::thread::sleep(SLURM_RETRY_PAUSE);
+            }
+            d => break d,
+        }
+    };
     // Only the gate's mark makes a kace job: a user can put any SPANK_* entry in the job's
     // environment, so without the mark the job runs as a plain one (no MPS, no decision).
     let detail = match detail {
@@ -77,10 +97,18 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         log("couldn't use its workload name (AdminComment); it runs without kace");
         return Outcome::NotKace;
     }
-    let Some(gpu) = env.gpu else {
-        log("couldn't find the job's GPU: neither SLURM_JOB_GPUS nor CUDA_VISIBLE_DEVICES holds a GPU index; it runs without kace");
+    // Right after a slurmctld restart slurmd may start a job's prolog without its GPU in the
+    // environment; Slurm's record of the allocation still names it.
+    let Some(gpu) = env.gpu.or_else(|| detail.single_gpu().map(GpuIndex)) else {
+        log("couldn't find the job's GPU: neither SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES nor Slurm's record of its allocation holds one GPU index; it runs without kace");
         return Outcome::NoGpu;
     };
+    if env.gpu.is_none() {
+        log(&format!(
+            "has no GPU in its environment (SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES); Slurm's record puts it on GPU {}",
+            gpu.0
+        ));
+    }
     let kind = detail.on_gpu(gpu.0).and_then(|g| g.kind.clone());
 
     if let Err(e) = prepare_progress(n, env) {

@@ -180,6 +180,14 @@ impl JobDetail {
     pub fn on_gpu(&self, gpu: u32) -> Option<&GresAlloc> {
         self.gres.iter().find(|g| g.count > 0 && g.indices.contains(&gpu))
     }
+
+    /// The one GPU its allocation is on (single-node jobs, as kace jobs are), `None` when it
+    /// names none or several.
+    pub fn single_gpu(&self) -> Option<u32> {
+        let mut on = self.gres.iter().filter(|g| g.count > 0).flat_map(|g| g.indices.iter());
+        let first = *on.next()?;
+        on.all(|i| *i == first).then_some(first)
+    }
 }
 
 /// A node and its GPUs, for `kace dispatch`.

@@ -32,6 +32,8 @@ struct FakeSlurm {
     nodes: Vec<NodeGpus>,
     /// Jobs whose release fails (cancelled meanwhile).
     gone: Vec<u32>,
+    /// Job reads that fail first, as while slurmctld restarts.
+    unreachable_reads: std::cell::Cell<u32>,
     calls: RefCell<Vec<String>>,
 }
 
@@ -50,6 +52,14 @@ impl Slurm for FakeSlurm {
     }
     fn job(&self, id: u32) -> Result<JobDetail> {
         self.calls.borrow_mut().push(format!("show {id}"));
+        if self.unreachable_reads.get() > 0 {
+            self.unreachable_reads.set(self.unreachable_reads.get() - 1);
+            return Err(Error::Exec(ExecError::Failed {
+                command: "scontrol show job".into(),
+                code: Some(1),
+                stderr: "Unable to contact slurm controller (connect failure)".into(),
+            }));
+        }
         if let Some(j) = self.pending.borrow().iter().find(|j| j.id == id) {
             return Ok(JobDetail {
                 id,
@@ -458,7 +468,9 @@ fn a_failing_mps_control_or_slurm_leaves_the_job_running_alone() {
     w.config.node.state_dir = w.dir.join("state2");
     let plain = JobEnv { kace: false, ..job_env(20, 0) };
     assert_eq!(w.with(|n| prolog::run(n, &plain)), prolog::Outcome::NotKace);
-    w.slurm.details.borrow_mut().insert(21, running_detail(21, "alpha", 0, None));
+    // No GPU in the environment nor in Slurm's record of the allocation: nothing to record.
+    let no_gres = JobDetail { gres: Vec::new(), ..running_detail(21, "alpha", 0, None) };
+    w.slurm.details.borrow_mut().insert(21, no_gres);
     let no_gpu = JobEnv { gpu: None, ..job_env(21, 0) };
     assert_eq!(w.with(|n| prolog::run(n, &no_gpu)), prolog::Outcome::NoGpu);
 }
@@ -1311,4 +1323,44 @@ fn a_profile_without_kernel_metrics_is_a_candidate_and_a_missing_system_metric_i
     assert_ne!(d.reason(0).as_deref().map(|r| r.starts_with("incomplete profile")), Some(true));
     assert!(d.selection.verdicts[0].prediction.is_some(), "{:?}", d.reason(0));
     assert_eq!(d.reason(1).as_deref(), Some("incomplete profile (missing sm_pct)"));
+}
+
+/// A lead whose prolog starts while slurmctld restarts is still a kace job: the prolog reads the
+/// job again until slurmctld answers (within half its budget), instead of running it as plain,
+/// which would store its partner's interval as alone.
+#[test]
+fn a_prolog_during_a_slurmctld_restart_reads_the_job_again() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(20, running_detail(20, "alpha", 0, None));
+    *s.on_node.borrow_mut() = vec![20];
+    s.unreachable_reads.set(2);
+    let w = World::new("restart", s);
+    let out = w.with(|n| prolog::run(n, &job_env(20, 0)));
+    assert!(matches!(out, prolog::Outcome::Led { .. }), "{out:?}");
+    let reads = w.slurm.calls.borrow().iter().filter(|c| *c == "show 20").count();
+    assert!(reads >= 3, "{:?}", w.slurm.calls.borrow());
+    assert!(w.logs.borrow().iter().any(|l| l.contains("couldn't read the job from Slurm")));
+}
+
+/// Right after a slurmctld restart slurmd may run a prolog with no GPU in its environment: the
+/// prolog takes the GPU from Slurm's record of the allocation and records the job there, so
+/// that its partner's interval is not stored as alone (the load test's job 41).
+#[test]
+fn a_prolog_without_the_gpu_in_its_environment_takes_it_from_slurms_record() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(20, running_detail(20, "alpha", 1, None));
+    *s.on_node.borrow_mut() = vec![20];
+    let w = World::new("no-gpu-env", s);
+    let env = JobEnv { gpu: None, ..job_env(20, 1) };
+    let out = w.with(|n| prolog::run(n, &env));
+    assert!(matches!(out, prolog::Outcome::Led { .. }), "{out:?}");
+    let lock = kace_node::state::lock_gpu(
+        &w.config.node.state_dir,
+        "n1",
+        GpuIndex(1),
+        std::time::Instant::now() + std::time::Duration::from_secs(5),
+    )
+    .unwrap();
+    assert_eq!(lock.running().iter().map(|r| r.job).collect::<Vec<_>>(), [20]);
+    assert!(w.logs.borrow().iter().any(|l| l.contains("Slurm's record puts it on GPU 1")));
 }
