@@ -183,3 +183,51 @@ esac
 "#
     )
 }
+
+/// One of kace's GPU state records, read back by a test: which GPU, which job and workload,
+/// and when it started and ended there (`f64::INFINITY` while it runs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuRecord {
+    /// `<node>/<gpu>`, as the state directory names them.
+    pub at: String,
+    /// The job.
+    pub job: u32,
+    /// Its workload, as recorded.
+    pub workload: String,
+    /// Start, Unix seconds.
+    pub start: f64,
+    /// End, Unix seconds.
+    pub end: f64,
+}
+
+/// Every record (running and ended) under a cluster's kace `state_dir`.
+pub fn gpu_records(state_dir: &Path) -> Vec<GpuRecord> {
+    let mut out = Vec::new();
+    for node in std::fs::read_dir(state_dir).into_iter().flatten().flatten() {
+        if !node.path().is_dir() || node.file_name() == "expect" {
+            continue;
+        }
+        for gpu in std::fs::read_dir(node.path()).into_iter().flatten().flatten() {
+            let at = format!(
+                "{}/{}",
+                node.file_name().to_string_lossy(),
+                gpu.file_name().to_string_lossy()
+            );
+            for sub in ["jobs", "ended"] {
+                for f in std::fs::read_dir(gpu.path().join(sub)).into_iter().flatten().flatten() {
+                    let Ok(job) = f.file_name().to_string_lossy().parse::<u32>() else { continue };
+                    let text = std::fs::read_to_string(f.path()).unwrap_or_default();
+                    let v: Vec<&str> = text.split_whitespace().collect();
+                    out.push(GpuRecord {
+                        at: at.clone(),
+                        job,
+                        workload: v.first().unwrap_or(&"").to_string(),
+                        start: v.get(1).and_then(|s| s.parse().ok()).unwrap_or(0.0),
+                        end: v.get(2).and_then(|s| s.parse().ok()).unwrap_or(f64::INFINITY),
+                    });
+                }
+            }
+        }
+    }
+    out
+}

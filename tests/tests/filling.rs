@@ -311,28 +311,10 @@ fn an_idle_cluster_starts_a_kace_job_about_as_soon_as_a_plain_one() {
 
 /// Every kace record on every GPU (running and ended): (node/gpu, job, start, end).
 fn records(c: &Cluster) -> Vec<(String, u32, f64, f64)> {
-    let mut out = Vec::new();
-    let state = c.dir().join("state");
-    for node in std::fs::read_dir(&state).into_iter().flatten().flatten() {
-        for gpu in std::fs::read_dir(node.path()).into_iter().flatten().flatten() {
-            let at = format!(
-                "{}/{}",
-                node.file_name().to_string_lossy(),
-                gpu.file_name().to_string_lossy()
-            );
-            for sub in ["jobs", "ended"] {
-                for f in std::fs::read_dir(gpu.path().join(sub)).into_iter().flatten().flatten() {
-                    let Ok(job) = f.file_name().to_string_lossy().parse::<u32>() else { continue };
-                    let text = std::fs::read_to_string(f.path()).unwrap_or_default();
-                    let v: Vec<&str> = text.split_whitespace().collect();
-                    let start: f64 = v.get(1).and_then(|s| s.parse().ok()).unwrap_or(0.0);
-                    let end: f64 = v.get(2).and_then(|s| s.parse().ok()).unwrap_or(f64::INFINITY);
-                    out.push((at.clone(), job, start, end));
-                }
-            }
-        }
-    }
-    out
+    setup::gpu_records(&c.dir().join("state"))
+        .into_iter()
+        .map(|r| (r.at, r.job, r.start, r.end))
+        .collect()
 }
 
 fn hooks(c: &Cluster) -> String {

@@ -146,30 +146,10 @@ fn ledger(dir: &Path) -> BTreeMap<u32, Run> {
 
 /// kace's records on every GPU: (node/gpuN, job, workload, start, end).
 fn records(dir: &Path) -> Vec<(String, u32, String, f64, f64)> {
-    let mut out = Vec::new();
-    for node in std::fs::read_dir(dir.join("state")).into_iter().flatten().flatten() {
-        if !node.path().is_dir() || node.file_name() == "expect" {
-            continue;
-        }
-        for gpu in std::fs::read_dir(node.path()).into_iter().flatten().flatten() {
-            let at = format!(
-                "{}/{}",
-                node.file_name().to_string_lossy(),
-                gpu.file_name().to_string_lossy()
-            );
-            for sub in ["jobs", "ended"] {
-                for f in std::fs::read_dir(gpu.path().join(sub)).into_iter().flatten().flatten() {
-                    let Ok(job) = f.file_name().to_string_lossy().parse::<u32>() else { continue };
-                    let text = std::fs::read_to_string(f.path()).unwrap_or_default();
-                    let v: Vec<&str> = text.split_whitespace().collect();
-                    let start = v.get(1).and_then(|s| s.parse().ok()).unwrap_or(0.0);
-                    let end = v.get(2).and_then(|s| s.parse().ok()).unwrap_or(f64::INFINITY);
-                    out.push((at.clone(), job, v.first().unwrap_or(&"").to_string(), start, end));
-                }
-            }
-        }
-    }
-    out
+    setup::gpu_records(&dir.join("state"))
+        .into_iter()
+        .map(|r| (r.at, r.job, r.workload, r.start, r.end))
+        .collect()
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
