@@ -385,23 +385,7 @@ pub fn ingest_decisions(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Res
                 Err(e) => return Err(e),
             },
         };
-        match stored {
-            Err(reason) => {
-                if quarantine(&path, quarantine_dir, &reason)? {
-                    report.quarantined.push((path, reason));
-                } else {
-                    report.vanished += 1;
-                }
-            }
-            Ok(inserted) => {
-                if inserted.is_some() {
-                    report.inserted += 1;
-                } else {
-                    report.duplicates += 1;
-                }
-                remove_ingested(&[path])?;
-            }
-        }
+        report.settle(path, stored.map(|inserted| inserted.is_some()), quarantine_dir)?;
     }
     Ok(report)
 }
@@ -500,25 +484,43 @@ pub fn ingest_profiles(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Resu
                 },
             },
         };
+        report.settle(path, stored, quarantine_dir)?;
+    }
+    Ok(report)
+}
+
+impl IngestReport {
+    /// A record the store refused goes to the quarantine with its reason (or counts as vanished
+    /// when another ingest took it first).
+    fn refuse(&mut self, path: PathBuf, reason: String, quarantine_dir: &Path) -> Result<()> {
+        if quarantine(&path, quarantine_dir, &reason)? {
+            self.quarantined.push((path, reason));
+        } else {
+            self.vanished += 1;
+        }
+        Ok(())
+    }
+
+    /// Settles one record by what storing it gave: stored, or stored before (either way the
+    /// file goes), or refused with a reason.
+    fn settle(
+        &mut self,
+        path: PathBuf,
+        stored: std::result::Result<bool, String>,
+        quarantine_dir: &Path,
+    ) -> Result<()> {
         match stored {
-            Err(reason) => {
-                if quarantine(&path, quarantine_dir, &reason)? {
-                    report.quarantined.push((path, reason));
-                } else {
-                    report.vanished += 1;
-                }
-            }
+            Err(reason) => self.refuse(path, reason, quarantine_dir),
             Ok(inserted) => {
                 if inserted {
-                    report.inserted += 1;
+                    self.inserted += 1;
                 } else {
-                    report.duplicates += 1;
+                    self.duplicates += 1;
                 }
-                remove_ingested(&[path])?;
+                remove_ingested(&[path])
             }
         }
     }
-    Ok(report)
 }
 
 /// Reads at most [`MAX_RECORD_BYTES`] of a regular file without following a symlink. `None`
@@ -800,20 +802,10 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
         };
         match read {
             Read1::Gone => report.vanished += 1,
-            Read1::Bad(reason) => {
-                if quarantine(&path, quarantine_dir, &reason)? {
-                    report.quarantined.push((path, reason));
-                } else {
-                    report.vanished += 1;
-                }
-            }
+            Read1::Bad(reason) => report.refuse(path, reason, quarantine_dir)?,
             Read1::Record(obs) => {
                 if let Some(reason) = implausibility(&obs, exclusive.get(&obs.workload).copied()) {
-                    if quarantine(&path, quarantine_dir, &reason)? {
-                        report.quarantined.push((path, reason));
-                    } else {
-                        report.vanished += 1;
-                    }
+                    report.refuse(path, reason, quarantine_dir)?;
                     continue;
                 }
                 batch.push((path, *obs));
