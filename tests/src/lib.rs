@@ -69,11 +69,13 @@ impl std::error::Error for HarnessError {}
 /// The Slurm programs the harness needs.
 const PROGRAMS: [&str; 6] = ["slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "squeue"];
 
-/// Whether end-to-end tests can run here. Prints why not and returns `None` when not root (Slurm's
-/// daemons need it), or when Slurm is not installed outside CI. Panics when Slurm is missing and
-/// `CI=true`: CI installs it (`.ci/install-deps`), so a missing binary there is a failure.
+/// Whether end-to-end tests can run here. Outside CI, prints why not and returns `None` when not
+/// root (Slurm's daemons need it) or when Slurm is not installed. With `CI=true` (`.ci/run` sets
+/// it) either is a failure: CI runs as root and installs Slurm (`.ci/install-deps`).
 pub fn e2e_available(test: &str) -> Option<()> {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
     if !sys::is_root() {
+        assert!(!ci, "{test}: CI=true but not root: end-to-end tests start Slurm daemons");
         eprintln!("SKIPPED {test}: end-to-end tests start Slurm daemons and must run as root");
         return None;
     }
@@ -81,7 +83,6 @@ pub fn e2e_available(test: &str) -> Option<()> {
     let missing: Vec<PathBuf> =
         PROGRAMS.iter().map(|p| slurm.program(p)).filter(|p| !p.exists()).collect();
     if !missing.is_empty() {
-        let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
         assert!(!ci, "{test}: CI=true but Slurm is not installed (missing {missing:?}); run .ci/install-deps");
         eprintln!("SKIPPED {test}: Slurm is not installed (missing {missing:?}); run .ci/install-deps as root");
         return None;
