@@ -332,9 +332,9 @@ fn decision_json(r: &EvalReport, unseen: bool) -> serde_json::Map<String, Value>
     for (p, kappa, kappa_new) in &r.tuned {
         *chosen
             .entry(format!(
-                "alpha={} scale={} robust={} neighbours={} doubt_weight={kappa} \
+                "alpha={} scale={} neighbours={} doubt_weight={kappa} \
                  new_workload_weight={kappa_new}",
-                p.alpha, p.workload_scale, p.robust, p.neighbours
+                p.alpha, p.workload_scale, p.neighbours
             ))
             .or_insert(0) += 1;
     }
