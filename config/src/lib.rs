@@ -16,7 +16,7 @@
 //!
 //! [selection]
 //! memory_margin = 0.05    # keep 5 % of GPU memory free
-//! min_gain = 0.0          # predicted pair sum must beat the lead alone by this fraction
+//! min_gain = 0.0          # predicted normalised progress must beat the GPU without a joiner by this fraction
 //! objective = "throughput-sum"   # or "normalised-progress"
 //! max_jobs_per_gpu = 2    # kace jobs sharing one GPU (3-4 make sense on 80-141 GiB GPUs)
 //! refill = true           # false: fill a GPU only at its lead's start (for comparison)
@@ -146,8 +146,11 @@ pub struct Selection {
     /// Fraction of GPU memory kept free when adding memcaps: a pair fits when
     /// Σ memcap ≤ GPU memory × (1 − margin). Default 0.05.
     pub memory_margin: f64,
-    /// A candidate is chosen only when its predicted pair throughput sum beats the lead's
-    /// exclusive throughput by more than this fraction (0.05 = 5 %). Default 0.0.
+    /// A candidate is chosen only when the group's predicted normalised progress (Σ colocated /
+    /// exclusive; one job alone is 1) beats the GPU's without it by more than this fraction
+    /// (0.05 = 5 %), whatever the objective: steps per second of different jobs do not add up
+    /// to "more work". A linear model, which predicts its objective only, compares that.
+    /// Default 0.0.
     pub min_gain: f64,
     /// What a pairing is worth: `"throughput-sum"` (the paper's Σ steps/s, default) or
     /// `"normalised-progress"` (Σ colocated/exclusive throughput per job, so one fast inference
