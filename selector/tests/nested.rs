@@ -79,8 +79,7 @@ fn pairs_at_n_occur_3_nested_over_100_seeds() {
     stated("kace − kace-lr", d.mean, 0.0382, 4);
     assert_eq!((d.better, d.worse), (89, 11));
     stated("harmful picks, kace", r.harmful_share(KACE).unwrap(), 0.106, 3);
-    stated("harmful picks, gain rule", r.harmful_share(KACE_GATED).unwrap(), 0.007, 3);
-    stated("share of the oracle's gain", r.gain_share(true).unwrap(), 0.504, 3);
+    stated("harmful picks, gain rule", r.harmful_share(KACE_GATED).unwrap(), 0.029, 3);
     stated("MAPE seen", r.mape(), 14.8, 1);
 }
 
@@ -92,9 +91,9 @@ fn gain_rule_on_normalised_progress_nested_over_100_seeds() {
     let r = evaluate_paper(&a.pairs, &a.splits, 3, &seeds(), &opts).unwrap();
     eprintln!("n_occur=3 nested, normalised progress: {}", summary(&r));
     stated("kace", r.means()[KACE], 0.9702, 4);
-    stated("harmful picks, gain rule", r.harmful_share(KACE_GATED).unwrap(), 0.006, 3);
-    stated("share of the oracle's gain", r.gain_share(true).unwrap(), 0.939, 3);
-    stated("no partner", r.none_share().unwrap(), 0.125, 3);
+    stated("harmful picks, gain rule", r.harmful_share(KACE_GATED).unwrap(), 0.024, 3);
+    stated("share of the oracle's gain", r.gain_share(true).unwrap(), 0.946, 3);
+    stated("no partner", r.none_share().unwrap(), 0.090, 3);
 }
 
 #[test]
