@@ -143,12 +143,13 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
     let pairs_path = args.data.join("pairs/MPS100_kernel_labels_targetMPS100.csv");
     let data = read_colocations(&pairs_path.display().to_string(), open(&pairs_path)?)?;
     let world = World::from_colocations(&data, args.gpu_memory).context("couldn't simulate")?;
+    // kace as a site runs it by default (kace.conf's defaults), on the simulated GPU.
     let rules = SelectionRules {
         gpu_memory_gib: Some(args.gpu_memory),
         memory_margin: args.memory_margin,
         require_same_user: true,
         min_gain: args.min_gain,
-        ..SelectionRules::default()
+        ..kace_config::Config::default().policy().rules
     };
     let kind = match args.model {
         SimModel::Slowdown => kace_selector::ModelKind::Slowdown,

@@ -185,11 +185,12 @@ fn a_new_workloads_cost_is_in_the_json() {
             assert!(n[side][k]["mean"].as_f64().is_some_and(|x| x >= 0.0), "{side}.{k}: {n}");
         }
     }
-    // Every partner kace accepts for this workload when it knows it is measured harmful; new,
-    // it is offered fewer.
-    let known = n["known"]["partners"]["mean"].as_f64().unwrap();
-    assert!(known > 0.0 && n["known"]["harmful_partners"]["mean"].as_f64() == Some(known));
-    assert!(n["new"]["partners"]["mean"].as_f64().unwrap() < known, "{n}");
+    // This workload runs at about 0.15 of its exclusive speed beside anyone: every pair with it
+    // is harmful. Known, the model has learnt that and the gain rule gives it no partner; new,
+    // it can only guess, and whatever it accepts is counted as harmful.
+    let mean = |side: &str, k: &str| n[side][k]["mean"].as_f64().unwrap();
+    assert_eq!((mean("known", "partners"), mean("known", "harmful_partners")), (0.0, 0.0), "{n}");
+    assert_eq!(mean("new", "harmful_partners"), mean("new", "partners"), "{n}");
     assert!(n["new_over_known"]["sustained_work_per_s"]["mean"].as_f64().unwrap() > 0.0);
     assert_eq!(v["new_workload_summary"]["comparisons"].as_u64(), n["seeds"].as_u64());
 

@@ -160,12 +160,18 @@ mod tests {
     use crate::features::{combine, Feature, FEATURE_COUNT};
     use crate::policy::Objective;
 
-    /// Predicts the group's summed exclusive throughput minus its memcap.
+    /// Predicts the group's summed exclusive throughput minus its memcap, and no normalised
+    /// progress (so the objective decides the gain rule).
     struct Toy;
     impl Predictor for Toy {
-        fn predict(&self, m: &[Member<'_>], _: Objective) -> f64 {
+        fn predict(&self, m: &[Member<'_>], o: Objective) -> f64 {
             let f = combine(m.iter().map(|m| m.profile));
-            f[Feature::ExclusiveThroughput.index()] - f[Feature::Memcap.index()]
+            match o {
+                Objective::ThroughputSum => {
+                    f[Feature::ExclusiveThroughput.index()] - f[Feature::Memcap.index()]
+                }
+                Objective::NormalisedProgress => f64::NAN,
+            }
         }
     }
 

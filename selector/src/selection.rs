@@ -35,8 +35,10 @@ pub struct SelectionRules {
     pub memory_margin: f64,
     /// Refuse candidates of another user (MPS serialises clients of different users).
     pub require_same_user: bool,
-    /// A candidate is chosen only when the predicted group objective beats the running jobs
-    /// alone by this fraction (0.05 = 5 %).
+    /// A candidate is chosen only when the group's predicted normalised progress (Σ colocated /
+    /// exclusive) beats the running jobs' by this fraction (0.05 = 5 %): the GPU must do more
+    /// work per second with the joiner than without it. For a predictor that cannot predict
+    /// normalised progress, the group objective must beat the running jobs' instead.
     pub min_gain: f64,
     /// What the prediction and the baseline are measured in.
     pub objective: Objective,
@@ -109,12 +111,15 @@ pub enum Rejection {
         /// What it had to exceed.
         required: f64,
     },
-    /// The predicted gain over the running jobs alone is below the threshold.
+    /// The predicted gain over the running jobs without a joiner is not above the threshold.
     BelowGainThreshold {
-        /// Predicted group objective.
+        /// The group's predicted normalised progress, or its objective when `progress` is false.
         predicted: f64,
-        /// What it had to reach.
+        /// What it had to exceed.
         required: f64,
+        /// Whether the two are normalised progress (the predictor could tell it) rather than
+        /// the objective.
+        progress: bool,
     },
 }
 
@@ -137,8 +142,12 @@ impl std::fmt::Display for Rejection {
                 "new workload, not yet a safe pair (predicted progress {predicted:.3} ≤ \
                  {required:.3})"
             ),
-            Rejection::BelowGainThreshold { predicted, required } => {
-                write!(f, "below gain threshold (predicted {predicted:.3} < {required:.3})")
+            Rejection::BelowGainThreshold { predicted, required, progress: true } => write!(
+                f,
+                "below gain threshold (predicted progress {predicted:.3} ≤ {required:.3})"
+            ),
+            Rejection::BelowGainThreshold { predicted, required, progress: false } => {
+                write!(f, "below gain threshold (predicted {predicted:.3} ≤ {required:.3})")
             }
         }
     }
@@ -183,11 +192,16 @@ pub fn select(
         _ => predictor.predict(running, rules.objective),
     };
     let required = baseline * (1.0 + rules.min_gain);
-    // Normalised progress of the running jobs without a partner: one job alone progresses at 1.
-    let baseline_progress = || match running {
+    // Whether a joiner is better than none is asked in normalised progress, whatever the
+    // objective: jobs' steps per second are in their own units, so under the throughput-sum
+    // objective a fast job alone (40 steps/s) would refuse a partner that makes the GPU do 1.5×
+    // the work of running the two one after the other. The objective ranks what passes.
+    let baseline_progress = match running {
+        [] => 0.0,
         [_] => 1.0,
         _ => predictor.predict(running, Objective::NormalisedProgress),
     };
+    let required_progress = baseline_progress * (1.0 + rules.min_gain);
     let running_mem: f64 = running.iter().map(|m| m.profile.memcap()).sum();
     let usable = rules.gpu_memory_gib.map(|m| m * (1.0 - rules.memory_margin));
     let mut group: Vec<Member<'_>> = running.to_vec();
@@ -209,29 +223,43 @@ pub fn select(
             }
             group.push(Member { profile: p, workload: c.workload });
             let predicted = predictor.predict(&group, rules.objective);
-            group.pop();
-            // NaN predictions fail this test too, so they are never chosen.
-            if predicted.is_nan() || predicted <= required {
-                return Verdict {
-                    prediction: Some(predicted),
-                    rejection: Some(Rejection::BelowGainThreshold { predicted, required }),
-                };
-            }
-            group.push(Member { profile: p, workload: c.workload });
+            let progress = match rules.objective {
+                Objective::NormalisedProgress => predicted,
+                Objective::ThroughputSum => {
+                    predictor.predict(&group, Objective::NormalisedProgress)
+                }
+            };
             let new_gain = predictor.new_workload_gain(&group);
-            let progress = (rules.refuse_likely_harm || new_gain.is_some())
-                .then(|| predictor.predict(&group, Objective::NormalisedProgress));
             let harm_gain = rules.refuse_likely_harm.then(|| predictor.required_gain(&group));
             group.pop();
+            let below = |predicted, required, progress| Verdict {
+                prediction: Some(predicted),
+                rejection: Some(Rejection::BelowGainThreshold { predicted, required, progress }),
+            };
+            // NaN predictions fail these tests too, so they are never chosen.
+            if predicted.is_nan() {
+                return below(predicted, required, false);
+            }
+            let in_progress = !progress.is_nan() && !required_progress.is_nan();
+            if in_progress && progress <= required_progress {
+                return Verdict {
+                    prediction: Some(predicted),
+                    ..below(progress, required_progress, true)
+                };
+            }
+            // A predictor trained for one objective only: the objective decides.
+            if !in_progress && predicted <= required {
+                return below(predicted, required, false);
+            }
             let mut doubts = [harm_gain.map(|g| (g, false)), new_gain.map(|g| (g, true))];
             // The larger margin decides, and names the reason.
             doubts.sort_by(|a, b| {
                 a.map_or(f64::NEG_INFINITY, |d| d.0)
                     .total_cmp(&b.map_or(f64::NEG_INFINITY, |d| d.0))
             });
-            if let (Some(progress), Some((gain, new))) = (progress, doubts[1]) {
-                let needed = baseline_progress() + gain;
-                if !progress.is_nan() && !needed.is_nan() && progress <= needed {
+            if let (true, Some((gain, new))) = (in_progress, doubts[1]) {
+                let needed = baseline_progress + gain;
+                if !needed.is_nan() && progress <= needed {
                     let (predicted_progress, required) = (progress, needed);
                     return Verdict {
                         prediction: Some(predicted),
@@ -262,12 +290,18 @@ mod tests {
 
     use crate::features::{combine, FEATURE_COUNT};
 
-    /// Predicts the group's summed exclusive throughput minus its memcap, so tests can steer it.
+    /// Predicts the group's summed exclusive throughput minus its memcap, so tests can steer it,
+    /// and has no answer in normalised progress (a model trained for one objective only).
     struct Toy;
     impl Predictor for Toy {
-        fn predict(&self, m: &[Member<'_>], _: Objective) -> f64 {
+        fn predict(&self, m: &[Member<'_>], o: Objective) -> f64 {
             let f = combine(m.iter().map(|m| m.profile));
-            f[Feature::ExclusiveThroughput.index()] - f[Feature::Memcap.index()]
+            match o {
+                Objective::ThroughputSum => {
+                    f[Feature::ExclusiveThroughput.index()] - f[Feature::Memcap.index()]
+                }
+                Objective::NormalisedProgress => f64::NAN,
+            }
         }
     }
 
@@ -355,20 +389,57 @@ mod tests {
             .map(|p| Candidate { profile: Some(p), workload: None, same_user: true })
             .collect();
         let plain = SelectionRules::default();
-        assert_eq!(select(&lead, &cands, &Doubtful, &plain).chosen, Some(0));
+        // The gain rule alone refuses the harmful one and takes the best throughput of the rest.
+        let s = select(&lead, &cands, &Doubtful, &plain);
+        assert_eq!(s.chosen, Some(1));
+        assert_eq!(
+            s.verdicts[0].rejection,
+            Some(Rejection::BelowGainThreshold { predicted: 0.9, required: 1.0, progress: true })
+        );
         let guarded = SelectionRules { refuse_likely_harm: true, ..plain };
         let s = select(&lead, &cands, &Doubtful, &guarded);
         assert_eq!(s.chosen, Some(2));
-        for i in [0, 1] {
-            assert!(matches!(
-                s.verdicts[i].rejection,
-                Some(Rejection::LikelyHarmful { required, .. }) if (required - 1.1).abs() < 1e-12
-            ));
-        }
-        assert!(s.verdicts[0].rejection.as_ref().unwrap().to_string().contains("likely harmful"));
+        assert!(matches!(s.verdicts[0].rejection, Some(Rejection::BelowGainThreshold { .. })));
+        assert!(matches!(
+            s.verdicts[1].rejection,
+            Some(Rejection::LikelyHarmful { required, .. }) if (required - 1.1).abs() < 1e-12
+        ));
+        assert!(s.verdicts[1].rejection.as_ref().unwrap().to_string().contains("likely harmful"));
         // Nothing clears the margin: no partner at all.
         let s = select(&lead, &cands[..2], &Doubtful, &guarded);
         assert_eq!(s.chosen, None);
+    }
+
+    /// A fast job (40 steps/s alone) beside a slow one (8 alone): 34.4 steps/s together, below
+    /// the fast job alone, yet 1.48× the work of running the two one after the other.
+    struct FastBesideSlow;
+    impl Predictor for FastBesideSlow {
+        fn predict(&self, m: &[Member<'_>], o: Objective) -> f64 {
+            match (m.len(), o) {
+                (2, Objective::ThroughputSum) => 34.4,
+                (2, Objective::NormalisedProgress) => 1.48,
+                _ => f64::NAN,
+            }
+        }
+    }
+
+    #[test]
+    fn the_gain_rule_asks_for_progress_not_steps_per_second() {
+        let (fast, slow) = (prof(40.0, 0.0), prof(8.0, 0.0));
+        let lead = lead(&fast);
+        let cands = [Candidate { profile: Some(&slow), workload: None, same_user: true }];
+        let s = select(&lead, &cands, &FastBesideSlow, &SelectionRules::default());
+        assert_eq!((s.chosen, s.baseline), (Some(0), 40.0));
+        assert_eq!(s.verdicts[0].prediction, Some(34.4));
+        let strict = SelectionRules { min_gain: 0.5, ..SelectionRules::default() };
+        let s = select(&lead, &cands, &FastBesideSlow, &strict);
+        assert_eq!(s.chosen, None);
+        let r = s.verdicts[0].rejection.as_ref().unwrap();
+        assert_eq!(
+            r,
+            &Rejection::BelowGainThreshold { predicted: 1.48, required: 1.5, progress: true }
+        );
+        assert_eq!(r.to_string(), "below gain threshold (predicted progress 1.480 ≤ 1.500)");
     }
 
     /// As [`Doubtful`], and it has never learnt from workload "new".

@@ -646,17 +646,23 @@ mod tests {
     #[test]
     fn oracle_applies_the_gain_rule_and_a_survivor_gets_a_new_partner() {
         let w = tiny_world();
+        // a beside b progresses 6/10 + 4/5 = 1.4 of one job alone, b beside b 3/5 + 3/5 = 1.2.
+        let strict = SelectionRules { min_gain: 0.3, ..rules() };
+        let o = Policy::oracle(&w, &strict);
         let jobs = [job(&w, 0.0, "b", 30.0), job(&w, 0.0, "a", 60.0), job(&w, 0.0, "b", 30.0)];
-        let o = simulate(&w, &Policy::oracle(&w, &rules()), &jobs, 1, 8).unwrap();
-        // t=0: b leads (5 alone) and takes a (4 + 6 = 10 > 5): b ends at 7.5, a has 15 left.
-        // t=7.5: a survives; b beside a (6 + 4 = 10) does not beat a alone (10): a runs alone
-        // to 9, then b leads and runs alone: 30 / 5 → 15.
-        assert_times(&o.start, &[0.0, 0.0, 9.0]);
-        assert_times(&o.finish, &[7.5, 9.0, 15.0]);
-        // Queue order pairs the survivor: a 6, b 4 until a ends at 10; b then has 20 left at 5.
-        let q = simulate(&w, &Policy::queue_order(&w), &jobs, 1, 8).unwrap();
-        assert_times(&q.start, &[0.0, 0.0, 7.5]);
-        assert_times(&q.finish, &[7.5, 10.0, 14.0]);
+        let r = simulate(&w, &o, &jobs, 1, 8).unwrap();
+        // t=0: b leads and takes a (1.4 > 1.3), not b (1.2): b ends at 30 / 4 = 7.5, a has 15
+        // left. t=7.5: the survivor a takes the last b as its new partner: a ends at 10, b has
+        // 20 left and runs alone at 5 to 14.
+        assert_times(&r.start, &[0.0, 0.0, 7.5]);
+        assert_times(&r.finish, &[7.5, 10.0, 14.0]);
+        // Two b's: 1.2 is below the threshold, so they run one after the other; without the
+        // threshold they share at 3 steps/s each.
+        let bb = [job(&w, 0.0, "b", 30.0), job(&w, 0.0, "b", 30.0)];
+        let r = simulate(&w, &o, &bb, 1, 8).unwrap();
+        assert_times(&r.finish, &[6.0, 12.0]);
+        let r = simulate(&w, &Policy::oracle(&w, &rules()), &bb, 1, 8).unwrap();
+        assert_times(&r.finish, &[10.0, 10.0]);
     }
 
     /// Predicts a group's summed exclusive throughput: every fitting pair beats a job alone.

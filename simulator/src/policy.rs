@@ -4,7 +4,7 @@
 //! and a choice inside the simulation is a lookup per candidate.
 
 use kace_selector::decision::{decide, GpuState, Joiner, OnGpu, Policy as DecisionPolicy};
-use kace_selector::{Predictor, SelectionRules};
+use kace_selector::{Objective, Predictor, SelectionRules};
 
 use crate::trace::UserId;
 use crate::world::{PairKind, WorkloadId, World};
@@ -157,15 +157,20 @@ impl Policy {
         })
     }
 
-    /// kace's rules with perfect knowledge: the measured throughput sum must beat the job on
-    /// the GPU alone by `rules.min_gain` and fit in usable memory.
+    /// kace's rules with perfect knowledge: the pair must fit in usable memory and its measured
+    /// normalised progress (Σ colocated / exclusive) beat the job on the GPU alone (1) by
+    /// `rules.min_gain`, as `select`'s gain rule asks; its merit is the measured objective.
     pub fn oracle(world: &World, rules: &SelectionRules) -> Policy {
         let usable = usable_memory(world, rules);
         Policy::table(PolicyKind::Oracle, world, |a, b| {
             let PairKind::Measured { first, second } = world.pair(a, b) else { return None };
             let need = world.profile(a).memcap() + world.profile(b).memcap();
-            let sum = first + second;
-            (need <= usable && sum > world.exclusive(a) * (1.0 + rules.min_gain)).then_some(sum)
+            let progress = first / world.exclusive(a) + second / world.exclusive(b);
+            let merit = match rules.objective {
+                Objective::ThroughputSum => first + second,
+                Objective::NormalisedProgress => progress,
+            };
+            (need <= usable && progress > 1.0 + rules.min_gain).then_some(merit)
         })
     }
 
@@ -265,9 +270,16 @@ mod tests {
         assert_eq!(m.score(a, b), Some(-10.0));
         assert_eq!(m.score(a, c), None);
         let o = Policy::oracle(&w, &rules());
-        assert_eq!(o.score(a, b), None, "6 + 4 = 10 does not beat a alone (10)");
-        assert_eq!(o.score(b, a), Some(10.0), "but beats b alone (5)");
-        assert_eq!(o.score(b, b), Some(6.0));
+        // 6 + 4 = 10 steps/s is no more than a alone, yet 6/10 + 4/5 = 1.4 of one job's work.
+        assert_eq!(o.score(a, b), Some(10.0));
+        assert_eq!(o.score(b, a), Some(10.0));
+        assert_eq!(o.score(b, b), Some(6.0), "3/5 + 3/5 = 1.2");
+        let strict = SelectionRules { min_gain: 0.3, ..rules() };
+        let o = Policy::oracle(&w, &strict);
+        assert_eq!((o.score(a, b), o.score(b, b)), (Some(10.0), None));
+        let by_progress = SelectionRules { objective: Objective::NormalisedProgress, ..rules() };
+        let o = Policy::oracle(&w, &by_progress);
+        assert!(o.score(a, b).is_some_and(|s| (s - 1.4).abs() < 1e-12));
         let k = Policy::kace(&w, &SumOfExclusive, &rules());
         assert_eq!(k.score(a, b), Some(15.0));
         assert_eq!(k.score(b, b), Some(10.0));
