@@ -224,6 +224,17 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
                 .with_context(|| format!("couldn't simulate {w} as a new workload"))?,
             );
         }
+        // One model per seed, trained as `kace train` would on the seed's observed pairs.
+        let needs_kace =
+            kinds.iter().any(|k| matches!(k, PolicyKind::Kace | PolicyKind::KaceAtStart));
+        let trained = if needs_kace {
+            Some(
+                train_kace(&data, model_seed, kind, rules.objective)
+                    .context("couldn't simulate")?,
+            )
+        } else {
+            None
+        };
         let mut base: Option<Metrics> = None;
         let users = jobs.iter().map(|j| j.user).collect::<std::collections::BTreeSet<_>>().len();
         distinct_users = distinct_users.max(users);
@@ -233,14 +244,14 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
                 PolicyKind::QueueOrder => Policy::queue_order(&world),
                 PolicyKind::Memcap => Policy::memcap(&world, &rules),
                 PolicyKind::Oracle => Policy::oracle(&world, &rules),
-                PolicyKind::Kace => {
-                    let k = train_kace(&data, model_seed, kind).context("couldn't simulate")?;
-                    Policy::kace(&world, &k.model, &rules).with_seen_pairs(&world, &k.fit_pairs)
-                }
-                PolicyKind::KaceAtStart => {
-                    let k = train_kace(&data, model_seed, kind).context("couldn't simulate")?;
-                    Policy::kace_at_start(&world, &k.model, &rules)
-                        .with_seen_pairs(&world, &k.fit_pairs)
+                PolicyKind::Kace | PolicyKind::KaceAtStart => {
+                    let k = trained.as_ref().context("couldn't simulate: no kace model")?;
+                    let p = if r.kind == PolicyKind::Kace {
+                        Policy::kace(&world, &k.model, &rules)
+                    } else {
+                        Policy::kace_at_start(&world, &k.model, &rules)
+                    };
+                    p.with_seen_pairs(&world, &k.fit_pairs)
                 }
             }
             .multi_user(args.multi_user);
@@ -255,8 +266,7 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
             }
         }
         // The same trace under kace with MPS's user setting the other way round.
-        if kinds.contains(&PolicyKind::Kace) {
-            let k = train_kace(&data, model_seed, kind).context("couldn't simulate")?;
+        if let (true, Some(k)) = (kinds.contains(&PolicyKind::Kace), &trained) {
             let policy = Policy::kace(&world, &k.model, &rules).multi_user(!args.multi_user);
             let o = simulate(&world, &policy, &jobs, gpus, args.window)
                 .context("couldn't simulate kace with the other MPS user setting")?;

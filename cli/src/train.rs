@@ -237,3 +237,16 @@ pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use kace_selector::training::{DEFAULT_HOLDOUT_FRACTION, DEFAULT_SEED};
+
+    /// The simulator trains with the library's defaults (`TrainingPolicy::new`) to measure
+    /// what `kace train` deploys; that holds only while an unconfigured `[training]` is them.
+    #[test]
+    fn unconfigured_training_is_the_librarys_default() {
+        let t = kace_config::Training::default();
+        assert_eq!((t.holdout_fraction, t.seed), (DEFAULT_HOLDOUT_FRACTION, DEFAULT_SEED));
+    }
+}

@@ -22,6 +22,12 @@ use crate::tuning::{self, Folds, Tuned};
 /// Fewest fit groups accepted: the linear model has ten coefficients plus an intercept.
 pub const MIN_FIT_GROUPS: usize = 12;
 
+/// Fraction of observed groups held out to validate a new model, unless configured otherwise
+/// (`training.holdout_fraction` in kace.conf defaults to it).
+pub const DEFAULT_HOLDOUT_FRACTION: f64 = 0.2;
+/// Seed of the held-out split, unless configured otherwise (`training.seed`).
+pub const DEFAULT_SEED: u64 = 30;
+
 /// How a model is trained and validated.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TrainingPolicy {
@@ -35,6 +41,20 @@ pub struct TrainingPolicy {
     pub seed: u64,
     /// Activate the new model whatever its held-out error.
     pub force_activation: bool,
+}
+
+impl TrainingPolicy {
+    /// `kind` for `objective`, with the default held-out split and no forced activation: what
+    /// `kace train` does with an unconfigured `[training]` (the simulator trains this way).
+    pub fn new(kind: ModelKind, objective: Objective) -> TrainingPolicy {
+        TrainingPolicy {
+            kind,
+            objective,
+            holdout_fraction: DEFAULT_HOLDOUT_FRACTION,
+            seed: DEFAULT_SEED,
+            force_activation: false,
+        }
+    }
 }
 
 /// Why no model was trained.
@@ -84,6 +104,8 @@ pub struct Trained {
     pub model: Model,
     /// Groups it was fitted on.
     pub fit_groups: usize,
+    /// Their indices in the groups given to [`train`], ascending.
+    pub fit_indices: Vec<usize>,
     /// Groups held out to validate it.
     pub holdout_groups: usize,
     /// Groups the kind does not learn from (another size; for the linear model, a member
@@ -153,7 +175,9 @@ pub fn train(
     if !(fraction > 0.0 && fraction < 1.0) {
         return Err(TrainingError::BadHoldoutFraction(fraction));
     }
-    let usable: Vec<&Group> = groups.iter().filter(|g| policy.kind.learns_from_group(g)).collect();
+    let usable_at: Vec<usize> =
+        (0..groups.len()).filter(|&i| policy.kind.learns_from_group(&groups[i])).collect();
+    let usable: Vec<&Group> = usable_at.iter().map(|&i| &groups[i]).collect();
     let (fit_idx, held_idx) = holdout_split(usable.len(), fraction, policy.seed);
     if fit_idx.len() < MIN_FIT_GROUPS || held_idx.is_empty() {
         return Err(TrainingError::NotEnoughGroups {
@@ -187,6 +211,7 @@ pub fn train(
     Ok(Trained {
         model,
         fit_groups: fit.len(),
+        fit_indices: fit_idx.iter().map(|&i| usable_at[i]).collect(),
         holdout_groups: held.len(),
         unused_groups: groups.len() - usable.len(),
         group_sizes,
@@ -231,13 +256,7 @@ mod tests {
     }
 
     fn policy(kind: ModelKind) -> TrainingPolicy {
-        TrainingPolicy {
-            kind,
-            objective: Objective::ThroughputSum,
-            holdout_fraction: 0.2,
-            seed: 30,
-            force_activation: false,
-        }
+        TrainingPolicy::new(kind, Objective::ThroughputSum)
     }
 
     #[test]
@@ -273,6 +292,8 @@ mod tests {
         let g = groups(40);
         let t = train(&g, None, &policy(ModelKind::Slowdown)).unwrap();
         assert_eq!((t.fit_groups, t.holdout_groups), (32, 8));
+        let (fit, _) = holdout_split(40, DEFAULT_HOLDOUT_FRACTION, DEFAULT_SEED);
+        assert_eq!(t.fit_indices, fit);
         assert!(t.activate && t.active_quality.is_none());
         assert!(t.quality.mse.is_finite());
         let tuned = t.tuned.as_ref().unwrap();
@@ -314,6 +335,10 @@ mod tests {
         assert!(s.quality.mse.is_finite());
         let l = train(&g, None, &policy(ModelKind::Linear)).unwrap();
         assert_eq!(l.unused_groups, with_w9);
+        // It names the groups it fitted on in the caller's numbering, none of them w9's.
+        assert_eq!(l.fit_indices.len(), l.fit_groups);
+        assert!(l.fit_indices.iter().all(|&i| !g[i].contains("w9")));
+        assert!(l.fit_indices.windows(2).all(|w| w[0] < w[1]));
         assert!(l.quality.mse.is_finite());
     }
 

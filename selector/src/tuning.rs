@@ -2,8 +2,15 @@
 //! inside the training data only: the evaluation's nested protocol and `kace train` both call
 //! [`tune`], so the figures in `docs/models.md` measure exactly what production does.
 //!
-//! The grid is small on purpose (18 settings): each fit is a closed-form ridge solve, and the
-//! nested evaluation repeats the whole search for every outer split of 100 seeds.
+//! The grid is small on purpose (18 settings): each fit is a closed-form ridge solve (four for
+//! the robust fit), and the nested evaluation repeats the whole search for every outer split of
+//! 100 seeds.
+//!
+//! The robust (Huber) fit is not in the grid: it is always on. Offered the plain least-squares
+//! fit as well, the squared-error criterion chose it in 66 of 100 nested splits (squared error
+//! is the loss the plain fit minimises and the robust one declines to), and every decision
+//! figure came out lower (docs/models.md, *What was tried*); and the robust fit is what keeps an
+//! outlier that passes the plausibility bounds from steering the model.
 
 use crate::dataset::Group;
 use crate::error::SelectorError;
@@ -245,7 +252,8 @@ pub struct Tuned {
     pub tried: Vec<(SlowdownParams, f64)>,
 }
 
-/// The settings grid: every [`NEIGHBOURS`] × [`ALPHAS`] × [`WORKLOAD_SCALES`], robust fit on.
+/// The settings grid: every [`NEIGHBOURS`] × [`ALPHAS`] × [`WORKLOAD_SCALES`], in that order
+/// (no neighbours first, so that a tie keeps the simpler), each with the robust fit.
 pub fn grid() -> Vec<SlowdownParams> {
     let mut out = Vec::new();
     for neighbours in NEIGHBOURS {
@@ -397,19 +405,70 @@ mod tests {
         assert!(t.tried.iter().all(|(_, e)| e.is_finite() && *e >= t.log_mse));
         assert_eq!(model.doubt_weight, t.doubt_weight);
         assert!(DOUBT_WEIGHTS.contains(&t.doubt_weight));
-        // The new-workload weight meets the target with each workload held out in turn, its
-        // kernel metrics hidden.
+        // The new-workload weight is chosen on each workload held out in turn, its kernel
+        // metrics hidden: the smallest that meets the target there, or the largest tried when
+        // none does (this noise-free fixture's plain fit has almost no residual spread, so its
+        // doubt is too small for any weight to refuse the one harmful pair it predicts at 1.03).
         assert_eq!(model.new_workload_weight, t.new_workload_weight);
         let by_workload = Folds::WorkloadsSystemOnly.held_out(&refs);
         let cv = cross_validate(&refs, t.params, &by_workload, true).unwrap();
+        let meets = |k: f64| {
+            let (formed, harmful) = gate_outcome(&cv.out_of_fold, k);
+            formed == 0 || harmful as f64 <= MAX_HARMFUL_SHARE * formed as f64
+        };
+        let want = DOUBT_WEIGHTS.into_iter().find(|&k| meets(k)).unwrap_or(DOUBT_WEIGHTS[7]);
+        assert_eq!(t.new_workload_weight, want);
         assert_eq!(t.new_workload_weight, choose_doubt_weight(&cv.out_of_fold));
-        let (formed, harmful) = gate_outcome(&cv.out_of_fold, t.new_workload_weight);
-        assert!(formed == 0 || harmful as f64 <= MAX_HARMFUL_SHARE * formed as f64);
         // The chosen weight is the smallest that meets the target on the out-of-fold groups.
         let cv = cross_validate(&refs, t.params, &Folds::default().held_out(&refs), false).unwrap();
         let (formed, harmful) = gate_outcome(&cv.out_of_fold, t.doubt_weight);
         assert!(formed == 0 || harmful as f64 <= MAX_HARMFUL_SHARE * formed as f64);
         assert!(tune(&refs[..1], &grid(), Folds::default()).is_err());
+    }
+
+    /// Hardening (issue 18): an outlier must not dominate training, whatever settings
+    /// cross-validation picks. One job "ran" at `to_ratio` times its exclusive throughput: at
+    /// the plausibility bound (4, the most `kace_sql` lets into training) and far beyond it
+    /// (what a caller without the bound could pass).
+    #[test]
+    fn an_absurd_observation_cannot_steer_the_tuned_model() {
+        let clean = pairs();
+        let refs: Vec<&Group> = clean.iter().collect();
+        let (clean_model, _) = fit_tuned(&refs, &grid(), Folds::default()).unwrap();
+        let progress = |m: &SlowdownModel, g: &Group| {
+            let members: Vec<Member<'_>> = g
+                .profiles
+                .iter()
+                .zip(&g.workloads)
+                .map(|(p, w)| Member { profile: p, workload: Some(w) })
+                .collect();
+            m.normalised_progress(&members)
+        };
+        for to_ratio in [4.0, 1e6] {
+            let mut dirty = pairs();
+            let bad = dirty.iter().position(|g| g.workloads == ["w3", "w5"]).unwrap();
+            dirty[bad].throughputs[0] = to_ratio * dirty[bad].profiles[0].exclusive_throughput();
+            let refs: Vec<&Group> = dirty.iter().collect();
+            let (m, t) = fit_tuned(&refs, &grid(), Folds::default()).unwrap();
+            assert!(t.params.robust);
+            let shift = clean
+                .iter()
+                .map(|g| {
+                    (progress(&m, g) - progress(&clean_model, g)).abs() / progress(&clean_model, g)
+                })
+                .fold(0.0, f64::max);
+            assert!(shift < 0.1, "ratio {to_ratio}: a prediction moved by {shift}");
+            // The plain fit, offered the same data, is pulled further.
+            let plain = SlowdownParams { robust: false, ..t.params };
+            let p = SlowdownModel::fit(&refs, plain).unwrap();
+            let plain_shift = clean
+                .iter()
+                .map(|g| {
+                    (progress(&p, g) - progress(&clean_model, g)).abs() / progress(&clean_model, g)
+                })
+                .fold(0.0, f64::max);
+            assert!(plain_shift > shift, "ratio {to_ratio}: plain {plain_shift}, robust {shift}");
+        }
     }
 
     #[test]

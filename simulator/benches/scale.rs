@@ -24,7 +24,12 @@ fn world() -> (World, Option<kace_selector::Model>, &'static str) {
         if let Ok(d) = read_colocations("pairs", f) {
             if let (Ok(w), Ok(k)) = (
                 World::from_colocations(&d, 32.0),
-                train_kace(&d, 10, kace_selector::ModelKind::default()),
+                train_kace(
+                    &d,
+                    10,
+                    kace_selector::ModelKind::default(),
+                    kace_selector::Objective::default(),
+                ),
             ) {
                 return (w, Some(k.model), "artifact, 21 workloads");
             }

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use kace_selector::training::TrainingError;
 use kace_selector::{DataError, SelectorError};
 
 /// Everything that can stop a simulation before it starts. A running simulation cannot fail:
@@ -16,7 +17,7 @@ pub enum SimError {
     /// non-positive throughput, …).
     World(String),
     /// Training the kace model failed.
-    Model(SelectorError),
+    Model(TrainingError),
 }
 
 impl fmt::Display for SimError {
@@ -25,7 +26,7 @@ impl fmt::Display for SimError {
             SimError::Trace(e) => write!(f, "{e}"),
             SimError::Config(m) => write!(f, "invalid simulation: {m}"),
             SimError::World(m) => write!(f, "unusable ground truth: {m}"),
-            SimError::Model(e) => write!(f, "couldn't train the kace model: {e}"),
+            SimError::Model(e) => write!(f, "training kace: {e}"),
         }
     }
 }
@@ -46,8 +47,14 @@ impl From<DataError> for SimError {
     }
 }
 
+impl From<TrainingError> for SimError {
+    fn from(e: TrainingError) -> Self {
+        SimError::Model(e)
+    }
+}
+
 impl From<SelectorError> for SimError {
     fn from(e: SelectorError) -> Self {
-        SimError::Model(e)
+        SimError::Model(TrainingError::Fit(e))
     }
 }

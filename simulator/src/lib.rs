@@ -7,7 +7,7 @@
 //! - [`world`]: the ground truth: workloads, exclusive and colocated throughput, memory.
 //! - [`trace`]: jobs; a seeded generator and the CSV trace format.
 //! - [`policy`]: exclusive FIFO, queue order (Slurm shard), memcap, kace, oracle.
-//! - [`model`]: kace's model, trained on the paper's n_occur = 3 split only.
+//! - [`model`]: kace's model, trained as `kace train` does, on the paper's n_occur = 3 split only.
 //! - [`onboarding`]: what a new workload (no observations, system profile only) costs.
 //! - [`engine`]: the event loop and its model of a GPU shared in pairs.
 //! - [`metrics`]: makespan, completion times, throughput, ratios, the utilisation timeline.

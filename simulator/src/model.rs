@@ -1,10 +1,13 @@
-//! The kace model the simulator runs with, trained as production trains it: kace's default
-//! model kind on every pair of the n_occur = 3 training split (about a fifth of the measured
-//! pairs), never on the rest of the ground truth the simulation scores it against.
+//! The kace model the simulator runs with, trained as `kace train` trains it: the library's
+//! training policy ([`kace_selector::training::train`]: a held-out fifth, settings, doubt
+//! weight and new-workload weight chosen by cross-validation on the rest) on every pair of the
+//! n_occur = 3 training split (about a fifth of the measured pairs), never on the rest of the
+//! ground truth the simulation scores it against.
 
 use kace_selector::dataset::{ColocationData, Group};
 use kace_selector::eval::colocations::n_occur_split;
-use kace_selector::{Model, ModelKind, Objective, SlowdownParams};
+use kace_selector::training::{train, TrainingPolicy};
+use kace_selector::{Model, ModelKind, Objective};
 
 use crate::error::SimError;
 
@@ -18,18 +21,34 @@ pub struct TrainedKace {
     pub model: Model,
     /// The split seed.
     pub seed: u32,
-    /// Rows of the pair table it was fitted on.
+    /// Rows of the pair table it was fitted on (the training split less the groups training
+    /// held out to validate it).
     pub fit_rows: Vec<usize>,
     /// The fitted pairs, by workload name.
     pub fit_pairs: Vec<[String; 2]>,
 }
 
-/// Trains a `kind` model on the n_occur = 3 training split of `data` for `seed`. For the
-/// paper's seeds (10…50) the split is exactly the artifact's training file.
+/// What `kace train` makes of `observed` (pairs a site measured) with an unconfigured
+/// `[training]` and `selection.objective = objective`, and which of them it fitted on
+/// (indices into `observed`).
+pub fn deployed(
+    observed: &[Group],
+    kind: ModelKind,
+    objective: Objective,
+) -> Result<(Model, Vec<usize>), SimError> {
+    let policy = TrainingPolicy::new(kind, objective);
+    let t = train(observed, None, &policy)?;
+    Ok((t.model, t.fit_indices))
+}
+
+/// Trains a `kind` model as `kace train` does ([`deployed`]) on the n_occur = 3 training split
+/// of `data` for `seed`, for the selection objective `objective`. For the paper's seeds
+/// (10…50) the split is exactly the artifact's training file.
 pub fn train_kace(
     data: &ColocationData,
     seed: u32,
     kind: ModelKind,
+    objective: Objective,
 ) -> Result<TrainedKace, SimError> {
     let (train, _) = n_occur_split(data, seed, KACE_N_OCCUR);
     if train.len() < 3 {
@@ -38,11 +57,12 @@ pub fn train_kace(
             train.len()
         )));
     }
-    let groups: Vec<&Group> = train.iter().map(|&i| &data.groups[i]).collect();
-    let model = Model::train(kind, &groups, Objective::ThroughputSum, SlowdownParams::default())?;
-    let fit_pairs = train
+    let observed: Vec<Group> = train.iter().map(|&i| data.groups[i].clone()).collect();
+    let (model, fit) = deployed(&observed, kind, objective)?;
+    let fit_rows: Vec<usize> = fit.iter().map(|&i| train[i]).collect();
+    let fit_pairs = fit_rows
         .iter()
         .map(|&i| [data.groups[i].workloads[0].clone(), data.groups[i].workloads[1].clone()])
         .collect();
-    Ok(TrainedKace { model, seed, fit_rows: train, fit_pairs })
+    Ok(TrainedKace { model, seed, fit_rows, fit_pairs })
 }

@@ -9,13 +9,12 @@
 
 use kace_selector::dataset::{ColocationData, Group};
 use kace_selector::eval::colocations::n_occur_split;
-use kace_selector::tuning::{fit_tuned, grid, Folds};
-use kace_selector::{Model, SelectionRules};
+use kace_selector::{Model, ModelKind, Objective, SelectionRules};
 
 use crate::engine::simulate;
 use crate::error::SimError;
 use crate::metrics::Metrics;
-use crate::model::KACE_N_OCCUR;
+use crate::model::{deployed, KACE_N_OCCUR};
 use crate::policy::Policy;
 use crate::trace::Job;
 use crate::world::{PairKind, WorkloadId, World};
@@ -50,17 +49,23 @@ pub struct NewWorkloadCost {
     pub new: Treatment,
 }
 
-/// Trains kace as `kace train` does (settings, doubt weight and new-workload weight chosen by
-/// cross-validation) on the n_occur = 3 split for `seed`, without the groups of `leave_out`.
-fn trained(data: &ColocationData, seed: u32, leave_out: Option<&str>) -> Result<Model, SimError> {
+/// Trains kace as `kace train` does ([`deployed`]: held-out fifth, settings, doubt weight and
+/// new-workload weight by cross-validation) on the n_occur = 3 split for `seed`, without the
+/// groups of `leave_out`.
+fn trained(
+    data: &ColocationData,
+    seed: u32,
+    leave_out: Option<&str>,
+    objective: Objective,
+) -> Result<Model, SimError> {
     let (train, _) = n_occur_split(data, seed, KACE_N_OCCUR);
-    let groups: Vec<&Group> = train
+    let observed: Vec<Group> = train
         .iter()
         .map(|&i| &data.groups[i])
         .filter(|g| leave_out.is_none_or(|w| !g.contains(w)))
+        .cloned()
         .collect();
-    let (m, _) = fit_tuned(&groups, &grid(), Folds::default())?;
-    Ok(Model::Slowdown(m))
+    Ok(deployed(&observed, ModelKind::Slowdown, objective)?.0)
 }
 
 fn treatment(
@@ -120,10 +125,10 @@ pub fn new_workload_cost(
     if !jobs.iter().any(|j| j.workload == w) {
         return Err(SimError::Config(format!("the trace has no job of {workload}")));
     }
-    let known_model = trained(data, model_seed, None)?;
+    let known_model = trained(data, model_seed, None, rules.objective)?;
     let known_policy = Policy::kace(world, &known_model, rules).multi_user(multi_user);
     let known = treatment(world, &known_policy, jobs, gpus, window, w, first_jobs)?;
-    let new_model = trained(data, model_seed, Some(workload))?;
+    let new_model = trained(data, model_seed, Some(workload), rules.objective)?;
     // The decisions see the system profile; the run itself is the same ground truth.
     let new_policy =
         Policy::kace(&world.with_system_only(w), &new_model, rules).multi_user(multi_user);

@@ -20,15 +20,15 @@ fn stated(what: &str, got: f64, want: f64, digits: i32) {
 
 #[test]
 #[ignore = "needs ../shared/data/kace-artifact"]
-fn a_new_workload_is_tried_with_fewer_safer_partners_at_a_small_cluster_cost() {
+fn a_new_workload_is_tried_with_fewer_partners_at_no_cluster_cost() {
     let dir = artifact();
     let path = dir.join("pairs/MPS100_kernel_labels_targetMPS100.csv");
     let data = read_colocations("pairs", File::open(path).expect("pair table")).unwrap();
     let world = World::from_colocations(&data, 32.0).unwrap();
+    // kace.conf's default rules on the simulated GPU, as `kace simulate` runs them.
     let rules = SelectionRules {
         gpu_memory_gib: Some(32.0),
-        memory_margin: 0.05,
-        ..SelectionRules::default()
+        ..kace_config::Config::default().policy().rules
     };
     let gpus = 100;
     let mut costs = Vec::new();
@@ -58,10 +58,10 @@ fn a_new_workload_is_tried_with_fewer_safer_partners_at_a_small_cluster_cost() {
     let s = Summary::of(&costs).unwrap();
     eprintln!("{s:?}");
     assert_eq!(s.comparisons, 105);
-    stated("partners, known", s.partners_known, 12.53, 2);
-    stated("partners, new", s.partners_new, 4.09, 2);
-    stated("harmful share, known", s.harmful_share_known, 0.017, 3);
-    stated("harmful share, new", s.harmful_share_new, 0.026, 3);
-    stated("first 10 jobs' completion time, new / known", s.first_jobs_jct_ratio, 0.906, 3);
-    stated("cluster throughput, new / known", s.cluster_work_ratio, 0.991, 3);
+    stated("partners, known", s.partners_known, 9.58, 2);
+    stated("partners, new", s.partners_new, 4.10, 2);
+    stated("harmful share, known", s.harmful_share_known, 0.012, 3);
+    stated("harmful share, new", s.harmful_share_new, 0.044, 3);
+    stated("first 10 jobs' completion time, new / known", s.first_jobs_jct_ratio, 0.947, 3);
+    stated("cluster throughput, new / known", s.cluster_work_ratio, 1.000, 3);
 }
