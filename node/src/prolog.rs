@@ -97,8 +97,10 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         log("couldn't use its workload name (AdminComment); it runs without kace");
         return Outcome::NotKace;
     }
-    // Right after a slurmctld restart slurmd may start a job's prolog without its GPU in the
-    // environment; Slurm's record of the allocation still names it.
+    // A job slurmctld starts after its restart and before the nodes registered again (3–4 s)
+    // has no GPU in its prolog's environment: slurmctld loads its GRES plugins (which build
+    // that environment) only when a node registers (seen on 25.11 and 26.05). Its allocation,
+    // and so Slurm's record of it, does name the GPU (tests/tests/restart_prolog.rs).
     let Some(gpu) = env.gpu.or_else(|| detail.single_gpu().map(GpuIndex)) else {
         log("couldn't find the job's GPU: neither SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES nor Slurm's record of its allocation holds one GPU index; it runs without kace");
         return Outcome::NoGpu;

@@ -1364,3 +1364,56 @@ fn a_prolog_without_the_gpu_in_its_environment_takes_it_from_slurms_record() {
     assert_eq!(lock.running().iter().map(|r| r.job).collect::<Vec<_>>(), [20]);
     assert!(w.logs.borrow().iter().any(|l| l.contains("Slurm's record puts it on GPU 1")));
 }
+
+/// The exact environment and JSON record Slurm 26.05 gave a lead's prolog when slurmctld
+/// started the job after its restart and before the nodes registered again (captured in a real
+/// load run, job 15; tests/tests/restart_prolog.rs reproduces it): no GPU variable at all, and a
+/// record whose `gres_detail` (`shard:g0:1(1/4,0/4)`) names GPU 0. Read through the real
+/// `scontrol --json` path, the prolog leads on GPU 0.
+#[test]
+fn a_prolog_started_before_the_nodes_registered_again_leads_on_the_gpu_of_slurms_record() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/26.05.3");
+    let text =
+        std::fs::read_to_string(fixtures.join("prolog-env-before-registration.txt")).unwrap();
+    let vars: BTreeMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
+    let env = JobEnv::read(|k| vars.get(k).map(|v| v.to_string())).unwrap();
+    assert_eq!((env.job, env.kace, env.gpu, env.node.as_str()), (15, true, None, "n1"));
+
+    // Slurm's record, as kace's real Commands read it from `scontrol --json show job`.
+    let t = TempDir::new("node-before-registration");
+    let scontrol = t.path().join("scontrol");
+    let record = fixtures.join("job-before-registration.json");
+    std::fs::write(&scontrol, format!("#!/bin/sh\nexec cat {}\n", record.display())).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let commands = kace_node::slurm::Commands {
+        scontrol: scontrol.clone(),
+        squeue: scontrol.clone(),
+        sinfo: scontrol,
+        timeout: Duration::from_secs(5),
+        deadline: None,
+        logger: kace_log::Logger::new(None),
+    };
+    let detail = commands.job(15).unwrap();
+    assert_eq!((detail.workload(), detail.single_gpu()), (Some("gpt2-finetune"), Some(0)));
+
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(15, detail);
+    *s.on_node.borrow_mut() = vec![15];
+    let w = World::new("before-registration", s);
+    let out = w.with(|n| prolog::run(n, &env));
+    assert!(matches!(out, prolog::Outcome::Led { .. }), "{out:?}");
+    let lock = kace_node::state::lock_gpu(
+        &w.config.node.state_dir,
+        "n1",
+        GpuIndex(0),
+        Instant::now() + Duration::from_secs(5),
+    )
+    .unwrap();
+    assert_eq!(lock.running().iter().map(|r| r.job).collect::<Vec<_>>(), [15]);
+    assert!(
+        w.logs.borrow().iter().any(|l| l.contains("Slurm's record puts it on GPU 0")),
+        "{:?}",
+        w.logs.borrow()
+    );
+}

@@ -333,6 +333,11 @@ fn drill_newline_in_an_unrelated_admin_comment_stops_neither_dispatch_nor_max_ho
     let other = e.c.sbatch(&["--hold", "--gres=shard:1", "--wrap", "true"]).unwrap();
     e.c.run_ok("scontrol", &["update", &format!("jobid={other}"), "AdminComment=note\n9|kace:x|"])
         .unwrap();
+    // Without the refill: otherwise the lead's epilog gives its partner the next held job, and
+    // that one's the next, and no job is left held for max_hold.
+    let conf = e.c.dir().join("etc/kace.conf");
+    let text = std::fs::read_to_string(&conf).unwrap();
+    std::fs::write(&conf, format!("{text}[selection]\nrefill = false\n")).unwrap();
     // A lead and held candidates: the lead's prolog lists the queue and releases a partner.
     let (lead, held) = e.lead_with_held();
     let lines = e.lead_ran(lead, "released job ");

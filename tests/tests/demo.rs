@@ -88,14 +88,19 @@ fn the_timeline_renders_a_recorded_run() {
     let observed: f64 = rec
         .observations
         .iter()
-        .filter(|o| o.partners.len() == 1 && ["1", "7"].contains(&o.job.as_str()))
+        .filter(|o| match o.partners.as_slice() {
+            [p] => matches!((o.job.as_str(), p.job.as_str()), ("1", "7") | ("7", "1")),
+            _ => false,
+        })
         .map(|o| o.throughput)
         .sum();
     // The model's prediction and the truth are fixed by the shipped data; observed is the run's.
     for v in ["29.19".to_string(), format!("{observed:.2}"), "29.34".into()] {
         assert!(pair.contains(&v), "{v} in {pair}");
     }
-    assert!(line("2 vit-train       6 whisper-infer").contains("15.46"));
+    // The refill: bert-infer's epilog-time survivor takes whisper-infer, whisper-infer's vit-train.
+    assert!(line("7 bert-infer      6 whisper-infer").contains("35.62"));
+    assert!(line("6 whisper-infer   2 vit-train").contains("15.46"));
     assert!(line("3 unet-infer      (none: ran alone)").contains("20.00"));
     // The verdicts, and the rules compared.
     assert!(line("5 gpt2-finetune   predicted      -").contains("memory does not fit"));
