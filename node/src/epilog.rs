@@ -175,11 +175,11 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         }
     };
     let path = progress_file(&n.config.node.progress_root, env.job);
-    // Observations an earlier epilog parked while the spool was full go in first.
+    // Records an earlier epilog parked while the spool was full go in first.
     match unpark(&n.config.node.progress_root, &n.config.spool.dir) {
         Ok(0) => {}
-        Ok(moved) => log(&format!("moved {moved} parked observation(s) into the spool")),
-        Err(e) => log(&format!("couldn't move parked observations into the spool: {e}")),
+        Ok(moved) => log(&format!("moved {moved} parked record(s) into the spool")),
+        Err(e) => log(&format!("couldn't move parked records into the spool: {e}")),
     }
     let (observations, profile) = match me {
         None => {
@@ -339,19 +339,35 @@ fn measure_profile(
         alone_seconds: run.seconds,
         oom_limit_mib: None,
     };
-    match kace_sql::spool::write_profile(&n.config.spool.dir, &record) {
-        Ok(_) => {
-            log(&format!(
-                "measured its profile alone over {:.0} s ({} readings): spooled as {}",
-                run.seconds, record.samples, record.key
-            ));
-            Some(Box::new(record))
-        }
+    let what = format!(
+        "measured its profile alone over {:.0} s ({} readings)",
+        run.seconds, record.samples
+    );
+    spool_profile(n, &log, record, &what, "profile measurement")
+}
+
+/// Spools a profile record, or parks it beside the progress files while the spool is full (a
+/// later epilog moves it in); `None` (logged) when neither worked.
+fn spool_profile(
+    n: &Node,
+    log: &dyn Fn(&str),
+    record: ObservedProfile,
+    what: &str,
+    kind: &str,
+) -> Option<Box<ObservedProfile>> {
+    match write_or_park(&n.config.spool.dir, &n.config.node.progress_root, &record) {
+        Ok(Written::Spooled(_)) => log(&format!("{what}: spooled as {}", record.key)),
+        Ok(Written::Parked { path, cause }) => log(&format!(
+            "{what}: couldn't spool the {kind} {} ({cause}); parked it as {} for a later epilog",
+            record.key,
+            path.display()
+        )),
         Err(e) => {
-            log(&format!("couldn't spool the profile measurement {}: {e}", record.key));
-            None
+            log(&format!("{what}: couldn't spool the {kind} {}: {e}", record.key));
+            return None;
         }
     }
+    Some(Box::new(record))
 }
 
 /// The memory guard's record of a job that ran out of GPU memory at its limit, spooled: its
@@ -407,20 +423,12 @@ fn out_of_memory(
         alone_seconds: 0.0,
         oom_limit_mib: Some(limit.mib),
     };
-    match kace_sql::spool::write_profile(&n.config.spool.dir, &record) {
-        Ok(_) => {
-            log(&format!(
-                "ran out of GPU memory at {at:.0} under its limit of {} MiB ({}); recorded, so its memcap rises to at least that",
-                limit.mib,
-                env.exit.map_or("exit status unknown".to_string(), |x| format!("exit {}:{}", x.code, x.signal))
-            ));
-            Some(Box::new(record))
-        }
-        Err(e) => {
-            log(&format!("couldn't spool the out-of-memory record {}: {e}", record.key));
-            None
-        }
-    }
+    let what = format!(
+        "ran out of GPU memory at {at:.0} under its limit of {} MiB ({}); recorded, so its memcap rises to at least that",
+        limit.mib,
+        env.exit.map_or("exit status unknown".to_string(), |x| format!("exit {}:{}", x.code, x.signal))
+    );
+    spool_profile(n, &log, record, &what, "out-of-memory record")
 }
 
 /// GPU model recorded when NVML cannot tell it (as `kace profile import` records "unspecified").

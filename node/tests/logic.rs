@@ -894,6 +894,16 @@ fn a_full_spool_loses_no_observation() {
     let logs = w.logs.borrow().join("\n");
     assert!(logs.contains("parked it as"), "{logs}");
     assert!(!logs.contains("too few progress lines"), "{logs}");
+    // Its alone run's profile measurement (from the progress lines) is parked as well.
+    assert!(logs.contains("couldn't spool the profile measurement"), "{logs}");
+    let parked_profiles = |root: &std::path::Path| {
+        std::fs::read_dir(root)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".parked-profile.json"))
+            .count()
+    };
+    assert_eq!(parked_profiles(&w.config.node.progress_root), 1, "{logs}");
 
     // The spool has room again: the next epilog on the node moves the parked one in.
     w.config.spool.dir = spool;
@@ -905,6 +915,11 @@ fn a_full_spool_loses_no_observation() {
     w.with(|n| epilog::run(n, &job_env(11, 0)));
     let mut db = Db::open(&w.config.database.path).unwrap();
     let r = kace_sql::spool::ingest(&mut db, &w.config.spool.dir, &w.dir.join("q")).unwrap();
+    assert_eq!(r.inserted, 2, "{r:?}");
+    assert_eq!(parked_profiles(&w.config.node.progress_root), 0);
+    let q = w.dir.join("q");
+    let r = kace_sql::spool::ingest_profiles(&mut db, &w.config.spool.dir, &q).unwrap();
+    // Job 10's parked measurement and job 11's own.
     assert_eq!(r.inserted, 2, "{r:?}");
 
     // Neither the spool nor the progress root can take it: the progress file is kept.

@@ -188,7 +188,41 @@ pub fn write_record(dir: &Path, obs: &Observation) -> Result<PathBuf> {
 /// Suffix of an observation parked outside the spool (see [`write_or_park`]).
 pub const PARKED_SUFFIX: &str = ".parked.json";
 
-/// Where [`write_or_park`] put an observation.
+/// Suffix of a profile measurement parked outside the spool (see [`write_or_park`]).
+pub const PARKED_PROFILE_SUFFIX: &str = ".parked-profile.json";
+
+/// A record a node writes into the spool, which [`write_or_park`] parks outside it while the
+/// spool cannot take it: an observation or a profile measurement.
+pub trait Parkable: serde::Serialize + serde::de::DeserializeOwned {
+    /// The suffix of its parked files.
+    const PARKED_SUFFIX: &'static str;
+    /// Its unique key.
+    fn key(&self) -> &str;
+    /// Writes it into the spool, checking it as ingest will.
+    fn spool(&self, spool: &Path) -> Result<PathBuf>;
+}
+
+impl Parkable for Observation {
+    const PARKED_SUFFIX: &'static str = PARKED_SUFFIX;
+    fn key(&self) -> &str {
+        &self.key
+    }
+    fn spool(&self, spool: &Path) -> Result<PathBuf> {
+        write_record(spool, self)
+    }
+}
+
+impl Parkable for ObservedProfile {
+    const PARKED_SUFFIX: &'static str = PARKED_PROFILE_SUFFIX;
+    fn key(&self) -> &str {
+        &self.key
+    }
+    fn spool(&self, spool: &Path) -> Result<PathBuf> {
+        write_profile(spool, self)
+    }
+}
+
+/// Where [`write_or_park`] put a record.
 #[derive(Debug)]
 pub enum Written {
     /// In the spool, as usual.
@@ -202,54 +236,60 @@ pub enum Written {
     },
 }
 
-/// Writes `obs` into `spool`; when that fails (a full spool), parks it in `park` instead, a
+/// Writes `record` into `spool`; when that fails (a full spool), parks it in `park` instead, a
 /// root-owned directory on the node (the progress root), from which [`unpark`] moves it into
-/// the spool later. An error only when neither worked: then the observation is lost.
-pub fn write_or_park(spool: &Path, park: &Path, obs: &Observation) -> Result<Written> {
-    match write_record(spool, obs) {
+/// the spool later. An error only when neither worked (then the record is lost) or the record
+/// is invalid.
+pub fn write_or_park<R: Parkable>(spool: &Path, park: &Path, record: &R) -> Result<Written> {
+    match record.spool(spool) {
         Ok(p) => Ok(Written::Spooled(p)),
         Err(Error::Invalid { reason }) => Err(Error::Invalid { reason }),
         Err(cause) => {
             trusted(park)?;
-            let body = serde_json::to_vec(obs).map_err(|source| Error::Json {
-                what: format!("observation {}", obs.key),
+            let body = serde_json::to_vec(record).map_err(|source| Error::Json {
+                what: format!("record {}", record.key()),
                 source,
             })?;
-            let name = record_file_name(&obs.key).replace(RECORD_SUFFIX, PARKED_SUFFIX);
+            let name = record_file_name(record.key()).replace(RECORD_SUFFIX, R::PARKED_SUFFIX);
             let path = write_atomic(park, &name, &body)?;
             Ok(Written::Parked { path, cause })
         }
     }
 }
 
-/// Moves observations parked in `park` into `spool`; returns how many moved. Stops at the first
-/// that cannot be written (the spool is still full): the rest stay parked for the next call.
+/// Moves the observations and profile measurements parked in `park` into `spool`; returns how
+/// many moved. Stops at the first that cannot be written (the spool is still full): the rest
+/// stay parked for the next call.
 pub fn unpark(park: &Path, spool: &Path) -> Result<usize> {
+    Ok(unpark_kind::<Observation>(park, spool)? + unpark_kind::<ObservedProfile>(park, spool)?)
+}
+
+fn unpark_kind<R: Parkable>(park: &Path, spool: &Path) -> Result<usize> {
     let entries = match fs::read_dir(park) {
         Ok(e) => e,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(io_err("read parked observations", park)(e)),
+        Err(e) => return Err(io_err("read parked records", park)(e)),
     };
     let mut parked: Vec<PathBuf> = entries
         .flatten()
         .filter(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            !name.starts_with('.') && name.ends_with(PARKED_SUFFIX)
+            !name.starts_with('.') && name.ends_with(R::PARKED_SUFFIX)
         })
         .map(|e| e.path())
         .collect();
     parked.sort();
     let mut moved = 0;
     for p in parked {
-        let obs = match read_bounded(&p, MAX_RECORD_BYTES)? {
+        let record = match read_bounded(&p, MAX_RECORD_BYTES)? {
             None => continue,
-            Some(Ok(buf)) => serde_json::from_slice::<Observation>(&buf).ok(),
+            Some(Ok(buf)) => serde_json::from_slice::<R>(&buf).ok(),
             Some(Err(_)) => None,
         };
         // Only kace parks here; anything unreadable is left for the admin, not deleted.
-        let Some(obs) = obs else { continue };
-        write_record(spool, &obs)?;
-        fs::remove_file(&p).map_err(io_err("remove parked observation", &p))?;
+        let Some(record) = record else { continue };
+        record.spool(spool)?;
+        fs::remove_file(&p).map_err(io_err("remove parked record", &p))?;
         moved += 1;
     }
     Ok(moved)

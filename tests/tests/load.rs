@@ -521,7 +521,7 @@ fn two_hundred_kace_jobs_through_faults_lose_and_mislabel_nothing() {
     let logs = |name: &str| std::fs::read_to_string(dir.join("log").join(name)).unwrap_or_default();
     let (epilogs, prologs) = (logs("kace-kace-epilog.log"), logs("kace-kace-prolog.log"));
     let parked = epilogs.matches("; parked it as ").count();
-    let unparked = epilogs.matches("parked observation(s) into the spool").count();
+    let unparked = epilogs.matches("parked record(s) into the spool").count();
     let no_db = prologs.matches("couldn't open database").count();
     assert!(parked > 0 && unparked > 0, "the full spool parked {parked}, moved back {unparked}");
     assert!(no_db > 0, "no prolog met the missing database");
