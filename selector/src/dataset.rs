@@ -20,6 +20,15 @@ pub struct Group {
 }
 
 impl Group {
+    /// Its jobs as a model sees them: each member's profile and workload name.
+    pub fn members(&self) -> Vec<crate::slowdown::Member<'_>> {
+        self.profiles
+            .iter()
+            .zip(&self.workloads)
+            .map(|(p, w)| crate::slowdown::Member { profile: p, workload: Some(w.as_str()) })
+            .collect()
+    }
+
     /// Group size k.
     pub fn k(&self) -> usize {
         self.workloads.len()

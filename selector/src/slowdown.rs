@@ -584,12 +584,7 @@ mod tests {
         )
         .unwrap();
         for g in &groups {
-            let members: Vec<Member> = g
-                .profiles
-                .iter()
-                .zip(&g.workloads)
-                .map(|(p, w)| Member { profile: p, workload: Some(w) })
-                .collect();
+            let members = g.members();
             let pred = m.throughput_sum(&members);
             assert!((pred - g.total_throughput()).abs() / g.total_throughput() < 0.02);
             let (a, b) = m.pair_slowdowns(
@@ -643,12 +638,7 @@ mod tests {
         // A model that predicts "faster than alone" for everyone still stays under the ceilings.
         m.intercept += 2.0;
         for g in &groups {
-            let members: Vec<Member> = g
-                .profiles
-                .iter()
-                .zip(&g.workloads)
-                .map(|(p, w)| Member { profile: p, workload: Some(w) })
-                .collect();
+            let members = g.members();
             let (a, b) = (LogProfile::of(&g.profiles[0]), LogProfile::of(&g.profiles[1]));
             let terms = m.terms(Some(&g.workloads[0]), &a, true).0
                 + m.terms(Some(&g.workloads[1]), &b, true).1;
@@ -710,12 +700,7 @@ mod tests {
             clean
                 .iter()
                 .map(|g| {
-                    let members: Vec<Member> = g
-                        .profiles
-                        .iter()
-                        .zip(&g.workloads)
-                        .map(|(p, w)| Member { profile: p, workload: Some(w) })
-                        .collect();
+                    let members = g.members();
                     m.normalised_progress(&members)
                 })
                 .collect()
@@ -827,12 +812,7 @@ mod tests {
         let m = SlowdownModel::fit(&refs, SlowdownParams::default()).unwrap();
         assert!(m.profiles.is_empty(), "no donors of kernel metrics");
         for g in &sys {
-            let members: Vec<Member> = g
-                .profiles
-                .iter()
-                .zip(&g.workloads)
-                .map(|(p, w)| Member { profile: p, workload: Some(w) })
-                .collect();
+            let members = g.members();
             let pred = m.normalised_progress(&members);
             assert!((pred - g.normalised_progress()).abs() < 0.1, "{pred} vs measured");
         }

@@ -16,7 +16,6 @@ use crate::model::{Model, ModelKind};
 use crate::numpy_rng::permutation;
 use crate::policy::Objective;
 use crate::selection::Predictor;
-use crate::slowdown::Member;
 use crate::tuning::{self, Folds, Tuned};
 
 /// Fewest fit groups accepted: the linear model has ten coefficients plus an intercept.
@@ -153,12 +152,7 @@ pub fn predictions(model: &dyn Predictor, groups: &[&Group], objective: Objectiv
     groups
         .iter()
         .map(|g| {
-            let members: Vec<Member<'_>> = g
-                .profiles
-                .iter()
-                .zip(&g.workloads)
-                .map(|(p, w)| Member { profile: p, workload: Some(w) })
-                .collect();
+            let members = g.members();
             model.predict(&members, objective)
         })
         .collect()

@@ -436,12 +436,7 @@ mod tests {
         let refs: Vec<&Group> = clean.iter().collect();
         let (clean_model, _) = fit_tuned(&refs, &grid(), Folds::default()).unwrap();
         let progress = |m: &SlowdownModel, g: &Group| {
-            let members: Vec<Member<'_>> = g
-                .profiles
-                .iter()
-                .zip(&g.workloads)
-                .map(|(p, w)| Member { profile: p, workload: Some(w) })
-                .collect();
+            let members = g.members();
             m.normalised_progress(&members)
         };
         for to_ratio in [4.0, 1e6] {

@@ -3,7 +3,7 @@
 
 use kace_config::Training;
 use kace_selector::training::holdout_split;
-use kace_selector::{Member, Objective, Predictor};
+use kace_selector::{Objective, Predictor};
 use kace_sql::decide::{active_model, training_set};
 use kace_sql::Db;
 
@@ -40,12 +40,7 @@ pub fn rows(
         .iter()
         .enumerate()
         .map(|(i, g)| {
-            let members: Vec<Member<'_>> = g
-                .profiles
-                .iter()
-                .zip(&g.workloads)
-                .map(|(p, w)| Member { profile: p, workload: Some(w) })
-                .collect();
+            let members = g.members();
             Row {
                 workloads: g.workloads.clone(),
                 throughputs: g.throughputs.clone(),

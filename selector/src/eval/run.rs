@@ -12,7 +12,7 @@ use crate::model::{Model, ModelKind};
 use crate::numpy_rng::train_test_split_train;
 use crate::policy::{argmax_first, Objective};
 use crate::selection::Predictor;
-use crate::slowdown::{Member, SlowdownParams};
+use crate::slowdown::SlowdownParams;
 use crate::tuning::{fit_tuned, grid, Folds};
 use crate::zscore::ZScore;
 
@@ -136,16 +136,8 @@ pub(crate) struct Run<'a> {
     pub hide_kernel_of: Option<&'a str>,
 }
 
-fn members(g: &Group) -> Vec<Member<'_>> {
-    g.profiles
-        .iter()
-        .zip(&g.workloads)
-        .map(|(p, w)| Member { profile: p, workload: Some(w.as_str()) })
-        .collect()
-}
-
 fn predict(m: &Model, g: &Group, objective: Objective) -> f64 {
-    m.predict(&members(g), objective)
+    m.predict(&g.members(), objective)
 }
 
 /// Trains the paper's linear model for an objective on the given rows of a data set.
@@ -197,7 +189,7 @@ pub(crate) fn run(
     if let Some((_, Model::Slowdown(sm))) = fitted.iter().find(|(m, _)| *m == ModelChoice::Kace) {
         for &i in run.test_rows {
             let g = &run.test.groups[i];
-            let preds = sm.slowdowns(&members(&shown.groups[i]));
+            let preds = sm.slowdowns(&shown.groups[i].members());
             for (pred, thr) in preds.iter().zip(g.profiles.iter().zip(&g.throughputs)) {
                 let (p, measured) = thr;
                 report
@@ -273,7 +265,7 @@ fn progress_outcome(
         .iter()
         .zip(&predicted)
         .map(|(g, p)| {
-            let m = members(g);
+            let m = g.members();
             let progress = model.predict(&m, Objective::NormalisedProgress);
             // As `select` with `refuse_likely_harm`: the larger of the two margins.
             let gain = model.required_gain(&m).max(model.new_workload_gain(&m).unwrap_or(0.0));
