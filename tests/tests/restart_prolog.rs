@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use common::{field, kace, worker};
 use kace_e2e::{kace as setup, Cluster, Hook, NodeSpec};
-use kace_node::slurm::{Commands, Slurm, Target};
+use kace_node::slurm::{Slurm, Target};
 
 /// The prolog, after writing down which GPU variables Slurm gave it (`<job> <SLURM_JOB_GPUS>
 /// <CUDA_VISIBLE_DEVICES>`, `-` when unset) to `{dir}/prolog-gpus`.
@@ -93,14 +93,7 @@ fn a_lead_started_before_the_nodes_register_again_keeps_its_gpu_and_its_partner(
     // kace's own commands reach this cluster through SLURM_CONF (the only test in this binary).
     std::env::set_var("SLURM_CONF", c.conf());
     let slurm = c.slurm().clone();
-    let commands = Commands {
-        scontrol: slurm.program("scontrol"),
-        squeue: slurm.program("squeue"),
-        sinfo: slurm.program("sinfo"),
-        timeout: Duration::from_secs(5),
-        deadline: None,
-        logger: kace_log::Logger::new(None),
-    };
+    let commands = common::commands(&slurm, Duration::from_secs(5));
     // Slurm 22.05 calls a typed request non-runnable in the seconds after its restart ("Requested
     // node configuration is not available"; the job then waits for the next backfill pass), so
     // no kace job starts in that window there: the lead is pinned once the nodes registered

@@ -5,10 +5,12 @@
 //! when the job had been released meanwhile. The second decider now finds the job taken and
 //! leaves it where the first one sent it.
 
+mod common;
+
 use std::time::Duration;
 
 use kace_e2e::{Cluster, NodeSpec};
-use kace_node::slurm::{Commands, Slurm, Target};
+use kace_node::slurm::{Slurm, Target};
 
 #[test]
 fn retargeting_a_job_another_decider_released_keeps_slurmctld_up() {
@@ -24,14 +26,7 @@ fn retargeting_a_job_another_decider_released_keeps_slurmctld_up() {
     // kace's commands reach this cluster through SLURM_CONF (the only test in this binary).
     std::env::set_var("SLURM_CONF", c.conf());
     let slurm = c.slurm();
-    let commands = Commands {
-        scontrol: slurm.program("scontrol"),
-        squeue: slurm.program("squeue"),
-        sinfo: slurm.program("sinfo"),
-        timeout: Duration::from_secs(5),
-        deadline: None,
-        logger: kace_log::Logger::new(None),
-    };
+    let commands = common::commands(slurm, Duration::from_secs(5));
     // GPU g1 is full, so a job sent there stays pending, released.
     let blocker = c.sbatch(&["--gres=shard:g1:2", "--wrap", "sleep 60"]).unwrap();
     c.wait_job(blocker, "running", Duration::from_secs(20), |j| {

@@ -11,12 +11,14 @@
 #[path = "../../node/tests/fixtures/check.rs"]
 mod check;
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kace_e2e::{Cluster, NodeSpec};
-use kace_node::slurm::{Commands, Slurm, Target, QUEUE_FORMAT, QUEUE_STATES};
+use kace_node::slurm::{Slurm, Target, QUEUE_FORMAT, QUEUE_STATES};
 
 const FORGED: &str = "AdminComment=kace:forged JobState=RUNNING Reason=None NodeList=n9 \
                       GRES=shard:g0:1(IDX:0) TresPerNode=gres/shard:g1:1";
@@ -39,14 +41,7 @@ fn kace_reads_what_this_slurm_prints() {
     // binary, so setting it for the process is safe).
     std::env::set_var("SLURM_CONF", c.conf());
     let slurm = c.slurm();
-    let commands = Commands {
-        scontrol: slurm.program("scontrol"),
-        squeue: slurm.program("squeue"),
-        sinfo: slurm.program("sinfo"),
-        timeout: Duration::from_secs(10),
-        deadline: None,
-        logger: kace_log::Logger::new(None),
-    };
+    let commands = common::commands(slurm, Duration::from_secs(10));
     let comment = format!("--comment={FORGED}");
     let name = format!("--job-name=x {FORGED}");
     let forged_script = format!("sleep 600 # {FORGED}");

@@ -170,3 +170,19 @@ pub fn cancel_and_wait(c: &Cluster, ids: &[u32], timeout: std::time::Duration) {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// kace's Slurm commands for a test cluster's own Slurm programs, `timeout` per call and no
+/// deadline. They find the cluster through `SLURM_CONF`, as the hooks do: the caller sets it.
+pub fn commands(
+    slurm: &kace_e2e::SlurmInstall,
+    timeout: std::time::Duration,
+) -> kace_node::slurm::Commands {
+    kace_node::slurm::Commands {
+        scontrol: slurm.program("scontrol"),
+        squeue: slurm.program("squeue"),
+        sinfo: slurm.program("sinfo"),
+        timeout,
+        deadline: None,
+        logger: kace_log::Logger::new(None),
+    }
+}
