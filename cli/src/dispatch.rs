@@ -7,6 +7,7 @@
 //! also go to syslog ([`kace_log`]): run by the timer or the service, its output is otherwise
 //! only in the unit's journal.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -32,8 +33,10 @@ pub struct DispatchArgs {
 
 /// Runs `kace dispatch`.
 pub fn run(args: DispatchArgs, ctx: &Ctx) -> Result<()> {
+    // Jobs already said to be stuck in their prolog or epilog: the watching loop says each once.
+    let mut said_stuck = BTreeSet::new();
     if !args.watch {
-        pass(ctx)?;
+        pass(ctx, &mut said_stuck)?;
         return Ok(());
     }
     if !(10..=60_000).contains(&args.idle) {
@@ -41,7 +44,7 @@ pub fn run(args: DispatchArgs, ctx: &Ctx) -> Result<()> {
     }
     loop {
         // A failing pass (Slurm down, a command timing out) is logged; the loop goes on.
-        let held = match pass(ctx) {
+        let held = match pass(ctx, &mut said_stuck) {
             Ok(h) => h,
             Err(e) => {
                 eprintln!("kace: dispatch: couldn't dispatch: {e:#}");
@@ -56,8 +59,9 @@ pub fn run(args: DispatchArgs, ctx: &Ctx) -> Result<()> {
     }
 }
 
-/// One pass; returns whether kace jobs are still held.
-fn pass(ctx: &Ctx) -> Result<bool> {
+/// One pass; returns whether kace jobs are still held. Stuck jobs in `said_stuck` are not
+/// said again.
+fn pass(ctx: &Ctx, said_stuck: &mut BTreeSet<u32>) -> Result<bool> {
     let max_hold = ctx.config.dispatch.max_hold_s;
     // stdout and stderr are for the person or unit running it; syslog gets every event once.
     let syslog = Logger::new(ctx.config.log.socket()).without_stderr();
@@ -68,6 +72,11 @@ fn pass(ctx: &Ctx) -> Result<bool> {
             return Err(e.into());
         }
     };
+    let r = r.map(|mut r| {
+        said_stuck.retain(|j| r.stuck.iter().any(|s| s.0 == *j));
+        r.stuck.retain(|s| said_stuck.insert(s.0));
+        r
+    });
     for line in r.iter().flat_map(|r| kace_node::dispatch::report_lines(r, max_hold)) {
         syslog.line(&line);
     }
@@ -91,10 +100,14 @@ fn pass(ctx: &Ctx) -> Result<bool> {
             "expired": at(&r.expired),
             "waiting_expired": r.waiting_expired,
             "deferred": r.deferred,
+            "stuck": r.stuck.iter().map(|(j, t, w)| json!({"job": j, "seconds": t, "state": w})).collect::<Vec<_>>(),
             "still_held": r.still_held,
             "problems": r.problems,
         }))?;
         return Ok(r.still_held && r.deferred.is_none());
+    }
+    for l in r.stuck_lines() {
+        eprintln!("kace: dispatch: {l}");
     }
     if let Some(why) = &r.deferred {
         ctx.info(&format!("dispatch: released nothing: {why}; a prolog or epilog is choosing"));

@@ -55,6 +55,9 @@ pub struct Settings<'a> {
     /// The cluster's name in the records' keys (`SLURM_CLUSTER_NAME` where Slurm sets it, as
     /// for the hooks; `cluster` otherwise).
     pub cluster: String,
+    /// How long after its job's start or end a kace hook may still be choosing
+    /// ([`crate::slurm::hook_window_s`]); dispatch waits for no hook longer.
+    pub hook_window_s: f64,
 }
 
 impl<'a> Settings<'a> {
@@ -71,6 +74,7 @@ impl<'a> Settings<'a> {
                 .ok()
                 .filter(|c| !c.is_empty())
                 .unwrap_or_else(|| "cluster".into()),
+            hook_window_s: crate::slurm::hook_window_s(&config.node),
         }
     }
 }
@@ -103,6 +107,10 @@ pub struct Report {
     pub still_held: bool,
     /// Why the pass released nothing, when it waited for a prolog or epilog that is choosing.
     pub deferred: Option<String>,
+    /// Kace jobs Slurm shows starting or completing for longer than any kace hook runs:
+    /// (job, seconds, "starting" or "completing"). Dispatch does not wait for them; a batch job
+    /// whose slurmd restarted during its prolog stays so until an admin requeues it.
+    pub stuck: Vec<(u32, f64, &'static str)>,
     /// Problems met (each already a full message); the pass went on past them.
     pub problems: Vec<String>,
     /// The release records spooled, in the order of the releases.
@@ -133,11 +141,29 @@ impl Report {
     }
 }
 
+impl Report {
+    /// One line per job Slurm shows starting or completing for longer than a kace hook runs
+    /// (in [`report_lines`]; the watching loop says each job once).
+    pub fn stuck_lines(&self) -> Vec<String> {
+        self.stuck
+            .iter()
+            .map(|(job, secs, what)| {
+                format!(
+                    "job {job} has been {what} for {secs:.0} s, longer than any kace prolog or \
+                     epilog runs: not waiting for its hook; Slurm leaves a batch job whose slurmd \
+                     restarted during its prolog so until it is requeued (scontrol requeue {job})"
+                )
+            })
+            .collect()
+    }
+}
+
 /// The log lines of one dispatch pass, one per event and problem, as `kace-dispatch` and
 /// `kace dispatch` send them to the log.
 pub fn report_lines(r: &Report, max_hold_s: u64) -> Vec<String> {
     r.lines(max_hold_s)
         .into_iter()
+        .chain(r.stuck_lines())
         .chain(r.problems.iter().cloned())
         .map(|l| format!("kace: dispatch: {l}"))
         .collect()
@@ -179,6 +205,15 @@ struct Chosen {
 pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
     let mut report = Report::default();
     let queue = slurm.kace_queue()?;
+    let window = s.hook_window_s;
+    report.stuck = queue
+        .iter()
+        .filter(|j| j.stuck(now, window))
+        .map(|j| {
+            let what = if j.completing() { "completing" } else { "starting" };
+            (j.id, j.in_hook_for(now).unwrap_or(0.0), what)
+        })
+        .collect();
     // A job Slurm would not start yet (unmet dependency, --begin ahead) is neither offered nor
     // released for max_hold: its hold counts from when it may start.
     let held: Vec<&QueuedJob> = queue
@@ -190,8 +225,9 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
     }
     // A prolog or epilog choosing now sees the same held jobs; Slurm cannot claim one. Node-side
     // deciders split the queue among themselves, so dispatch waits for them (the watch loop
-    // passes again within a second).
-    if let Some(j) = queue.iter().find(|j| j.deciding()) {
+    // passes again within a second), but only as long as a hook can run: a job Slurm left
+    // starting (its slurmd restarted during its prolog) must not hold every kace job.
+    if let Some(j) = queue.iter().find(|j| j.deciding(now, window)) {
         report.deferred = Some(format!("kace job {} is starting or ending", j.id));
         report.still_held = true;
         return Ok(report);
@@ -364,7 +400,7 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
                                             // the listing and nothing is on its way to it (a hook there may have filled it since).
     let unchanged = |slot: &Slot| -> std::result::Result<bool, String> {
         let queue = slurm.kace_queue().map_err(|e| e.to_string())?;
-        if queue.iter().any(|j| j.deciding()) {
+        if queue.iter().any(|j| j.deciding(now, window)) {
             return Ok(false);
         }
         if slot.jobs.is_empty() {

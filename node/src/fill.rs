@@ -210,7 +210,11 @@ pub fn fill(
     // Slurm has no compare-and-set to claim one: they split the queue, each taking every k-th
     // held job by its rank among the deciding jobs (ids in order), so two hooks never pick the
     // same job.
-    let mut deciding: Vec<u32> = queue.iter().filter(|j| j.deciding()).map(|j| j.id).collect();
+    // A job Slurm shows starting for longer than any hook runs has nobody choosing for it.
+    let now = n.clock.now();
+    let window = crate::slurm::hook_window_s(&n.config.node);
+    let mut deciding: Vec<u32> =
+        queue.iter().filter(|j| j.deciding(now, window)).map(|j| j.id).collect();
     if !deciding.contains(&trigger_job) {
         deciding.push(trigger_job);
     }
@@ -231,7 +235,6 @@ pub fn fill(
         .map(|(_, j)| j)
         .collect();
 
-    let now = n.clock.now();
     let mut records: Vec<DecisionCandidate> =
         held.iter().map(|j| candidate_record(j, now)).collect();
     let mut specs = Vec::new();

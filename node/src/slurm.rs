@@ -28,10 +28,23 @@ pub const MARK: &str = "kace:";
 
 /// The `squeue -O` format kace reads its jobs with: only fields no user can write.
 pub const QUEUE_FORMAT: &str = "JobID:|,admin_comment:|,UserName:|,Reason:|,tres-per-node:|,\
-                                SubmitTime:|,ReqNodes:|,StateCompact:|,Dependency:|,EligibleTime:|";
+                                SubmitTime:|,ReqNodes:|,StateCompact:|,Dependency:|,EligibleTime:|,\
+                                StartTime:|,EndTime:|";
 
 /// The number of fields in [`QUEUE_FORMAT`].
-const QUEUE_FIELDS: usize = 10;
+const QUEUE_FIELDS: usize = 12;
+
+/// How long after its job's start (or end) a kace prolog (or epilog) may still be choosing a
+/// joiner, beyond its own budget (`node.prolog_budget_ms`): slurmd launches the hook a moment
+/// after slurmctld allocates, and the controller's and the node's clocks may differ a little.
+pub const HOOK_LAUNCH_SLACK_S: f64 = 30.0;
+
+/// How long after its job started (or ended) a kace hook can still be choosing: its budget
+/// plus [`HOOK_LAUNCH_SLACK_S`]. A job starting or completing for longer has no kace hook
+/// choosing any more; nobody waits for it.
+pub fn hook_window_s(node: &kace_config::Node) -> f64 {
+    node.prolog_budget_ms as f64 / 1000.0 + HOOK_LAUNCH_SLACK_S
+}
 
 /// The reason Slurm gives a job held with priority 0 by its submitter's side: here always the
 /// gate, which refuses a user's own `--hold` and `scontrol hold` on kace jobs. An admin's hold
@@ -67,6 +80,12 @@ pub struct QueuedJob {
     /// When it may start at the earliest (`--begin`), Unix seconds; `None` when Slurm gives
     /// none (a held job without `--begin`).
     pub eligible: Option<f64>,
+    /// When it started (allocated; its prolog runs from then), Unix seconds; a pending job's
+    /// is Slurm's forecast or `None`.
+    pub started: Option<f64>,
+    /// When it ended (its epilog runs from then), Unix seconds; before that Slurm prints its
+    /// time limit or nothing.
+    pub ended: Option<f64>,
 }
 
 impl QueuedJob {
@@ -114,9 +133,32 @@ impl QueuedJob {
         self.state == "CG"
     }
 
-    /// Whether its prolog or epilog may be choosing a joiner now.
-    pub fn deciding(&self) -> bool {
-        self.starting() || self.completing()
+    /// How long it has been starting or completing at `now`, in seconds; `None` when it is
+    /// neither, or Slurm gave no time.
+    pub fn in_hook_for(&self, now: f64) -> Option<f64> {
+        let since = if self.starting() {
+            self.started
+        } else if self.completing() {
+            self.ended
+        } else {
+            None
+        }?;
+        Some((now - since).max(0.0))
+    }
+
+    /// Whether its prolog or epilog may be choosing a joiner at `now`: it is starting or
+    /// completing, and for no longer than `window_s` ([`hook_window_s`]; always, when Slurm
+    /// gave no time). A job Slurm shows starting for longer has no kace hook left choosing: a
+    /// batch job whose slurmd restarted during its prolog stays "running, reason Prolog" until
+    /// an admin requeues it, and waiting for it would hold every kace job.
+    pub fn deciding(&self, now: f64, window_s: f64) -> bool {
+        (self.starting() || self.completing())
+            && self.in_hook_for(now).is_none_or(|t| t <= window_s)
+    }
+
+    /// Whether it has been starting or completing for longer than `window_s` at `now`.
+    pub fn stuck(&self, now: f64, window_s: f64) -> bool {
+        self.in_hook_for(now).is_some_and(|t| t > window_s)
     }
 
     /// The number of shards it asks for, when it asks for shards.
@@ -489,6 +531,8 @@ pub fn parse_queue(out: &str) -> (Vec<QueuedJob>, Vec<String>) {
             state: f[7].to_string(),
             dependency: none(f[8]),
             eligible: parse_utc(f[9]),
+            started: parse_utc(f[10]),
+            ended: parse_utc(f[11]),
         });
     }
     jobs.sort_by_key(|j| j.id);
@@ -579,14 +623,20 @@ mod tests {
 
     #[test]
     fn pending_kace_jobs_are_read_and_others_skipped() {
-        let out = "12|kace:bert|alice|JobHeldUser|gres:shard:1|2026-11-29T06:58:46|(null)|PD|(null)|N/A|\n\
-                   11|(null)|bob|Resources|N/A|2026-11-29T06:58:40||PD|(null)|N/A|\n\
-                   10|kace:lstm|alice|None|gres/shard:g1:2|2026-11-29T06:58:00|n1|PD|(null)|2026-11-29T06:58:00|\n\
-                   14|kace:wav|alice|Prolog|gres/shard:1|2026-11-29T06:58:00|n2|R|(null)|N/A|\n";
+        let out = "12|kace:bert|alice|JobHeldUser|gres:shard:1|2026-11-29T06:58:46|(null)|PD|(null)|N/A|N/A|N/A|\n\
+                   11|(null)|bob|Resources|N/A|2026-11-29T06:58:40||PD|(null)|N/A|N/A|N/A|\n\
+                   10|kace:lstm|alice|None|gres/shard:g1:2|2026-11-29T06:58:00|n1|PD|(null)|2026-11-29T06:58:00|2026-11-29T07:00:00|NONE|\n\
+                   14|kace:wav|alice|Prolog|gres/shard:1|2026-11-29T06:58:00|n2|R|(null)|N/A|2026-11-29T06:58:40|2026-11-29T07:58:40|\n";
         let (jobs, bad) = parse_queue(out);
         assert!(bad.is_empty(), "{bad:?}");
         assert_eq!(jobs.len(), 3);
         assert!(jobs[2].starting() && !jobs[2].pending());
+        assert_eq!(jobs[2].started, Some(1_795_935_520.0));
+        // Starting 40 s ago: its prolog may choose within a 35 s window no longer.
+        let start = 1_795_935_520.0;
+        assert!(jobs[2].deciding(start + 30.0, 35.0) && !jobs[2].stuck(start + 30.0, 35.0));
+        assert!(!jobs[2].deciding(start + 40.0, 35.0) && jobs[2].stuck(start + 40.0, 35.0));
+        assert!(!jobs[0].deciding(start, 35.0) && !jobs[0].stuck(start + 1e6, 35.0));
         assert_eq!((jobs[0].id, jobs[0].workload.as_str(), jobs[0].held()), (10, "lstm", false));
         assert_eq!((jobs[0].req_nodes.as_str(), jobs[0].shards()), ("n1", Some(2)));
         assert_eq!((jobs[1].id, jobs[1].held(), jobs[1].shards()), (12, true, Some(1)));
@@ -598,8 +648,8 @@ mod tests {
     fn a_newline_in_one_admin_comment_skips_only_its_pieces() {
         // 26.05.3, root: scontrol update jobid=8 AdminComment=$'line1\nline2|x'.
         let out = "8|line1\n\
-                   line2|x|root|None|gres/shard:1|2026-12-01T01:12:57||PD|(null)|2026-12-01T01:12:57|\n\
-                   5|kace:bert|root|JobHeldUser|gres/shard:1|2026-12-01T01:12:56||PD|(null)|N/A|\n\
+                   line2|x|root|None|gres/shard:1|2026-12-01T01:12:57||PD|(null)|2026-12-01T01:12:57|N/A|N/A|\n\
+                   5|kace:bert|root|JobHeldUser|gres/shard:1|2026-12-01T01:12:56||PD|(null)|N/A|N/A|N/A|\n\
                    garbage\n";
         let (jobs, bad) = parse_queue(out);
         assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![5]);

@@ -621,11 +621,66 @@ fn dispatch_releases_leads_onto_free_gpus_and_places_expired_holds() {
     let mut ending = held(2, "beta", "alice", "gres:shard:g0:1");
     ending.state = "CG".into();
     ending.reason = "None".into();
+    ending.ended = Some(1100.0);
     w.slurm.pending.borrow_mut().push(ending);
     let before = w.slurm.calls.borrow().len();
     let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1102.0).unwrap();
     assert_eq!(r.deferred.as_deref(), Some("kace job 2 is starting or ending"), "{r:?}");
+    assert!(r.stuck.is_empty(), "{r:?}");
     assert!(!w.slurm.calls.borrow()[before..].iter().any(|c| c.starts_with("release")));
+
+    // But only as long as an epilog can run: one completing for longer (its node's slurmd
+    // gone) has no hook choosing; dispatch goes on and says so, once in its report.
+    let window = dispatch_settings(&w).hook_window_s;
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1100.0 + window + 1.0).unwrap();
+    assert_eq!(r.deferred, None, "{r:?}");
+    assert_eq!(r.stuck.len(), 1, "{r:?}");
+    assert_eq!((r.stuck[0].0, r.stuck[0].2), (2, "completing"), "{r:?}");
+    let lines = dispatch::report_lines(&r, 600).join("\n");
+    assert!(lines.contains("job 2 has been completing for 36 s"), "{lines}");
+    assert!(lines.contains("scontrol requeue 2"), "{lines}");
+}
+
+/// A kace job Slurm shows starting for longer than any prolog runs (a batch job whose slurmd
+/// was killed during its prolog stays "running, reason Prolog" for good) does not hold the
+/// other kace jobs: within the hook window dispatch waits for its prolog, after it a held job
+/// goes as a lead onto a free GPU, and the stuck job's own GPU is left alone.
+#[test]
+fn a_job_stuck_in_its_prolog_holds_dispatch_only_for_the_hook_window() {
+    let mut s = FakeSlurm {
+        nodes: vec![NodeGpus {
+            name: "n1".into(),
+            gpus: vec![Some("g0".into()), Some("g1".into())],
+            usable: true,
+        }],
+        ..FakeSlurm::default()
+    };
+    let mut stuck = held(1, "zeta", "alice", "gres:shard:g0:1");
+    stuck.state = "R".into();
+    stuck.reason = "Prolog".into();
+    stuck.req_nodes = "n1".into();
+    stuck.started = Some(1000.0);
+    *s.pending.get_mut() = vec![stuck, held(5, "beta", "alice", "gres:shard:1")];
+    *s.running.get_mut() = vec![RunningJob {
+        id: 1,
+        node: "n1".into(),
+        gpus: vec![0],
+        state: "R".into(),
+        ..RunningJob::default()
+    }];
+    let w = World::new("dispatch", s);
+    let window = dispatch_settings(&w).hook_window_s;
+    assert_eq!(window, 35.0, "the default budget (5 s) and the launch slack (30 s)");
+
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1000.0 + window - 1.0).unwrap();
+    assert_eq!(r.deferred.as_deref(), Some("kace job 1 is starting or ending"), "{r:?}");
+    assert!(r.leads.is_empty() && r.stuck.is_empty(), "{r:?}");
+
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1000.0 + window + 5.0).unwrap();
+    assert_eq!(r.deferred, None, "{r:?}");
+    assert_eq!(r.stuck, vec![(1, window + 5.0, "starting")], "{r:?}");
+    // GPU 0 is the stuck job's (allocated, its prolog state unknown): the lead goes to GPU 1.
+    assert_eq!(r.leads, vec![(5, "n1".to_string(), 1)], "{r:?}");
 }
 
 /// Dispatch offers held jobs to an open GPU (a kace job below the limit, nothing starting or

@@ -152,6 +152,38 @@ fn records(dir: &Path) -> Vec<(String, u32, String, f64, f64)> {
         .collect()
 }
 
+/// What a stalled run looks like from Slurm's and kace's side, for the failure message: why
+/// the jobs wait, the nodes, kace's holds and the daemons' last words.
+fn stall_report(c: &Cluster, dir: &Path) -> String {
+    let run = |program: &str, args: &[&str]| match c.run(program, args) {
+        Ok(o) => format!(
+            "$ {program} {}\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => format!("$ {program} {}: {e}\n", args.join(" ")),
+    };
+    let tail = |name: &str, n: usize| {
+        let text = std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        format!(
+            "--- {name} (last {n} lines)\n{}\n",
+            lines[lines.len().saturating_sub(n)..].join("\n")
+        )
+    };
+    let mut r = String::new();
+    r += &run("squeue", &["-t", "all", "-h", "-o", "%i %T %r %N %b %M %Q"]);
+    r += &run("sinfo", &["-N", "-h", "-o", "%N %T %E %G"]);
+    r += &run("scontrol", &["-o", "show", "node"]);
+    r += &tail("dispatch-watch.err", 40);
+    r += &tail("log/kace-kace-prolog.log", 20);
+    r += &tail("log/kace-kace-epilog.log", 20);
+    r += &tail("log/slurmctld.log", 80);
+    r += &tail("log/slurmd-n2.log", 40);
+    r
+}
+
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() {
@@ -352,9 +384,11 @@ fn two_hundred_kace_jobs_through_faults_lose_and_mislabel_nothing() {
             }
             assert!(
                 Instant::now() < deadline,
-                "{active} jobs unfinished after 8 min: {:?}\n{}",
+                "{active} jobs unfinished after 8 min: {:?}\n{}\nnodes drained or down: \
+                 {unhealthy:#?}\n{}",
                 states.iter().filter(|(_, s)| s.as_str() != "COMPLETED").collect::<Vec<_>>(),
-                faults.join("\n")
+                faults.join("\n"),
+                stall_report(&c, &dir)
             );
         }
         std::thread::sleep(Duration::from_millis(1000));
