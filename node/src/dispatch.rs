@@ -10,8 +10,10 @@
 //! A GPU counts as taken by any kace job running, starting or completing on it (its
 //! allocation says which GPU), and by a released kace job that has not started yet (pinned to
 //! its node; to its GPU type when typed). A GPU whose kace job is starting or completing is
-//! left to that job's prolog or epilog, which fills it under the GPU's lock. Every release
-//! re-reads the job as held just before moving it.
+//! left to that job's prolog or epilog, which fills it under the GPU's lock. While such a hook
+//! may be choosing (for [`crate::slurm::hook_window_s`] from its job's start or end) the pass
+//! releases nothing; a job Slurm shows starting for longer is reported, not waited for. Every
+//! release re-reads the job as held just before moving it.
 //!
 //! Every release is recorded in the decision spool ([`kace_sql::spool`], kinds
 //! [`ReleaseKind::LateArrival`], [`ReleaseKind::MaxHold`] and [`ReleaseKind::LeadRelease`]):

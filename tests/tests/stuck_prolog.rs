@@ -1,0 +1,171 @@
+//! A kace job whose node's slurmd is killed during its prolog (two nodes with two typed fake
+//! GPUs each; the real kace-prolog, kace-epilog and `kace dispatch`).
+//!
+//! Slurm leaves such a batch job "running, reason Prolog" until an admin requeues it:
+//! slurmctld waits for the prolog-complete message the killed slurmd never sends, and its
+//! check for jobs missing from a node skips jobs in their prolog (`_foreach_purge_missing_jobs`,
+//! 26.05.3). Dispatch waits for a starting kace job's prolog, which may be choosing among the
+//! same held jobs, only as long as a kace hook can run (`node.prolog_budget_ms` + 30 s from
+//! the job's start); before that fix it waited for good and held every kace job (the load
+//! test in CI: 127 kace jobs held for 8 minutes behind two such jobs).
+//!
+//! Asserted: Slurm left the job starting; while a prolog could still run, dispatch released
+//! nothing and said why; after that it released a held kace job as a lead onto a free GPU, not
+//! the stuck job's, and named the stuck job with the way out; that lead ran to completion;
+//! requeued by the admin, the stuck job's epilog ended kace's record of it on its GPU, and
+//! dispatch no longer names it.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{field, worker};
+use kace_e2e::{kace as setup, Cluster, Hook, NodeSpec};
+
+/// The kace prolog, slowed down by 8 s (and marked as begun) while `{dir}/slow-prolog` exists,
+/// so that the test can kill slurmd while it runs.
+fn slow_prolog() -> Hook {
+    let Hook::Script(body) = setup::hook("kace-prolog", "").unwrap() else {
+        unreachable!("kace hooks are scripts")
+    };
+    Hook::Script(format!(
+        "if [ -e {{dir}}/slow-prolog ]; then touch {{dir}}/in-prolog-$SLURM_JOB_ID; sleep 8; fi\n{body}"
+    ))
+}
+
+fn squeue_line(c: &Cluster, id: u32) -> String {
+    c.run_ok("squeue", &["-h", "-t", "all", "-j", &id.to_string(), "-o", "%t|%r|%S"])
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn a_job_stuck_in_its_prolog_by_a_slurmd_crash_holds_no_other_kace_job() {
+    let test = "a_job_stuck_in_its_prolog_by_a_slurmd_crash_holds_no_other_kace_job";
+    if kace_e2e::e2e_available(test).is_none() {
+        return;
+    }
+    let mut c = Cluster::builder()
+        .nodes(vec![NodeSpec::new("n1", 2), NodeSpec::new("n2", 2)])
+        .typed_gpus(true)
+        .prolog(slow_prolog())
+        .epilog(setup::hook("kace-epilog", "").unwrap())
+        .start()
+        .unwrap();
+    let dir = c.dir().to_path_buf();
+    common::prepare(&c, 600);
+    // The tests' configuration gives the hooks 5 s (`prolog_budget_ms = 5000`).
+    let window = 5.0 + kace_node::slurm::HOOK_LAUNCH_SLACK_S;
+    let (stuck_w, others) = common::lead_with_candidates(&dir.join("kace.db"), 1);
+
+    // The stuck job: released onto n2's GPU 0 as dispatch would, slurmd killed in its prolog.
+    std::fs::write(dir.join("slow-prolog"), "").unwrap();
+    let opt = format!("--kace-colocate={stuck_w}");
+    let stuck =
+        c.sbatch(&[&opt, "--gres=shard:g0:1", "-w", "n2", "--wrap", &worker(3, 10)]).unwrap();
+    c.run_ok("scontrol", &["release", &stuck.to_string()]).unwrap();
+    let t0 = Instant::now();
+    while !dir.join(format!("in-prolog-{stuck}")).exists() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "job {stuck}'s prolog never began");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    c.kill_slurmd("n2");
+    std::fs::remove_file(dir.join("slow-prolog")).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    c.start_slurmd("n2").unwrap();
+
+    // The prolog outlives the killed slurmd: it records the job as the lead on its GPU (and
+    // would release a joiner there). Nothing tells Slurm it ended.
+    let prologs =
+        || std::fs::read_to_string(dir.join("log/kace-kace-prolog.log")).unwrap_or_default();
+    let t0 = Instant::now();
+    while !prologs().contains(&format!("kace: prolog: job {stuck}: lead")) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "job {stuck}'s prolog: {}", prologs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // A kace job that arrives after, held by the gate.
+    let opt = format!("--kace-colocate={}", others[0]);
+    let waiting = c.sbatch(&[&opt, "--gres=shard:1", "--wrap", &worker(3, 10)]).unwrap();
+    c.wait_job(waiting, "held by the gate", Duration::from_secs(10), |j| {
+        field(j, "Reason") == "JobHeldUser"
+    })
+    .unwrap();
+
+    // Dispatch, once a second as the watching service passes.
+    let started = {
+        let line = squeue_line(&c, stuck);
+        let start = line.rsplit('|').next().unwrap_or("");
+        kace_node::slurm::parse_utc(start).unwrap_or_else(|| panic!("job {stuck}: {line:?}"))
+    };
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let mut deferred_passes = 0;
+    let released = loop {
+        let t = now().as_secs_f64();
+        assert!(
+            t < started + window + 30.0,
+            "nothing released {:.0} s after job {stuck} started",
+            t - started
+        );
+        let out = common::json(&c, &["dispatch"]);
+        let line = squeue_line(&c, stuck);
+        assert!(
+            line.starts_with("R|Prolog|") || line.starts_with("CF|"),
+            "Slurm no longer shows job {stuck} starting ({line}): the behaviour under test changed"
+        );
+        let leads = out["leads"].as_array().cloned().unwrap_or_default();
+        if leads.is_empty() {
+            // Within the window dispatch waits for the stuck job's prolog; after it (with the
+            // pass's own second of slack) it may not.
+            assert!(t < started + window + 2.0, "{:.0} s after the start: {out:#}", t - started);
+            assert_eq!(
+                out["deferred"].as_str(),
+                Some(format!("kace job {stuck} is starting or ending").as_str()),
+                "{out:#}"
+            );
+            deferred_passes += 1;
+            std::thread::sleep(Duration::from_secs(1));
+            continue;
+        }
+        assert!(t >= started + window, "released {:.0} s after the start: {out:#}", t - started);
+        break out;
+    };
+    assert!(deferred_passes > 10, "dispatch waited {deferred_passes} passes only");
+    let lead = &released["leads"][0];
+    assert_eq!(lead["job"].as_u64(), Some(u64::from(waiting)), "{released:#}");
+    assert!(
+        !(lead["node"] == "n2" && lead["gpu"] == 0),
+        "released onto the stuck job's GPU: {released:#}"
+    );
+    let stuck_said = &released["stuck"][0];
+    assert_eq!(stuck_said["job"].as_u64(), Some(u64::from(stuck)), "{released:#}");
+    assert_eq!(stuck_said["state"], "starting", "{released:#}");
+    let done = c.wait_done(waiting, Duration::from_secs(60)).unwrap();
+    assert_eq!(field(&done, "JobState"), "COMPLETED", "{done:?}");
+
+    // The admin's way out: requeued, its epilog ends kace's record of it on n2's GPU 0.
+    c.run_ok("scontrol", &["requeue", &stuck.to_string()]).unwrap();
+    c.wait_job(stuck, "requeued", Duration::from_secs(30), |j| field(j, "JobState") == "PENDING")
+        .unwrap();
+    let t0 = Instant::now();
+    let open_records = || {
+        setup::gpu_records(&dir.join("state"))
+            .into_iter()
+            .filter(|r| r.job == stuck && r.end.is_infinite())
+            .map(|r| r.at)
+            .collect::<Vec<_>>()
+    };
+    while !open_records().is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "job {stuck} still recorded on {:?} after its requeue",
+            open_records()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = common::json(&c, &["dispatch"]);
+    assert_eq!(out["stuck"], serde_json::json!([]), "{out:#}");
+    // Slurm would start it again after its begin time (about 2 minutes); not waited for here.
+    let _ = c.run("scancel", &[&stuck.to_string()]);
+    c.wait_done(stuck, Duration::from_secs(30)).unwrap();
+}
