@@ -349,6 +349,18 @@ pub fn fill(
                 break;
             }
         }
+        // A prolog whose slurmd died meanwhile belongs to a job Slurm will not start until it
+        // is requeued: a joiner sent here would wait beside a job that runs nothing.
+        if trigger == Trigger::Start && !n.host.slurmd_alive() {
+            let pid = n.host.slurmd_pid().map_or_else(String::new, |p| format!(" (pid {p})"));
+            let why = format!(
+                "chosen, but the slurmd{pid} that runs this prolog ended while it ran: Slurm starts \
+                 job {trigger_job} only once it is requeued"
+            );
+            log(&format!("couldn't release chosen job {}: {why}", job.id));
+            records[i].rejected = Some(why);
+            break;
+        }
         let exp = Expectation { lead: lead.job, node: gpu.node.clone(), gpu: gpu.index.0 };
         if let Err(e) = state::expect(&n.config.node.state_dir, job.id, &exp) {
             log(&format!("couldn't note joiner {}: {e}", job.id));

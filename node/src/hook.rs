@@ -67,6 +67,8 @@ fn body(phase: Phase, started: Instant, early: &Logger) {
     if !env.kace {
         return;
     }
+    // Found first, while the slurmd that started the hook is surely its ancestor.
+    let host = crate::slurmd::ProcSlurmd::find();
     // The watchdog starts before the configuration is read: a kace.conf that cannot be read
     // (a FIFO, a hung NFS mount) must not hang the hook. It watches the default budget until
     // the configuration names another.
@@ -121,6 +123,7 @@ fn body(phase: Phase, started: Instant, early: &Logger) {
         clock: &SystemClock,
         deadline,
         log: &log,
+        host: &host,
     };
     match phase {
         Phase::Prolog => {

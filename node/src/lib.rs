@@ -10,6 +10,7 @@
 //! - [`mps`]: the [`mps::MpsControl`] trait and `nvidia-cuda-mps-control`.
 //! - [`gpu`]: GPU memory from NVML or the configuration.
 //! - [`state`]: per-GPU locks and the record of kace jobs on each GPU.
+//! - [`slurmd`]: whether the slurmd that runs a hook still lives.
 //! - [`env`]: the job facts in a prolog/epilog environment.
 //! - [`measure`]: the profile measurement of a job's alone intervals (sampler readings, progress).
 //! - [`fill`]: filling one GPU by one joiner on its node (the prolog's and epilog's decision).
@@ -34,6 +35,7 @@ pub mod mps;
 pub mod prolog;
 pub mod slurm;
 pub mod slurm_json;
+pub mod slurmd;
 pub mod state;
 
 use std::time::Instant;
@@ -75,6 +77,8 @@ pub struct Node<'a> {
     pub deadline: Instant,
     /// Where log lines go (slurmd's log, through stderr, in the binaries).
     pub log: &'a dyn Fn(&str),
+    /// The slurmd that runs the hook (a prolog whose slurmd died sends no joiner).
+    pub host: &'a dyn slurmd::HookHost,
 }
 
 impl Node<'_> {

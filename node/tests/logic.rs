@@ -14,6 +14,7 @@ use kace_node::error::{Error, ExecError, Result};
 use kace_node::gpu::GpuInfo;
 use kace_node::mps::MpsControl;
 use kace_node::slurm::{GresAlloc, JobDetail, NodeGpus, QueuedJob, RunningJob, Slurm, Target};
+use kace_node::slurmd::HookHost;
 use kace_node::{dispatch, epilog, prolog, Clock, Node};
 use kace_selector::dataset::Group;
 use kace_selector::{Model, ModelKind, Objective, Profile, SlowdownParams};
@@ -266,6 +267,19 @@ struct World {
     mps: FakeMps,
     clock: FixedClock,
     logs: RefCell<Vec<String>>,
+    host: FakeHost,
+}
+
+/// A hook's slurmd that can die.
+struct FakeHost(std::cell::Cell<bool>);
+
+impl HookHost for FakeHost {
+    fn slurmd_alive(&self) -> bool {
+        self.0.get()
+    }
+    fn slurmd_pid(&self) -> Option<u32> {
+        Some(4242)
+    }
 }
 
 impl World {
@@ -282,6 +296,7 @@ impl World {
             mps: FakeMps::default(),
             clock: FixedClock(RefCell::new(2000.0)),
             logs: RefCell::new(Vec::new()),
+            host: FakeHost(std::cell::Cell::new(true)),
         }
     }
 
@@ -295,6 +310,7 @@ impl World {
             clock: &self.clock,
             deadline: Instant::now() + Duration::from_secs(5),
             log: &log,
+            host: &self.host,
         };
         f(&node)
     }
@@ -391,6 +407,34 @@ fn a_lead_releases_the_predicted_best_onto_its_gpu_and_spools_every_verdict() {
     assert_eq!(out, prolog::Outcome::Joined { with: vec![10], partner: None });
     assert!(!w.slurm.calls.borrow()[calls_before..].contains(&"squeue".to_string()));
     assert_eq!(w.mps.calls.borrow().len(), 1);
+}
+
+/// A prolog that outlived its slurmd (killed or restarted while the prolog ran) belongs to a
+/// job Slurm will not start until it is requeued: it chooses, but sends no joiner to its GPU,
+/// and the decision says why.
+#[test]
+fn a_prolog_whose_slurmd_died_releases_no_joiner() {
+    let w = World::new("orphan", lead_slurm(Some("g1")));
+    w.host.0.set(false);
+    let out = w.with(|n| prolog::run(n, &job_env(10, 1)));
+    let prolog::Outcome::Led { partner, decision, .. } = out else { panic!("{out:?}") };
+    assert_eq!(partner, None);
+    let calls = w.slurm.calls.borrow().clone();
+    assert!(!calls.iter().any(|c| c.starts_with("pin") || c.starts_with("release")), "{calls:?}");
+    let d = decision.unwrap();
+    assert_eq!(d.decision.chosen_job, None);
+    let refused: Vec<&str> =
+        d.decision.candidates.iter().filter_map(|c| c.rejected.as_deref()).collect();
+    assert!(
+        refused.iter().any(|r| r.contains("slurmd (pid 4242) that runs this prolog ended")
+            && r.contains("job 10 only once it is requeued")),
+        "{refused:?}"
+    );
+    assert!(
+        w.logs.borrow().iter().any(|l| l.contains("couldn't release chosen job")),
+        "{:?}",
+        w.logs.borrow()
+    );
 }
 
 #[test]

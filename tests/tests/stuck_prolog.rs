@@ -9,7 +9,9 @@
 //! the job's start); before that fix it waited for good and held every kace job (the load
 //! test in CI: 127 kace jobs held for 8 minutes behind two such jobs).
 //!
-//! Asserted: Slurm left the job starting; while a prolog could still run, dispatch released
+//! Asserted: the prolog, which outlived its slurmd, chose a joiner but did not release it (it
+//! would have waited beside a job that runs nothing); Slurm left the job starting; while a
+//! prolog could still run, dispatch released
 //! nothing and said why; after that it released a held kace job as a lead onto a free GPU, not
 //! the stuck job's, and named the stuck job with the way out; that lead ran to completion;
 //! requeued by the admin, the stuck job's epilog ended kace's record of it on its GPU, and
@@ -17,20 +19,20 @@
 
 mod common;
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{field, worker};
-use kace_e2e::{kace as setup, Cluster, Hook, NodeSpec};
+use kace_e2e::{kace as setup, Cluster, NodeSpec};
 
-/// The kace prolog, slowed down by 8 s (and marked as begun) while `{dir}/slow-prolog` exists,
-/// so that the test can kill slurmd while it runs.
-fn slow_prolog() -> Hook {
-    let Hook::Script(body) = setup::hook("kace-prolog", "").unwrap() else {
-        unreachable!("kace hooks are scripts")
-    };
-    Hook::Script(format!(
-        "if [ -e {{dir}}/slow-prolog ]; then touch {{dir}}/in-prolog-$SLURM_JOB_ID; sleep 8; fi\n{body}"
-    ))
+/// The `squeue` kace runs: the real one, 1.5 s late (and marked as called) while
+/// `{dir}/slow-squeue` exists, so that the test can kill slurmd while the prolog decides.
+fn slow_squeue(dir: &Path, real: &Path) -> String {
+    let d = dir.display();
+    format!(
+        "#!/bin/bash\nif [ -e {d}/slow-squeue ]; then touch {d}/in-squeue; sleep 1.5; fi\nexec {} \"$@\"\n",
+        real.display()
+    )
 }
 
 fn squeue_line(c: &Cluster, id: u32) -> String {
@@ -49,7 +51,7 @@ fn a_job_stuck_in_its_prolog_by_a_slurmd_crash_holds_no_other_kace_job() {
     let mut c = Cluster::builder()
         .nodes(vec![NodeSpec::new("n1", 2), NodeSpec::new("n2", 2)])
         .typed_gpus(true)
-        .prolog(slow_prolog())
+        .prolog(setup::hook("kace-prolog", "").unwrap())
         .epilog(setup::hook("kace-epilog", "").unwrap())
         .start()
         .unwrap();
@@ -59,24 +61,47 @@ fn a_job_stuck_in_its_prolog_by_a_slurmd_crash_holds_no_other_kace_job() {
     let window = 5.0 + kace_node::slurm::HOOK_LAUNCH_SLACK_S;
     let (stuck_w, others) = common::lead_with_candidates(&dir.join("kace.db"), 1);
 
-    // The stuck job: released onto n2's GPU 0 as dispatch would, slurmd killed in its prolog.
-    std::fs::write(dir.join("slow-prolog"), "").unwrap();
+    let wrapper = dir.join("slow-squeue-wrapper");
+    std::fs::write(&wrapper, slow_squeue(&dir, &c.slurm().program("squeue"))).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let conf_path = dir.join("etc/kace.conf");
+    let conf = std::fs::read_to_string(&conf_path).unwrap().replace(
+        &format!("squeue = \"{}\"", c.slurm().program("squeue").display()),
+        &format!("squeue = \"{}\"", wrapper.display()),
+    );
+    assert!(conf.contains("slow-squeue-wrapper"), "{conf}");
+    std::fs::write(&conf_path, conf).unwrap();
+
+    // A kace job waiting for a partner, held by the gate: the one the stuck job's prolog picks.
+    let opt = format!("--kace-colocate={}", others[0]);
+    let waiting = c.sbatch(&[&opt, "--gres=shard:1", "--wrap", &worker(3, 10)]).unwrap();
+    c.wait_job(waiting, "held by the gate", Duration::from_secs(10), |j| {
+        field(j, "Reason") == "JobHeldUser"
+    })
+    .unwrap();
+
+    // The stuck job: released onto n2's GPU 0 as dispatch would; n2's slurmd killed while its
+    // prolog lists the queue to choose a joiner.
+    std::fs::write(dir.join("slow-squeue"), "").unwrap();
     let opt = format!("--kace-colocate={stuck_w}");
     let stuck =
         c.sbatch(&[&opt, "--gres=shard:g0:1", "-w", "n2", "--wrap", &worker(3, 10)]).unwrap();
     c.run_ok("scontrol", &["release", &stuck.to_string()]).unwrap();
     let t0 = Instant::now();
-    while !dir.join(format!("in-prolog-{stuck}")).exists() {
-        assert!(t0.elapsed() < Duration::from_secs(30), "job {stuck}'s prolog never began");
-        std::thread::sleep(Duration::from_millis(100));
+    while !dir.join("in-squeue").exists() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "job {stuck}'s prolog never listed");
+        std::thread::sleep(Duration::from_millis(20));
     }
     c.kill_slurmd("n2");
-    std::fs::remove_file(dir.join("slow-prolog")).unwrap();
+    std::fs::remove_file(dir.join("slow-squeue")).unwrap();
     std::thread::sleep(Duration::from_secs(2));
     c.start_slurmd("n2").unwrap();
 
-    // The prolog outlives the killed slurmd: it records the job as the lead on its GPU (and
-    // would release a joiner there). Nothing tells Slurm it ended.
+    // The prolog outlives the killed slurmd: it records the job as the lead on its GPU and
+    // chooses, but sends no joiner there. Nothing tells Slurm it ended.
     let prologs =
         || std::fs::read_to_string(dir.join("log/kace-kace-prolog.log")).unwrap_or_default();
     let t0 = Instant::now();
@@ -84,13 +109,13 @@ fn a_job_stuck_in_its_prolog_by_a_slurmd_crash_holds_no_other_kace_job() {
         assert!(t0.elapsed() < Duration::from_secs(30), "job {stuck}'s prolog: {}", prologs());
         std::thread::sleep(Duration::from_millis(200));
     }
-    // A kace job that arrives after, held by the gate.
-    let opt = format!("--kace-colocate={}", others[0]);
-    let waiting = c.sbatch(&[&opt, "--gres=shard:1", "--wrap", &worker(3, 10)]).unwrap();
-    c.wait_job(waiting, "held by the gate", Duration::from_secs(10), |j| {
-        field(j, "Reason") == "JobHeldUser"
-    })
-    .unwrap();
+    let refusal = format!(
+        "kace: prolog: job {stuck}: couldn't release chosen job {waiting}: chosen, but the slurmd"
+    );
+    assert!(prologs().contains(&refusal), "{}", prologs());
+    assert!(prologs().contains(&format!("Slurm starts job {stuck} only once it is requeued")));
+    let j = c.job(waiting).unwrap();
+    assert_eq!(field(&j, "Reason"), "JobHeldUser", "{j:?}");
 
     // Dispatch, once a second as the watching service passes.
     let started = {
