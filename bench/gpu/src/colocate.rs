@@ -185,6 +185,8 @@ pub fn run(
                 clock: &clock,
                 deadline: Instant::now() + Duration::from_millis(config.node.prolog_budget_ms),
                 log,
+                // In-process, under no slurmd: nothing to watch.
+                host: &kace_node::slurmd::ProcSlurmd::default(),
             };
             if let Outcome::Done { observations, stopped_mps, .. } = epilog::run(&node, &env) {
                 out.observations.extend(observations);
