@@ -96,12 +96,12 @@ fn summary_line(
     let model = match model {
         ModelOutcome::Trained(t) => {
             let previous = match t.previous {
-                Some((v, q)) => format!(" vs {} for active version {v}", num(q.mse)),
+                Some(c) => format!("; {}", c.describe()),
                 None => " (no active model to compare)".to_string(),
             };
             let verdict = if t.activated { "activated" } else { "not activated: worse" };
             format!(
-                "model version {} ({}) fitted on {} groups, held-out MSE {}{previous}: {verdict}",
+                "model version {} ({}) fitted on all {} groups, held-out MSE {}{previous}: {verdict}",
                 t.version,
                 t.kind.key(),
                 t.fit_groups,

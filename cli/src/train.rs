@@ -90,17 +90,54 @@ pub struct Trained {
     pub activated: bool,
     /// Its kind.
     pub kind: ModelKind,
-    /// Groups it was fitted on.
+    /// Groups it was fitted on: every usable group (the refit).
     pub fit_groups: usize,
-    /// Groups held out to validate it.
+    /// Groups the validation fit was fitted on.
+    pub validation_fit_groups: usize,
+    /// Groups held out to validate the procedure.
     pub holdout_groups: usize,
-    /// Its error on the held-out groups.
+    /// The validation fit's error on the held-out groups.
     pub quality: FitQuality,
-    /// The version that was active before, with its error on the same held-out groups (`None`:
-    /// there was none, or it could not compete).
-    pub previous: Option<(i64, FitQuality)>,
+    /// The version that was active before and how the two compared (`None`: there was none,
+    /// or it could not compete).
+    pub previous: Option<Comparison>,
     /// The metrics stored with the model.
     pub metrics: serde_json::Value,
+}
+
+/// How a new model compared with the one active before it, on the held-out groups that one
+/// had not been fitted on (the only ones that say anything about it: it was refitted on every
+/// group it saw).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Comparison {
+    /// The version active before.
+    pub version: i64,
+    /// Held-out groups it had not seen (0: nothing to compare; the new one is activated).
+    pub groups: usize,
+    /// The new model's validation fit on them.
+    pub new: Option<FitQuality>,
+    /// The active model on them.
+    pub active: Option<FitQuality>,
+}
+
+impl Comparison {
+    /// In words, for `kace train` and `kace retrain`.
+    pub fn describe(&self) -> String {
+        match (self.new, self.active) {
+            (Some(n), Some(a)) => format!(
+                "on the {} held-out group(s) active version {} had not seen: MSE {} (new) vs {} \
+                 (active)",
+                self.groups,
+                self.version,
+                num(n.mse),
+                num(a.mse)
+            ),
+            _ => format!(
+                "active version {} had seen every held-out group: nothing to compare",
+                self.version
+            ),
+        }
+    }
 }
 
 /// Reads the observed groups and the active model, runs the library's training policy
@@ -147,17 +184,34 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
         }
         Err(e) => return Err(e.into()),
     };
-    let t = match training::train(&set.groups, active.as_ref().map(|a| &a.1), &policy) {
+    // What the active model was fitted on: its groups' observations, up to the row id it
+    // stored (models from before kace recorded it: not known).
+    let upto = match &active {
+        Some((v, _)) => {
+            db.model(*v)?.model.metrics.get("observations_upto").and_then(|u| u.as_i64())
+        }
+        None => None,
+    };
+    let seen = upto.map(|u| set.seen_upto(u));
+    let competitor =
+        active.as_ref().map(|(_, m)| training::Active { model: m, seen: seen.as_deref() });
+    let t = match training::train(&set.groups, competitor, &policy) {
         Err(TrainingError::NotEnoughGroups { usable, needed }) => {
             return Err(NotEnoughGroups { usable, skipped: set.skipped, needed }.into())
         }
         other => other?,
     };
-    let previous = active.as_ref().map(|a| a.0).zip(t.active_quality);
+    let previous = active.as_ref().map(|a| Comparison {
+        version: a.0,
+        groups: t.compared_groups,
+        new: t.compared_quality,
+        active: t.active_quality,
+    });
     let sizes: std::collections::BTreeMap<String, usize> =
         t.group_sizes.iter().map(|(k, n)| (k.to_string(), *n)).collect();
     let metrics = json!({
         "fit_groups": t.fit_groups,
+        "validation_fit_groups": t.validation_fit_groups,
         "holdout_groups": t.holdout_groups,
         "skipped_groups": set.skipped,
         "unused_groups": t.unused_groups,
@@ -166,18 +220,15 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
         "seed": policy.seed,
         "holdout_mse": t.quality.mse,
         "holdout_r2": t.quality.r2,
-        "active_version_at_training": previous.map(|p| p.0),
-        "active_holdout_mse": previous.map(|p| p.1.mse),
+        "active_version_at_training": previous.map(|p| p.version),
+        "compared_groups": t.compared_groups,
+        "compared_mse": t.compared_quality.map(|q| q.mse),
+        "active_compared_mse": t.active_quality.map(|q| q.mse),
+        "observations_upto": set.newest_observation(),
         "kind": policy.kind.key(),
         "objective": policy.objective.key(),
-        "tuned": t.tuned.as_ref().map(|tu| json!({
-            "alpha": tu.params.alpha,
-            "workload_scale": tu.params.workload_scale,
-            "robust": tu.params.robust,
-            "doubt_weight": tu.doubt_weight,
-            "new_workload_weight": tu.new_workload_weight,
-            "cv_log_mse": tu.log_mse,
-        })),
+        "tuned": t.tuned.as_ref().map(tuned_json),
+        "validation_tuned": t.validation_tuned.as_ref().map(tuned_json),
     });
     let version =
         db.insert_model(&model_to_new_model(&t.model, metrics.clone(), digest, t.fit_groups)?)?;
@@ -189,10 +240,23 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
         activated: t.activate,
         kind: policy.kind,
         fit_groups: t.fit_groups,
+        validation_fit_groups: t.validation_fit_groups,
         holdout_groups: t.holdout_groups,
         quality: t.quality,
         previous,
         metrics,
+    })
+}
+
+/// The settings a cross-validation chose, as stored in a model's metrics.
+fn tuned_json(tu: &kace_selector::tuning::Tuned) -> serde_json::Value {
+    json!({
+        "alpha": tu.params.alpha,
+        "workload_scale": tu.params.workload_scale,
+        "robust": tu.params.robust,
+        "doubt_weight": tu.doubt_weight,
+        "new_workload_weight": tu.new_workload_weight,
+        "cv_log_mse": tu.log_mse,
     })
 }
 
@@ -216,16 +280,18 @@ pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
         print_json(&json!({ "version": t.version, "activated": t.activated, "metrics": t.metrics }))
     } else {
         println!(
-            "model version {} ({}): fitted on {} groups, held-out MSE {} (R² {}) on {} groups",
+            "model version {} ({}): fitted on all {} groups; held-out MSE {} (R² {}) on {} \
+             groups for the same search fitted on the other {}",
             t.version,
             t.kind.key(),
             t.fit_groups,
             num(t.quality.mse),
             num(t.quality.r2),
-            t.holdout_groups
+            t.holdout_groups,
+            t.validation_fit_groups
         );
-        if let Some((v, q)) = t.previous {
-            println!("active version {v} on the same held-out groups: MSE {}", num(q.mse));
+        if let Some(c) = t.previous {
+            println!("{}", c.describe());
         }
         match (t.activated, args.activate) {
             (true, true) => println!("activated (--activate)"),

@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use kace_selector::dataset::read_colocations;
-use kace_selector::training::holdout_split;
 use kace_selector::{select, Candidate, LinearModel, Member, Model, Profile, SelectionRules};
 use kace_sql::spool::{record_file_name, write_record};
 use kace_sql::{Observation, Partner};
@@ -120,18 +119,19 @@ fn init_import_train_select_agrees_with_the_selector_in_memory() {
     assert_eq!(trained["version"], 1);
     assert_eq!(trained["activated"], true);
     let m = &trained["metrics"];
-    assert_eq!(m["fit_groups"].as_u64().unwrap() + m["holdout_groups"].as_u64().unwrap(), 181);
+    // Stored: refitted on all 181; validated: fitted on the rest of a held-out fifth.
+    assert_eq!(m["fit_groups"].as_u64(), Some(181), "{m}");
+    assert_eq!(m["validation_fit_groups"].as_u64(), Some(181 - 37), "{m}");
+    assert_eq!(m["holdout_groups"].as_u64(), Some(37), "{m}");
     assert!(m["holdout_r2"].as_f64().unwrap() > 0.5, "{m}");
 
-    // The stored model equals an in-memory fit on the same pairs. Observed pairs come back in
-    // key order, so rebuild that order from the import's key scheme.
+    // The stored model equals an in-memory fit on all the pairs.
     let table = read_colocations("pairs", fs::File::open(&pairs).unwrap()).unwrap();
     let stem = Path::new(PAIRS).file_stem().unwrap().to_string_lossy().into_owned();
     let mut order: Vec<usize> = (0..table.groups.len()).collect();
     order.sort_by_key(|r| format!("import/{stem}:r{r}:w1"));
-    let (fit, _) = holdout_split(order.len(), 0.2, 30);
-    let x: Vec<[f64; 10]> = fit.iter().map(|&i| table.groups[order[i]].features()).collect();
-    let y: Vec<f64> = fit.iter().map(|&i| table.groups[order[i]].total_throughput()).collect();
+    let x: Vec<[f64; 10]> = order.iter().map(|&i| table.groups[i].features()).collect();
+    let y: Vec<f64> = order.iter().map(|&i| table.groups[i].total_throughput()).collect();
     let reference = LinearModel::fit(&x, &y).unwrap();
     let shown = env.json(&["model", "show"]);
     let stored: Model = serde_json::from_value(shown["body"].clone()).unwrap();
@@ -306,7 +306,8 @@ fn triples_train_the_slowdown_model_and_not_the_linear_one() {
 
     let m = &env.json(&["train"])["metrics"];
     assert_eq!(m["group_sizes"], serde_json::json!({"2": 181, "3": rows}), "{m}");
-    let used = m["fit_groups"].as_u64().unwrap() + m["holdout_groups"].as_u64().unwrap();
+    let used = m["validation_fit_groups"].as_u64().unwrap() + m["holdout_groups"].as_u64().unwrap();
+    assert_eq!(m["fit_groups"].as_u64(), Some(used), "{m}");
     assert_eq!((used, m["unused_groups"].as_u64()), (181 + rows as u64, Some(0)));
     assert!(m["holdout_r2"].as_f64().unwrap() > 0.5, "{m}");
     let Model::Slowdown(sm) =
@@ -330,8 +331,8 @@ fn triples_train_the_slowdown_model_and_not_the_linear_one() {
     let m = &env.json(&["train", "--kind", "linear"])["metrics"];
     assert_eq!(m["group_sizes"], serde_json::json!({"2": 181}), "{m}");
     assert_eq!(m["unused_groups"].as_u64(), Some(rows as u64), "{m}");
-    let used = m["fit_groups"].as_u64().unwrap() + m["holdout_groups"].as_u64().unwrap();
-    assert_eq!(used, 181);
+    let used = m["validation_fit_groups"].as_u64().unwrap() + m["holdout_groups"].as_u64().unwrap();
+    assert_eq!((m["fit_groups"].as_u64(), used), (Some(181), 181));
 }
 
 #[test]
@@ -809,4 +810,43 @@ fn profile_show_names_each_values_source_and_admin_values_win() {
     let text = env.ok(&["profile", "show", "onboarded"]);
     assert!(text.contains("observed alone in 1 run(s) by kace"), "{text}");
     assert!(text.contains("source"), "{text}");
+}
+
+/// The stored model is refitted on every group it saw, so a later training compares it only on
+/// the held-out groups observed since (`observations_upto`): none when nothing new came, some
+/// after a second night's observations, and the summary line says which.
+#[test]
+fn retraining_compares_with_the_active_model_only_on_groups_it_has_not_seen() {
+    let env = Env::new("fair-activation");
+    let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../packaging/demo");
+    env.ok(&["db", "init"]);
+    env.ok(&["profile", "import", demo.join("profiles.csv").to_str().unwrap()]);
+    env.ok(&["observations", "import", demo.join("pairs.csv").to_str().unwrap()]);
+    let first = env.json(&["train"]);
+    assert_eq!(first["activated"], true, "{first}");
+    let m = &first["metrics"];
+    // 28 pairs, two observations each; no active model to compare with.
+    assert_eq!(m["observations_upto"], 56, "{first}");
+    assert_eq!((m["compared_groups"].as_u64(), m["active_compared_mse"].as_f64()), (Some(0), None));
+
+    // Forced again on the same data: the active model has seen every held-out group.
+    let again = env.json(&["train", "--activate"]);
+    assert_eq!(again["metrics"]["compared_groups"], 0, "{again}");
+    let text = env.ok(&["train", "--activate"]);
+    assert!(text.contains("had seen every held-out group: nothing to compare"), "{text}");
+
+    // A second night: the same pairs observed again (new jobs, new keys). The held-out groups
+    // among them are the ones compared; the active model never saw them.
+    let night = env.dir.join("night2.csv");
+    fs::copy(demo.join("pairs.csv"), &night).unwrap();
+    env.ok(&["observations", "import", night.to_str().unwrap()]);
+    let next = env.json(&["train"]);
+    let m = &next["metrics"];
+    assert_eq!(m["observations_upto"], 112, "{next}");
+    let compared = m["compared_groups"].as_u64().unwrap();
+    let held = m["holdout_groups"].as_u64().unwrap();
+    assert!(compared > 0 && compared < held, "{compared} of {held} held-out groups: {next}");
+    let (new, old) =
+        (m["compared_mse"].as_f64().unwrap(), m["active_compared_mse"].as_f64().unwrap());
+    assert_eq!(next["activated"], new <= old, "{next}");
 }

@@ -1,8 +1,8 @@
 //! The kace model the simulator runs with, trained as `kace train` trains it: the library's
-//! training policy ([`kace_selector::training::train`]: a held-out fifth, settings, doubt
-//! weight and new-workload weight chosen by cross-validation on the rest) on every pair of the
-//! n_occur = 3 training split (about a fifth of the measured pairs), never on the rest of the
-//! ground truth the simulation scores it against.
+//! training policy ([`kace_selector::training::train`]: validated on a held-out fifth, then
+//! settings, doubt weight and new-workload weight chosen by cross-validation on every pair and
+//! refitted on them all) on the n_occur = 3 training split (about a fifth of the measured
+//! pairs), never on the rest of the ground truth the simulation scores it against.
 
 use kace_selector::dataset::{ColocationData, Group};
 use kace_selector::eval::colocations::n_occur_split;
@@ -21,8 +21,8 @@ pub struct TrainedKace {
     pub model: Model,
     /// The split seed.
     pub seed: u32,
-    /// Rows of the pair table it was fitted on (the training split less the groups training
-    /// held out to validate it).
+    /// Rows of the pair table it was fitted on (the whole training split: the held-out fifth
+    /// only validates).
     pub fit_rows: Vec<usize>,
     /// The fitted pairs, by workload name.
     pub fit_pairs: Vec<[String; 2]>,

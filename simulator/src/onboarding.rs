@@ -49,9 +49,9 @@ pub struct NewWorkloadCost {
     pub new: Treatment,
 }
 
-/// Trains kace as `kace train` does ([`deployed`]: held-out fifth, settings, doubt weight and
-/// new-workload weight by cross-validation) on the n_occur = 3 split for `seed`, without the
-/// groups of `leave_out`.
+/// Trains kace as `kace train` does ([`deployed`]: validated on a held-out fifth, then
+/// settings, doubt weight and new-workload weight by cross-validation and refitted on every
+/// pair) on the n_occur = 3 split for `seed`, without the groups of `leave_out`.
 fn trained(
     data: &ColocationData,
     seed: u32,

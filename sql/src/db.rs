@@ -877,6 +877,7 @@ impl Db {
         for o in &shared {
             by_job.entry(o.job.as_str()).or_default().push(o);
         }
+        let ids = self.observation_ids()?;
         let mut used: HashSet<&str> = HashSet::new();
         let mut groups = Vec::new();
         for a in &shared {
@@ -931,11 +932,26 @@ impl Db {
                         workload: m.workload.clone(),
                         throughput: m.throughput,
                         key: m.key.clone(),
+                        id: ids.get(m.key.as_str()).copied().unwrap_or(0),
                     })
                     .collect(),
             });
         }
         Ok(groups)
+    }
+
+    /// Each stored (not quarantined) observation's row id, by key.
+    fn observation_ids(&self) -> Result<HashMap<String, i64>> {
+        let p = &self.path;
+        let what = "load observation ids";
+        let mut stmt = self
+            .conn
+            .prepare("SELECT key, id FROM observations WHERE quarantined IS NULL")
+            .map_err(sql(what, p))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+            .map_err(sql(what, p))?;
+        rows.collect::<rusqlite::Result<HashMap<String, i64>>>().map_err(sql(what, p))
     }
 
     // ---- models ----------------------------------------------------------------------------

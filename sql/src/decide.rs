@@ -98,6 +98,18 @@ pub struct TrainingSet {
 }
 
 impl TrainingSet {
+    /// The row id of the newest observation any group uses (0 when there is none): stored with
+    /// a model as `observations_upto`, so that a later training knows which groups it has seen.
+    pub fn newest_observation(&self) -> i64 {
+        self.observed.iter().map(ObservedGroup::newest).max().unwrap_or(0)
+    }
+
+    /// For each group, whether a model trained on observations up to row id `upto` has seen
+    /// it (all its observations were stored by then).
+    pub fn seen_upto(&self, upto: i64) -> Vec<bool> {
+        self.observed.iter().map(|o| o.newest() <= upto).collect()
+    }
+
     /// A stable digest of the examples (FNV-1a over keys and values), so that two trainings on
     /// the same data are recognisable.
     pub fn digest(&self) -> String {

@@ -458,12 +458,20 @@ pub struct ObservedMember {
     pub throughput: f64,
     /// Key of its observation, for a stable training-set digest.
     pub key: String,
+    /// Row id of its observation: ids grow as observations are stored, so a model that records
+    /// the newest id it was trained on tells which groups it has seen.
+    pub id: i64,
 }
 
 impl ObservedGroup {
     /// Number of jobs in the group.
     pub fn k(&self) -> usize {
         self.members.len()
+    }
+
+    /// The row id of its newest observation.
+    pub fn newest(&self) -> i64 {
+        self.members.iter().map(|m| m.id).max().unwrap_or(0)
     }
 }
 
