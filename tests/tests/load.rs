@@ -1,8 +1,8 @@
 //! Load and faults on a real Slurm cluster (2 nodes × 2 typed fake GPUs, the real kace-prolog,
 //! kace-epilog, EpilogSlurmctld dispatch and the `kace dispatch --watch` loop): 200 kace jobs of
 //! 3–7 s and 20 plain ones arrive in bursts while slurmctld restarts, a slurmd is killed and
-//! started again (between prologs: see `Act::KillSlurmd`), the database is gone for 10 s and the
-//! spool is full for 10 s.
+//! started again (between prologs: see `Act::KillSlurmd`), the database is gone for 10 s (or
+//! until a prolog has met its absence, 40 s at most) and the spool is full for 10 s.
 //!
 //! Every job writes its node, GPU (`SLURM_JOB_GPUS`, from Slurm) and start and end to a ledger,
 //! independently of kace; that is the truth the observations are checked against. Each kace job
@@ -308,6 +308,8 @@ fn two_hundred_kace_jobs_through_faults_lose_and_mislabel_nothing() {
     let mut seq = 0usize;
     let mut unhealthy: Vec<String> = Vec::new();
     let mut killed_at: Option<Instant> = None;
+    let mut db_away_at: Option<Instant> = None;
+    let mut db_unmet: Option<String> = None;
     let check_nodes = |c: &Cluster, unhealthy: &mut Vec<String>| {
         if let Ok(out) = c.run_ok("sinfo", &["-h", "-N", "-o", "%N %t"]) {
             for l in out.lines().filter(|l| l.contains("drain") || l.contains("down")) {
@@ -393,8 +395,28 @@ fn two_hundred_kace_jobs_through_faults_lose_and_mislabel_nothing() {
                 c.start_slurmd("n2").unwrap();
                 c.run_ok("scontrol", &["delete", "reservation=kill-n2"]).unwrap();
             }
-            Act::DbAway => std::fs::rename(dir.join("db"), dir.join("db.away")).unwrap(),
-            Act::DbBack => std::fs::rename(dir.join("db.away"), dir.join("db")).unwrap(),
+            Act::DbAway => {
+                std::fs::rename(dir.join("db"), dir.join("db.away")).unwrap();
+                db_away_at = Some(Instant::now());
+            }
+            Act::DbBack => {
+                // Away until a prolog has met the missing database as well (40 s at most): a
+                // moment in which no kace job happens to start must not leave the fault untried
+                // (CI once saw none in the 10 s).
+                let away = db_away_at.map_or(Duration::ZERO, |a| a.elapsed());
+                let met = || {
+                    std::fs::read_to_string(dir.join("log/kace-kace-prolog.log"))
+                        .is_ok_and(|l| l.contains("couldn't open database"))
+                };
+                let wait_until = Instant::now() + Duration::from_secs(40).saturating_sub(away);
+                while !met() && Instant::now() < wait_until {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                if !met() {
+                    db_unmet = Some(stall_report(&c, &dir));
+                }
+                std::fs::rename(dir.join("db.away"), dir.join("db")).unwrap();
+            }
             Act::SpoolFull => spool.fill(),
             Act::SpoolFree => spool.free(),
             Act::Ingest => {
@@ -615,7 +637,12 @@ fn two_hundred_kace_jobs_through_faults_lose_and_mislabel_nothing() {
     let unparked = epilogs.matches("parked record(s) into the spool").count();
     let no_db = prologs.matches("couldn't open database").count();
     assert!(parked > 0 && unparked > 0, "the full spool parked {parked}, moved back {unparked}");
-    assert!(no_db > 0, "no prolog met the missing database");
+    assert!(
+        no_db > 0,
+        "no prolog met the missing database in 40 s\n{}\n{}",
+        faults.join("\n"),
+        db_unmet.unwrap_or_default()
+    );
     // Jobs slurmctld starts after its restart and before the nodes registered again get no GPU in
     // their prolog's environment (tests/tests/restart_prolog.rs): their prologs take it from
     // Slurm's record, and none may be left without one.
