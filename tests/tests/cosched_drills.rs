@@ -97,12 +97,18 @@ impl Env {
             std::thread::sleep(Duration::from_millis(200));
         }
         let lines = lines();
-        assert!(
-            lines.contains(expect),
-            "job {job}: no {expect:?} in:\n{lines}\n--- slurmd n1\n{}\n--- slurmd n2\n{}",
-            self.c.slurmd_log("n1"),
-            self.c.slurmd_log("n2")
-        );
+        if !lines.contains(expect) {
+            // Unfiltered: a panic's lines carry no job prefix.
+            let all = self.prolog_log();
+            let tail: Vec<&str> = all.lines().rev().take(40).collect();
+            panic!(
+                "job {job}: no {expect:?} in:\n{lines}\n--- the prolog log's last lines\n{}\n\
+                 --- slurmd n1\n{}\n--- slurmd n2\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+                self.c.slurmd_log("n1"),
+                self.c.slurmd_log("n2")
+            );
+        }
         let sinfo = self.c.run_ok("sinfo", &["-h", "-N", "-o", "%N %t"]).unwrap();
         assert!(!sinfo.contains("drain"), "{sinfo}");
         lines
