@@ -161,3 +161,62 @@ fn three_way_groups_nested_over_100_seeds() {
     assert_eq!((p.better, p.worse, p.equal), (37, 26, 37));
     spread("kace", r.seed_spread(KACE).unwrap(), [0.9648, 0.8319, 0.9784, 0.9992]);
 }
+
+fn mean(v: impl IntoIterator<Item = f64>) -> f64 {
+    let (sum, n) = v.into_iter().fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    sum / n as f64
+}
+
+/// Exclusive throughput at MPS 100 % per workload, from one of the artifact's baseline sweeps
+/// (`workload,10,…,100`; empty cells are runs it did not make).
+fn exclusive_sweep(a: &Artifact, file: &str) -> std::collections::BTreeMap<String, f64> {
+    let f = std::fs::File::open(a.dir.join("raw_mps_sweeps").join(file)).expect("baseline sweep");
+    let mut r = csv::ReaderBuilder::new().flexible(true).from_reader(f);
+    let col = r.headers().unwrap().iter().position(|h| h == "100").expect("column 100");
+    r.records()
+        .map(|rec| rec.unwrap())
+        .filter_map(|rec| Some((rec[0].to_string(), rec.get(col)?.parse::<f64>().ok()?)))
+        .collect()
+}
+
+/// What bounds the seen-workload MAPE goal (6 %) from below, and what does not. kace's model
+/// fitted on every pair of the table and scored on those same pairs — the error it keeps when
+/// nothing is held out — is the floor its out-of-sample error can approach; almost without
+/// shrinkage it is no lower. Measurement noise is far below it: two copies of one workload in
+/// a self pair (same GPU, same run) differ little, and the exclusive throughputs the ratios
+/// divide by were measured on two days within a few per cent.
+#[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
+fn seen_mape_floor_is_the_models_not_the_measurements() {
+    use kace_selector::dataset::Group;
+    use kace_selector::eval::run::job_errors;
+    use kace_selector::slowdown::{SlowdownModel, SlowdownParams};
+    use kace_selector::tuning::{fit_tuned, grid, Folds};
+
+    let a = artifact();
+    let all: Vec<&Group> = a.pairs.groups.iter().collect();
+    let in_sample = |m: &SlowdownModel| 100.0 * mean(all.iter().flat_map(|g| job_errors(m, g, g)));
+    let (tuned, t) = fit_tuned(&all, &grid(), Folds::default()).unwrap();
+    eprintln!("tuned on every pair: {:?}", t.params);
+    stated("in-sample MAPE, tuned", in_sample(&tuned), 9.1, 1);
+    let loose = SlowdownParams { alpha: 0.01, workload_scale: 10.0, robust: false, neighbours: 0 };
+    stated("in-sample MAPE, α 0.01", in_sample(&SlowdownModel::fit(&all, loose).unwrap()), 9.2, 1);
+
+    let self_pairs: Vec<&Group> = all.iter().copied().filter(|g| g.is_self_group()).collect();
+    assert_eq!(self_pairs.len(), 16);
+    let twin = mean(self_pairs.iter().flat_map(|g| {
+        let m = g.total_throughput() / g.k() as f64;
+        g.throughputs.iter().map(move |t| (m - t).abs() / t)
+    }));
+    stated("self pairs: each copy against their mean, %", 100.0 * twin, 1.7, 1);
+
+    let first = exclusive_sweep(&a, "baseline_steps_stage2.csv");
+    let second = exclusive_sweep(&a, "0522baseline_steps_stage2.csv");
+    let mut days: Vec<f64> =
+        a.pairs.workloads().iter().map(|w| (first[w] - second[w]).abs() / first[w]).collect();
+    days.sort_by(f64::total_cmp);
+    assert_eq!(days.len(), 21);
+    stated("exclusive on two days, median %", 100.0 * days[10], 1.2, 1);
+    stated("exclusive on two days, mean %", 100.0 * mean(days.iter().copied()), 2.9, 1);
+    stated("exclusive on two days, max %", 100.0 * days[20], 8.9, 1);
+}

@@ -12,7 +12,7 @@ use crate::model::{Model, ModelKind};
 use crate::numpy_rng::train_test_split_train;
 use crate::policy::{argmax_first, Objective};
 use crate::selection::Predictor;
-use crate::slowdown::SlowdownParams;
+use crate::slowdown::{SlowdownModel, SlowdownParams};
 use crate::tuning::{fit_tuned, grid, Folds};
 use crate::zscore::ZScore;
 
@@ -151,6 +151,22 @@ pub fn fit_linear(
     LinearModel::fit(&x, &y)
 }
 
+/// The relative error of each job's predicted colocated throughput in `scored`, as a fraction of
+/// what it measured: `|predicted ratio × exclusive − measured| / measured`, the ratio predicted
+/// from `shown` (the same group as the model sees it: its kernel metrics may be hidden). Nothing
+/// is rescaled per group or run, so this is the error of the absolute throughput (MAPE's terms).
+pub fn job_errors<'a>(
+    model: &SlowdownModel,
+    scored: &'a Group,
+    shown: &Group,
+) -> impl Iterator<Item = f64> + 'a {
+    let preds = model.slowdowns(&shown.members());
+    preds
+        .into_iter()
+        .zip(scored.profiles.iter().zip(&scored.throughputs))
+        .map(|(pred, (p, measured))| (pred * p.exclusive_throughput() - measured).abs() / measured)
+}
+
 /// Runs one train-and-choose round and appends its results to `report`.
 pub(crate) fn run(
     run: Run<'_>,
@@ -188,14 +204,7 @@ pub(crate) fn run(
     let shown = shown_data.as_ref().unwrap_or(run.test);
     if let Some((_, Model::Slowdown(sm))) = fitted.iter().find(|(m, _)| *m == ModelChoice::Kace) {
         for &i in run.test_rows {
-            let g = &run.test.groups[i];
-            let preds = sm.slowdowns(&shown.groups[i].members());
-            for (pred, thr) in preds.iter().zip(g.profiles.iter().zip(&g.throughputs)) {
-                let (p, measured) = thr;
-                report
-                    .job_errors
-                    .push((pred * p.exclusive_throughput() - measured).abs() / measured);
-            }
+            report.job_errors.extend(job_errors(sm, &run.test.groups[i], &shown.groups[i]));
         }
     }
     for (m, f) in &fitted {
