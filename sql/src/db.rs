@@ -826,12 +826,18 @@ impl Db {
 
     /// Every stored observation that is not quarantined, in key order.
     pub fn observations(&self) -> Result<Vec<Observation>> {
+        Ok(self.stored_observations()?.into_iter().map(|(_, o)| o).collect())
+    }
+
+    /// [`Db::observations`], each with its row id (what a trained model records as the newest
+    /// observation it saw).
+    fn stored_observations(&self) -> Result<Vec<(i64, Observation)>> {
         let p = &self.path;
         let mut stmt = self
             .conn
             .prepare(
                 "SELECT o.key, o.job, w.name, o.partners, o.node, o.gpu, o.mps_share, \
-                 o.start_time, o.end_time, o.steps, o.throughput FROM observations o \
+                 o.start_time, o.end_time, o.steps, o.throughput, o.id FROM observations o \
                  JOIN workloads w ON w.id = o.workload_id WHERE o.quarantined IS NULL \
                  ORDER BY o.key",
             )
@@ -839,9 +845,10 @@ impl Db {
         let mut rows = stmt.query([]).map_err(sql("load observations", p))?;
         let mut out = Vec::new();
         while let Some(r) = rows.next().map_err(sql("load observations", p))? {
-            let get = |r: &rusqlite::Row<'_>| -> rusqlite::Result<(Observation, String)> {
+            let get = |r: &rusqlite::Row<'_>| -> rusqlite::Result<(i64, Observation, String)> {
                 let partners: String = r.get(3)?;
                 Ok((
+                    r.get(11)?,
                     Observation {
                         key: r.get(0)?,
                         job: r.get(1)?,
@@ -858,9 +865,9 @@ impl Db {
                     partners,
                 ))
             };
-            let (mut o, partners) = get(r).map_err(sql("load observations", p))?;
+            let (id, mut o, partners) = get(r).map_err(sql("load observations", p))?;
             o.partners = json_col(&format!("partners of observation {}", o.key), &partners)?;
-            out.push(o);
+            out.push((id, o));
         }
         Ok(out)
     }
@@ -870,14 +877,15 @@ impl Db {
     /// Each observation is used at most once; observations whose partners' own observations
     /// are missing or disagree are left out.
     pub fn observed_groups(&self) -> Result<Vec<ObservedGroup>> {
-        let all = self.observations()?;
-        let shared: Vec<&Observation> = all.iter().filter(|o| !o.partners.is_empty()).collect();
+        let all = self.stored_observations()?;
+        let ids: HashMap<&str, i64> = all.iter().map(|(id, o)| (o.key.as_str(), *id)).collect();
+        let shared: Vec<&Observation> =
+            all.iter().map(|(_, o)| o).filter(|o| !o.partners.is_empty()).collect();
         // Index by job so matching is linear in the number of observations.
         let mut by_job: HashMap<&str, Vec<&Observation>> = HashMap::new();
         for o in &shared {
             by_job.entry(o.job.as_str()).or_default().push(o);
         }
-        let ids = self.observation_ids()?;
         let mut used: HashSet<&str> = HashSet::new();
         let mut groups = Vec::new();
         for a in &shared {
@@ -932,26 +940,12 @@ impl Db {
                         workload: m.workload.clone(),
                         throughput: m.throughput,
                         key: m.key.clone(),
-                        id: ids.get(m.key.as_str()).copied().unwrap_or(0),
+                        id: ids.get(m.key.as_str()).copied().unwrap_or_default(),
                     })
                     .collect(),
             });
         }
         Ok(groups)
-    }
-
-    /// Each stored (not quarantined) observation's row id, by key.
-    fn observation_ids(&self) -> Result<HashMap<String, i64>> {
-        let p = &self.path;
-        let what = "load observation ids";
-        let mut stmt = self
-            .conn
-            .prepare("SELECT key, id FROM observations WHERE quarantined IS NULL")
-            .map_err(sql(what, p))?;
-        let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
-            .map_err(sql(what, p))?;
-        rows.collect::<rusqlite::Result<HashMap<String, i64>>>().map_err(sql(what, p))
     }
 
     // ---- models ----------------------------------------------------------------------------
