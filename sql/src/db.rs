@@ -5,6 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use rusqlite::types::ToSql;
 use rusqlite::{params, params_from_iter, Connection, OpenFlags, OptionalExtension};
 
 use crate::error::{sql, Error, Result};
@@ -90,6 +91,20 @@ fn json_col<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T>
 
 fn to_json<T: serde::Serialize>(what: &str, v: &T) -> Result<String> {
     serde_json::to_string(v).map_err(|source| Error::Json { what: what.to_string(), source })
+}
+
+/// `?1, ?2, …, ?n`: the placeholders of an insert of `n` values.
+fn placeholders(n: usize) -> String {
+    (1..=n).map(|i| format!("?{i}")).collect::<Vec<_>>().join(", ")
+}
+
+/// An insert's leading values followed by a profile's feature values, in [`FEATURE_COLUMNS`]
+/// order (NULL where a feature was not measured).
+fn with_features<'a>(
+    head: &'a [&'a dyn ToSql],
+    values: &'a [Option<f64>; FEATURE_COUNT],
+) -> impl Iterator<Item = &'a dyn ToSql> {
+    head.iter().copied().chain(values.iter().map(|v| v as &dyn ToSql))
 }
 
 impl Db {
@@ -448,29 +463,15 @@ impl Db {
                 continue;
             }
             count.inserted += 1;
+            let head: [&dyn ToSql; 4] = [&wid, &pr.gpu_model, &pr.source, &t];
             let sqltext = format!(
                 "INSERT INTO profiles (workload_id, gpu_model, source, created_at, {cols}) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+                 VALUES ({})",
+                placeholders(head.len() + FEATURE_COUNT)
             );
             let mut stmt = tx.prepare_cached(&sqltext).map_err(sql("store profile", &path))?;
-            let v = pr.values;
-            stmt.execute(params![
-                wid,
-                pr.gpu_model,
-                pr.source,
-                t,
-                v[0],
-                v[1],
-                v[2],
-                v[3],
-                v[4],
-                v[5],
-                v[6],
-                v[7],
-                v[8],
-                v[9]
-            ])
-            .map_err(sql("store profile", &path))?;
+            stmt.execute(params_from_iter(with_features(&head, &pr.values)))
+                .map_err(sql("store profile", &path))?;
         }
         tx.commit().map_err(sql("commit profile import", &path))?;
         Ok(count)
@@ -588,36 +589,28 @@ impl Db {
         let tx = self.conn.transaction().map_err(sql("begin profile measurement", &path))?;
         let wid = Db::workload_id(&tx, &path, &o.profile.workload)?;
         let cols = FEATURE_COLUMNS.join(", ");
-        let v = o.profile.values;
+        let samples = i64::try_from(o.samples).unwrap_or(i64::MAX);
+        let oom_limit = o.oom_limit_mib.map(|m| i64::try_from(m).unwrap_or(i64::MAX));
+        let head: [&dyn ToSql; 9] = [
+            &wid,
+            &o.profile.gpu_model,
+            &o.profile.source,
+            &o.created_at,
+            &o.key,
+            &o.job,
+            &samples,
+            &oom_limit,
+            &o.alone_seconds,
+        ];
         let n = tx
             .execute(
                 &format!(
                     "INSERT INTO profiles (workload_id, gpu_model, source, created_at, key, job, \
-                     samples, oom_limit_mib, alone_seconds, {cols}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, \
-                     ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19) \
-                     ON CONFLICT(key) DO NOTHING"
+                     samples, oom_limit_mib, alone_seconds, {cols}) VALUES ({}) \
+                     ON CONFLICT(key) DO NOTHING",
+                    placeholders(head.len() + FEATURE_COUNT)
                 ),
-                params![
-                    wid,
-                    o.profile.gpu_model,
-                    o.profile.source,
-                    o.created_at,
-                    o.key,
-                    o.job,
-                    i64::try_from(o.samples).unwrap_or(i64::MAX),
-                    o.oom_limit_mib.map(|m| i64::try_from(m).unwrap_or(i64::MAX)),
-                    o.alone_seconds,
-                    v[0],
-                    v[1],
-                    v[2],
-                    v[3],
-                    v[4],
-                    v[5],
-                    v[6],
-                    v[7],
-                    v[8],
-                    v[9]
-                ],
+                params_from_iter(with_features(&head, &o.profile.values)),
             )
             .map_err(sql("store profile measurement", &path))?;
         // Every kace job's run adds one: keep the newest few per workload, GPU model and source,
