@@ -178,11 +178,13 @@ pub struct Selection {
 
 impl Default for Selection {
     fn default() -> Self {
+        // The decision library's defaults, except that production refuses likely harm.
+        let rules = kace_selector::SelectionRules::default();
         Selection {
-            memory_margin: 0.05,
-            min_gain: 0.0,
-            objective: Objective::ThroughputSum,
-            max_jobs_per_gpu: 2,
+            memory_margin: rules.memory_margin,
+            min_gain: rules.min_gain,
+            objective: rules.objective,
+            max_jobs_per_gpu: kace_selector::decision::Policy::default().max_jobs_per_gpu,
             refill: true,
             refuse_likely_harm: true,
         }
@@ -229,7 +231,10 @@ pub struct ProfileSection {
 
 impl Default for ProfileSection {
     fn default() -> Self {
-        ProfileSection { min_alone_runs: 1, min_samples: 10 }
+        ProfileSection {
+            min_alone_runs: kace_selector::decision::Policy::default().min_alone_runs,
+            min_samples: 10,
+        }
     }
 }
 
@@ -302,7 +307,12 @@ pub struct Training {
 
 impl Default for Training {
     fn default() -> Self {
-        Training { holdout_fraction: 0.2, seed: 30, model: ModelKind::Slowdown }
+        use kace_selector::training::{DEFAULT_HOLDOUT_FRACTION, DEFAULT_SEED};
+        Training {
+            holdout_fraction: DEFAULT_HOLDOUT_FRACTION,
+            seed: DEFAULT_SEED,
+            model: ModelKind::Slowdown,
+        }
     }
 }
 
