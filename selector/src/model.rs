@@ -198,4 +198,27 @@ impl Predictor for Model {
             },
         }
     }
+
+    fn predict_with_progress(&self, members: &[Member<'_>], objective: Objective) -> (f64, f64) {
+        match self {
+            Model::Linear { .. } => (
+                self.predict(members, objective),
+                self.predict(members, Objective::NormalisedProgress),
+            ),
+            // Both from one set of slowdowns: the prolog scores every candidate this way.
+            Model::Slowdown(m) => {
+                let s = m.slowdowns(members);
+                let progress = s.iter().sum();
+                let predicted = match objective {
+                    Objective::NormalisedProgress => progress,
+                    Objective::ThroughputSum => s
+                        .iter()
+                        .zip(members)
+                        .map(|(s, m)| s * m.profile.exclusive_throughput())
+                        .sum(),
+                };
+                (predicted, progress)
+            }
+        }
+    }
 }

@@ -24,6 +24,18 @@ pub trait Predictor {
     fn new_workload_gain(&self, _members: &[Member<'_>]) -> Option<f64> {
         None
     }
+
+    /// The group's predicted objective and its predicted normalised progress: what [`select`]
+    /// asks of every candidate. Asks [`Predictor::predict`] once per measure; a predictor that
+    /// derives both from one computation answers both at once.
+    fn predict_with_progress(&self, members: &[Member<'_>], objective: Objective) -> (f64, f64) {
+        let predicted = self.predict(members, objective);
+        let progress = match objective {
+            Objective::NormalisedProgress => predicted,
+            Objective::ThroughputSum => self.predict(members, Objective::NormalisedProgress),
+        };
+        (predicted, progress)
+    }
 }
 
 /// The filters and thresholds of a choice.
@@ -222,13 +234,7 @@ pub fn select(
                 }
             }
             group.push(Member { profile: p, workload: c.workload });
-            let predicted = predictor.predict(&group, rules.objective);
-            let progress = match rules.objective {
-                Objective::NormalisedProgress => predicted,
-                Objective::ThroughputSum => {
-                    predictor.predict(&group, Objective::NormalisedProgress)
-                }
-            };
+            let (predicted, progress) = predictor.predict_with_progress(&group, rules.objective);
             let new_gain = predictor.new_workload_gain(&group);
             let harm_gain = rules.refuse_likely_harm.then(|| predictor.required_gain(&group));
             group.pop();
