@@ -395,10 +395,11 @@ impl SlowdownModel {
     /// How doubtful the model is about a group: the root-sum-square of its members' spreads
     /// (log units; a workload never trained on gets the largest spread the model has).
     pub fn doubt(&self, members: &[Member<'_>]) -> f64 {
-        let widest = self.spread.values().copied().fold(0.0, f64::max);
+        // Only a workload without a spread of its own needs the widest (a scan of them all).
+        let widest = || self.spread.values().copied().fold(0.0, f64::max);
         members
             .iter()
-            .map(|m| m.workload.and_then(|w| self.spread.get(w)).copied().unwrap_or(widest))
+            .map(|m| m.workload.and_then(|w| self.spread.get(w)).copied().unwrap_or_else(widest))
             .map(|s| s * s)
             .sum::<f64>()
             .sqrt()

@@ -522,9 +522,22 @@ impl Db {
         let mut rows = stmt.query(params_from_iter(binds)).map_err(sql("load profiles", p))?;
         // The newest observed memcap per workload, which may raise an admin's (see Profile).
         let mut observed_memcap: HashMap<String, (f64, String)> = HashMap::new();
+        let text_of = |row: &rusqlite::Row<'_>, i: usize| -> Result<String> {
+            row.get_ref(i)
+                .and_then(|v| v.as_str().map_err(Into::into))
+                .map(str::to_owned)
+                .map_err(sql("load profiles", p))
+        };
+        // Rows come grouped by workload, newest first: the name and source of a row are
+        // compared with the previous row's before anything is allocated for them.
+        let (mut name, mut source) = (String::new(), String::new());
         while let Some(row) = rows.next().map_err(sql("load profiles", p))? {
-            let name: String = row.get(0).map_err(sql("load profiles", p))?;
-            let source: String = row.get(3).map_err(sql("load profiles", p))?;
+            if row.get_ref(0).ok().and_then(|v| v.as_str().ok()) != Some(name.as_str()) {
+                name = text_of(row, 0)?;
+            }
+            if row.get_ref(3).ok().and_then(|v| v.as_str().ok()) != Some(source.as_str()) {
+                source = text_of(row, 3)?;
+            }
             let samples: Option<i64> = row.get(4).map_err(sql("load profiles", p))?;
             let mut values = [None; FEATURE_COUNT];
             for (i, v) in values.iter_mut().enumerate() {
@@ -554,7 +567,9 @@ impl Db {
             }
             if observed {
                 if let Some(m) = values[MEMCAP] {
-                    observed_memcap.entry(name.clone()).or_insert((m, source.clone()));
+                    if !observed_memcap.contains_key(&name) {
+                        observed_memcap.insert(name.clone(), (m, source.clone()));
+                    }
                 }
             }
             // Rows come newest first: a value is taken where none is known yet, and an admin's
@@ -1057,6 +1072,19 @@ impl Db {
     /// The active model, if one is.
     pub fn active_model(&self) -> Result<Option<ModelRecord>> {
         Ok(self.query_models("WHERE active = 1", None)?.pop())
+    }
+
+    /// The active model's version, kind and body as stored (JSON text), if one is: what every
+    /// decision reads. A body is large (a site's every trained workload), so it is decoded once,
+    /// straight into the model, not first into a [`ModelRecord`]'s JSON value.
+    pub(crate) fn active_model_body(&self) -> Result<Option<(i64, String, String)>> {
+        let p = &self.path;
+        self.conn
+            .prepare_cached("SELECT version, kind, body FROM models WHERE active = 1")
+            .and_then(|mut stmt| {
+                stmt.query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).optional()
+            })
+            .map_err(sql("load the active model", p))
     }
 
     // ---- decisions -------------------------------------------------------------------------

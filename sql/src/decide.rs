@@ -63,23 +63,25 @@ pub fn model_to_new_model(
 
 /// Reads a stored model back, refusing kinds and shapes this build does not know.
 pub fn model_from_record(r: &ModelRecord) -> Result<Model> {
-    let bad = |reason: String| Error::BadModel { version: r.version, reason };
+    checked_model(r.version, &r.model.kind, || serde_json::from_value(r.model.body.clone()))
+}
+
+/// The one check of a stored model, whichever way its body is read: a kind this build knows,
+/// a body that decodes (`decode`) as a model of that kind, and a model that passes
+/// [`Model::check`].
+fn checked_model(
+    version: i64,
+    kind: &str,
+    decode: impl FnOnce() -> serde_json::Result<Model>,
+) -> Result<Model> {
+    let bad = |reason: String| Error::BadModel { version, reason };
     let known = [ModelKind::Slowdown, ModelKind::Linear].map(kind_column);
-    if !known.contains(&r.model.kind) {
-        return Err(bad(format!(
-            "unknown kind {:?} (this kace reads {})",
-            r.model.kind,
-            known.join(", ")
-        )));
+    if !known.iter().any(|k| k == kind) {
+        return Err(bad(format!("unknown kind {kind:?} (this kace reads {})", known.join(", "))));
     }
-    let model: Model = serde_json::from_value(r.model.body.clone())
-        .map_err(|e| bad(format!("unreadable body: {e}")))?;
-    if kind_column(model.kind()) != r.model.kind {
-        return Err(bad(format!(
-            "body is a {} model, kind says {}",
-            model.kind().key(),
-            r.model.kind
-        )));
+    let model = decode().map_err(|e| bad(format!("unreadable body: {e}")))?;
+    if kind_column(model.kind()) != kind {
+        return Err(bad(format!("body is a {} model, kind says {kind}", model.kind().key())));
     }
     model.check().map_err(bad)?;
     Ok(model)
@@ -248,8 +250,9 @@ impl Decision {
 
 /// The active model, decoded.
 pub fn active_model(db: &Db) -> Result<(i64, Model)> {
-    let rec = db.active_model()?.ok_or(Error::NoActiveModel)?;
-    Ok((rec.version, model_from_record(&rec)?))
+    let (version, kind, body) = db.active_model_body()?.ok_or(Error::NoActiveModel)?;
+    let model = checked_model(version, &kind, || serde_json::from_str(&body))?;
+    Ok((version, model))
 }
 
 /// The read path of every decision: the active model, the profiles of the jobs on the GPU and
