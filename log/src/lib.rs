@@ -106,6 +106,21 @@ struct Syslog {
     socket: Arc<UnixDatagram>,
 }
 
+/// Writes `line` and its newline to stderr in one `write`, so that the lines of hooks appending
+/// to one file at once interleave whole. (`writeln!` and `eprintln!` on the unbuffered stderr
+/// write the text and the newline separately: two prologs sharing a log file then glued one's
+/// line onto the other's.)
+pub fn stderr_line(line: &str) {
+    let _ = write_line(&mut std::io::stderr().lock(), line);
+}
+
+fn write_line(out: &mut impl Write, line: &str) -> std::io::Result<()> {
+    let mut whole = String::with_capacity(line.len() + 1);
+    whole.push_str(line);
+    whole.push('\n');
+    out.write_all(whole.as_bytes())
+}
+
 impl Logger {
     /// stderr plus syslog at `socket` (`None`: stderr only). A socket that cannot be made is
     /// said once on stderr; the logger then writes to stderr only.
@@ -113,7 +128,7 @@ impl Logger {
         let syslog = socket.and_then(|path| match UnixDatagram::unbound() {
             Ok(s) => Some(Syslog { path: path.to_path_buf(), socket: Arc::new(s) }),
             Err(e) => {
-                eprintln!("kace: log: {}", Error::Socket(e));
+                stderr_line(&format!("kace: log: {}", Error::Socket(e)));
                 None
             }
         });
@@ -143,9 +158,7 @@ impl Logger {
     pub fn log(&self, severity: Severity, line: &str) {
         let line = clean(line);
         if self.stderr {
-            // One write per line, so lines of concurrent hooks interleave whole.
-            let mut out = std::io::stderr().lock();
-            let _ = writeln!(out, "{line}");
+            stderr_line(&line);
         }
         if let Some(s) = &self.syslog {
             let _ = s.send(severity, &line);
@@ -225,6 +238,33 @@ fn local_timestamp() -> String {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// Records each `write` call it gets.
+    #[derive(Default)]
+    struct Calls(Vec<Vec<u8>>);
+
+    impl Write for Calls {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.push(buf.to_vec());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_line_and_its_newline_are_one_write() {
+        let mut out = Calls::default();
+        write_line(&mut out, "kace: prolog: job 12: lead").unwrap();
+        write_line(&mut out, "").unwrap();
+        assert_eq!(out.0, vec![b"kace: prolog: job 12: lead\n".to_vec(), b"\n".to_vec()]);
+        // What it replaces: writeln! hands the writer the text and the newline apart.
+        let mut split = Calls::default();
+        let text = String::from("kace: prolog: job 13: lead");
+        writeln!(split, "{text}").unwrap();
+        assert_eq!(split.0.len(), 2, "{:?}", split.0);
+    }
 
     #[test]
     fn clean_escapes_control_characters_and_keeps_one_line() {

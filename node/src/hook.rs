@@ -87,7 +87,7 @@ fn body(phase: Phase, started: Instant, early: &Logger) {
             );
             match watchdog.lock() {
                 Ok(l) => l.line(&line),
-                Err(_) => eprintln!("{line}"),
+                Err(_) => kace_log::stderr_line(&line),
             }
             std::process::exit(0);
         }

@@ -89,9 +89,11 @@ impl Env {
                 .map(|l| format!("{l}\n"))
                 .collect()
         };
-        // Read until the line is there (10 s at most): on 26.05.3 CI once found a lead's
-        // prolog log without its last line right after the 4 s job completed (cause not found;
-        // the slurmd logs below say what Slurm did if it happens again).
+        // Read until the line is there (10 s at most). CI on 26.05.3 once found a lead's last
+        // line missing when two prologs ran at once: each wrote a line and its newline in two
+        // writes to the shared log, so one's line was glued onto the other's (fixed in
+        // kace_log::stderr_line); the slurmd logs below say what Slurm did if a line is missing
+        // again.
         let until = std::time::Instant::now() + Duration::from_secs(10);
         while !lines().contains(expect) && std::time::Instant::now() < until {
             std::thread::sleep(Duration::from_millis(200));
