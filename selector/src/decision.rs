@@ -157,30 +157,7 @@ pub fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::features::{combine, Feature, FEATURE_COUNT};
-    use crate::policy::Objective;
-
-    /// Predicts the group's summed exclusive throughput minus its memcap, and no normalised
-    /// progress (so the objective decides the gain rule).
-    struct Toy;
-    impl Predictor for Toy {
-        fn predict(&self, m: &[Member<'_>], o: Objective) -> f64 {
-            let f = combine(m.iter().map(|m| m.profile));
-            match o {
-                Objective::ThroughputSum => {
-                    f[Feature::ExclusiveThroughput.index()] - f[Feature::Memcap.index()]
-                }
-                Objective::NormalisedProgress => f64::NAN,
-            }
-        }
-    }
-
-    fn prof(excl: f64, mem: f64) -> Profile {
-        let mut f = [0.0; FEATURE_COUNT];
-        f[Feature::ExclusiveThroughput.index()] = excl;
-        f[Feature::Memcap.index()] = mem;
-        Profile::new(f)
-    }
+    use crate::selection::tests::{prof, Toy};
 
     fn joiner<'a>(p: &'a Profile, w: &'a str, user: &'a str) -> Joiner<'a> {
         Joiner { profile: Some(p), workload: w, user: Some(user) }

@@ -290,7 +290,7 @@ pub fn select(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::features::Feature;
 
@@ -298,7 +298,7 @@ mod tests {
 
     /// Predicts the group's summed exclusive throughput minus its memcap, so tests can steer it,
     /// and has no answer in normalised progress (a model trained for one objective only).
-    struct Toy;
+    pub(crate) struct Toy;
     impl Predictor for Toy {
         fn predict(&self, m: &[Member<'_>], o: Objective) -> f64 {
             let f = combine(m.iter().map(|m| m.profile));
@@ -315,7 +315,8 @@ mod tests {
         [Member { profile: p, workload: Some("lead") }]
     }
 
-    fn prof(excl: f64, mem: f64) -> Profile {
+    /// A profile with only an exclusive throughput and a memcap: what [`Toy`] reads.
+    pub(crate) fn prof(excl: f64, mem: f64) -> Profile {
         let mut f = [0.0; FEATURE_COUNT];
         f[Feature::ExclusiveThroughput.index()] = excl;
         f[Feature::Memcap.index()] = mem;
