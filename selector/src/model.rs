@@ -201,23 +201,66 @@ impl Predictor for Model {
 
     fn predict_with_progress(&self, members: &[Member<'_>], objective: Objective) -> (f64, f64) {
         match self {
-            Model::Linear { .. } => (
-                self.predict(members, objective),
-                self.predict(members, Objective::NormalisedProgress),
-            ),
-            // Both from one set of slowdowns: the prolog scores every candidate this way.
+            Model::Linear { .. } => crate::selection::predict_each(self, members, objective),
+            // Both from one prediction of the slowdowns: the prolog scores every candidate so.
             Model::Slowdown(m) => {
-                let s = m.slowdowns(members);
-                let progress = s.iter().sum();
-                let predicted = match objective {
-                    Objective::NormalisedProgress => progress,
-                    Objective::ThroughputSum => s
-                        .iter()
-                        .zip(members)
-                        .map(|(s, m)| s * m.profile.exclusive_throughput())
-                        .sum(),
+                let (sum, progress) = m.sum_and_progress(members);
+                match objective {
+                    Objective::ThroughputSum => (sum, progress),
+                    Objective::NormalisedProgress => (progress, progress),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::features::{Feature, Profile};
+
+    /// Pairs of 5 workloads, each slowed by its partner's SM utilisation.
+    fn pairs() -> Vec<Group> {
+        let prof = |i: usize| {
+            let mut f = [1.0; FEATURE_COUNT];
+            f[Feature::ExclusiveThroughput.index()] = 10.0 + 3.0 * i as f64;
+            f[Feature::SmUtil.index()] = 20.0 + 15.0 * i as f64;
+            Profile::new(f)
+        };
+        let mut out = Vec::new();
+        for i in 0..5 {
+            for j in i..5 {
+                let (a, b) = (prof(i), prof(j));
+                let rate = |own: &Profile, other: &Profile| {
+                    own.exclusive_throughput()
+                        * (1.0 - other.features[Feature::SmUtil.index()] / 200.0)
                 };
-                (predicted, progress)
+                out.push(Group {
+                    workloads: vec![format!("w{i}"), format!("w{j}")],
+                    throughputs: vec![rate(&a, &b), rate(&b, &a)],
+                    profiles: vec![a, b],
+                });
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn both_measures_at_once_are_the_two_predictions() {
+        let data = pairs();
+        let groups: Vec<&Group> = data.iter().collect();
+        for (kind, objective) in [
+            (ModelKind::Slowdown, Objective::ThroughputSum),
+            (ModelKind::Slowdown, Objective::NormalisedProgress),
+            (ModelKind::Linear, Objective::ThroughputSum),
+        ] {
+            let m = Model::train(kind, &groups, objective, Default::default()).unwrap();
+            for g in &data {
+                let members = g.members();
+                let (predicted, progress) = m.predict_with_progress(&members, objective);
+                let separately = m.predict(&members, Objective::NormalisedProgress);
+                assert_eq!(predicted.to_bits(), m.predict(&members, objective).to_bits());
+                assert_eq!(progress.to_bits(), separately.to_bits(), "{kind:?} {objective:?}");
             }
         }
     }

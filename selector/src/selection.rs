@@ -29,13 +29,22 @@ pub trait Predictor {
     /// asks of every candidate. Asks [`Predictor::predict`] once per measure; a predictor that
     /// derives both from one computation answers both at once.
     fn predict_with_progress(&self, members: &[Member<'_>], objective: Objective) -> (f64, f64) {
-        let predicted = self.predict(members, objective);
-        let progress = match objective {
-            Objective::NormalisedProgress => predicted,
-            Objective::ThroughputSum => self.predict(members, Objective::NormalisedProgress),
-        };
-        (predicted, progress)
+        predict_each(self, members, objective)
     }
+}
+
+/// [`Predictor::predict_with_progress`] by asking [`Predictor::predict`] once per measure.
+pub(crate) fn predict_each<P: Predictor + ?Sized>(
+    p: &P,
+    members: &[Member<'_>],
+    objective: Objective,
+) -> (f64, f64) {
+    let predicted = p.predict(members, objective);
+    let progress = match objective {
+        Objective::NormalisedProgress => predicted,
+        Objective::ThroughputSum => p.predict(members, Objective::NormalisedProgress),
+    };
+    (predicted, progress)
 }
 
 /// The filters and thresholds of a choice.

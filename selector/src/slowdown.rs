@@ -497,11 +497,15 @@ impl SlowdownModel {
 
     /// Predicted throughput sum of a group (steps per second).
     pub fn throughput_sum(&self, members: &[Member<'_>]) -> f64 {
-        self.slowdowns(members)
-            .iter()
-            .zip(members)
-            .map(|(s, m)| s * m.profile.exclusive_throughput())
-            .sum()
+        self.sum_and_progress(members).0
+    }
+
+    /// Predicted throughput sum and normalised progress of a group, from one prediction of its
+    /// slowdowns (what a choice asks of every candidate).
+    pub fn sum_and_progress(&self, members: &[Member<'_>]) -> (f64, f64) {
+        let s = self.slowdowns(members);
+        let sum = s.iter().zip(members).map(|(s, m)| s * m.profile.exclusive_throughput()).sum();
+        (sum, s.iter().sum())
     }
 
     /// Predicted normalised progress of a group (Σ slowdowns).
@@ -596,6 +600,7 @@ mod tests {
             assert!((a - s[0]).abs() < 1e-12 && (b - s[1]).abs() < 1e-12);
             assert_eq!(m.slowdowns(&members), vec![a, b]);
             assert!((m.normalised_progress(&members) - (a + b)).abs() < 1e-12);
+            assert_eq!(m.sum_and_progress(&members), (pred, m.normalised_progress(&members)));
         }
         // An unseen workload still gets a profile-based prediction.
         let new = prof(30.0, 50.0);
