@@ -143,8 +143,7 @@ impl Model {
                 {
                     return Err(format!("ceiling {c} for {w} (must be a number ≥ 1)"));
                 }
-                if let Some((w, s)) = m.spread.iter().find(|(_, s)| !(s.is_finite() && **s >= 0.0))
-                {
+                if let Some((w, s)) = m.spread.iter().find(|(_, s)| !(s.is_finite() && *s >= 0.0)) {
                     return Err(format!("spread {s} for {w} (must be a number ≥ 0)"));
                 }
                 if let Some(w) = m.profiles.iter().find(|(_, p)| !p.iter().all(|v| v.is_finite())) {

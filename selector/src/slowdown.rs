@@ -138,6 +138,52 @@ impl LogProfile {
     }
 }
 
+/// Per-workload spreads of a fit, with the widest of them kept beside them: every group with a
+/// workload the model never trained on is given the widest, and a decision among a thousand
+/// new candidates would otherwise scan every spread a thousand times. Stored as the plain map.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(from = "BTreeMap<String, f64>")]
+pub struct Spreads {
+    by_workload: BTreeMap<String, f64>,
+    widest: f64,
+}
+
+impl Spreads {
+    /// A workload's spread, if the model trained on it.
+    pub fn get(&self, workload: &str) -> Option<f64> {
+        self.by_workload.get(workload).copied()
+    }
+
+    /// The largest spread (0 when there is none).
+    pub fn widest(&self) -> f64 {
+        self.widest
+    }
+
+    /// Every workload's spread, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, f64)> {
+        self.by_workload.iter().map(|(w, s)| (w.as_str(), *s))
+    }
+}
+
+impl From<BTreeMap<String, f64>> for Spreads {
+    fn from(by_workload: BTreeMap<String, f64>) -> Spreads {
+        let widest = by_workload.values().copied().fold(0.0, f64::max);
+        Spreads { by_workload, widest }
+    }
+}
+
+impl FromIterator<(String, f64)> for Spreads {
+    fn from_iter<I: IntoIterator<Item = (String, f64)>>(iter: I) -> Spreads {
+        Spreads::from(iter.into_iter().collect::<BTreeMap<_, _>>())
+    }
+}
+
+impl Serialize for Spreads {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.by_workload.serialize(s)
+    }
+}
+
 /// The fitted model. Serialisable, so the database can store and version it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SlowdownModel {
@@ -162,7 +208,7 @@ pub struct SlowdownModel {
     /// log slowdowns in training. The gain rule asks a doubtful pair for a larger predicted
     /// gain ([`SlowdownModel::doubt`]). Empty in models stored before it existed.
     #[serde(default)]
-    pub spread: BTreeMap<String, f64>,
+    pub spread: Spreads,
     /// How many [`SlowdownModel::doubt`]s of predicted gain a group must show before the gain
     /// rule forms it (`κ`), chosen by cross-validation in training ([`crate::tuning`]). 0 in
     /// models stored before it existed, and straight after [`SlowdownModel::fit`].
@@ -395,11 +441,9 @@ impl SlowdownModel {
     /// How doubtful the model is about a group: the root-sum-square of its members' spreads
     /// (log units; a workload never trained on gets the largest spread the model has).
     pub fn doubt(&self, members: &[Member<'_>]) -> f64 {
-        // Only a workload without a spread of its own needs the widest (a scan of them all).
-        let widest = || self.spread.values().copied().fold(0.0, f64::max);
         members
             .iter()
-            .map(|m| m.workload.and_then(|w| self.spread.get(w)).copied().unwrap_or_else(widest))
+            .map(|m| m.workload.and_then(|w| self.spread.get(w)).unwrap_or(self.spread.widest()))
             .map(|s| s * s)
             .sum::<f64>()
             .sqrt()
@@ -668,7 +712,7 @@ mod tests {
             (
                 "spread",
                 Box::new(|m: &mut SlowdownModel| {
-                    m.spread.insert("w1".into(), -1.0);
+                    m.spread = [("w1".to_string(), -1.0)].into_iter().collect();
                 }) as Box<dyn Fn(&mut SlowdownModel)>,
             ),
             ("doubt weight", Box::new(|m: &mut SlowdownModel| m.doubt_weight = f64::NAN)),
@@ -690,6 +734,28 @@ mod tests {
         json.as_object_mut().unwrap().remove("ceiling");
         let old: SlowdownModel = serde_json::from_value(json).unwrap();
         assert_eq!(old.ceiling_of(Some("w0")), MAX_SLOWDOWN);
+    }
+
+    #[test]
+    fn spreads_are_stored_as_a_plain_map_and_read_back_with_their_widest() {
+        let spreads: Spreads =
+            [("a".to_string(), 0.2), ("b".to_string(), 0.7)].into_iter().collect();
+        assert_eq!(spreads.widest(), 0.7);
+        let json = serde_json::to_value(&spreads).unwrap();
+        assert_eq!(json, serde_json::json!({"a": 0.2, "b": 0.7}));
+        let back: Spreads = serde_json::from_value(json).unwrap();
+        assert_eq!((back.get("b"), back.widest()), (Some(0.7), 0.7));
+        assert_eq!(back, spreads);
+        assert_eq!(Spreads::default().widest(), 0.0);
+        // A new workload is as doubtful as the most doubtful trained one; a known one, itself.
+        let (ws, groups) = eight_workloads_paired();
+        let m = SlowdownModel::fit(&groups.iter().collect::<Vec<_>>(), SlowdownParams::default())
+            .unwrap();
+        let widest = m.spread.iter().map(|(_, s)| s).fold(0.0, f64::max);
+        assert!(widest > 0.0 && m.spread.widest() == widest);
+        let alone = |w| [Member { profile: &ws[0].1, workload: Some(w) }];
+        assert_eq!(m.doubt(&alone("never-seen")), widest);
+        assert_eq!(m.doubt(&alone("w0")), m.spread.get("w0").unwrap());
     }
 
     #[test]
@@ -721,7 +787,7 @@ mod tests {
         let (shift, m) = worst_shift(robust);
         assert!(shift < 0.05, "the robust fit moved a prediction by {shift}");
         assert!(m.ceiling_of(Some("w3")) < 2.0, "the outlier lifted w3's ceiling");
-        assert!(m.spread["w3"] > m.spread["w0"], "the outlier shows up as doubt about w3");
+        assert!(m.spread.get("w3") > m.spread.get("w0"), "the outlier shows up as doubt about w3");
         let (plain, m) = worst_shift(SlowdownParams { robust: false, ..robust });
         assert!(plain > 4.0 * shift, "squared error: {plain} vs robust {shift}");
         assert!(m.ceiling_of(Some("w3")) > 1e5, "without the robust fit the ceiling follows it");
