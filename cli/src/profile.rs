@@ -371,7 +371,7 @@ fn show(ctx: &Ctx, workload: &str) -> Result<()> {
             vec![
                 k.to_string(),
                 v.map(num).unwrap_or_else(|| "-".into()),
-                s.clone().unwrap_or_else(|| "-".into()),
+                s.as_deref().unwrap_or("-").to_string(),
             ]
         })
         .collect();

@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::types::ToSql;
@@ -20,10 +21,6 @@ use crate::types::{
 /// How long a connection waits for another process's lock before giving up. The nightly
 /// retrain may hold the write lock for a few seconds while prologs read.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Most workload names bound in one `IN (…)` query; SQLite's default limit is 32 766 variables
-/// but older builds allow 999.
-const IN_CHUNK: usize = 900;
 
 /// An open kace database.
 #[derive(Debug)]
@@ -486,12 +483,17 @@ impl Db {
         names: &[&str],
         gpu_model: Option<&str>,
     ) -> Result<HashMap<String, Profile>> {
+        // The names go in as one JSON array: one statement text whatever their number, so it
+        // is parsed once per connection (a thousand `?` took a fifth of a decision's read path
+        // to parse) and no limit on bound variables applies.
+        let list = to_json("workload names", &names)?;
         let mut out = HashMap::with_capacity(names.len());
-        for chunk in names.chunks(IN_CHUNK) {
-            let marks = vec!["?"; chunk.len()].join(",");
-            let filter = format!("w.name IN ({marks})");
-            self.load_profiles(&filter, chunk, gpu_model, &mut out)?;
-        }
+        self.load_profiles(
+            "w.name IN (SELECT value FROM json_each(?))",
+            &[list.as_str()],
+            gpu_model,
+            &mut out,
+        )?;
         Ok(out)
     }
 
@@ -521,7 +523,7 @@ impl Db {
         let binds = names.iter().copied().chain(gpu_model);
         let mut rows = stmt.query(params_from_iter(binds)).map_err(sql("load profiles", p))?;
         // The newest observed memcap per workload, which may raise an admin's (see Profile).
-        let mut observed_memcap: HashMap<String, (f64, String)> = HashMap::new();
+        let mut observed_memcap: HashMap<String, (f64, Arc<str>)> = HashMap::new();
         let text_of = |row: &rusqlite::Row<'_>, i: usize| -> Result<String> {
             row.get_ref(i)
                 .and_then(|v| v.as_str().map_err(Into::into))
@@ -529,14 +531,15 @@ impl Db {
                 .map_err(sql("load profiles", p))
         };
         // Rows come grouped by workload, newest first: the name and source of a row are
-        // compared with the previous row's before anything is allocated for them.
-        let (mut name, mut source) = (String::new(), String::new());
+        // compared with the previous row's before anything is allocated for them, and every
+        // value of a measurement shares its one source text.
+        let (mut name, mut source) = (String::new(), Arc::<str>::from(""));
         while let Some(row) = rows.next().map_err(sql("load profiles", p))? {
             if row.get_ref(0).ok().and_then(|v| v.as_str().ok()) != Some(name.as_str()) {
                 name = text_of(row, 0)?;
             }
-            if row.get_ref(3).ok().and_then(|v| v.as_str().ok()) != Some(source.as_str()) {
-                source = text_of(row, 3)?;
+            if row.get_ref(3).ok().and_then(|v| v.as_str().ok()) != Some(&*source) {
+                source = text_of(row, 3)?.into();
             }
             let samples: Option<i64> = row.get(4).map_err(sql("load profiles", p))?;
             let mut values = [None; FEATURE_COUNT];
@@ -559,7 +562,7 @@ impl Db {
                     out.entry(name.clone()).or_insert(prof)
                 }
             };
-            if source == OBSERVED_SOURCE {
+            if &*source == OBSERVED_SOURCE {
                 if prof.observed_runs == 0 {
                     prof.observed_samples = samples.unwrap_or(0).max(0) as u64;
                 }

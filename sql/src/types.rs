@@ -174,7 +174,7 @@ pub struct Profile {
     pub updated_at: f64,
     /// Per feature, the source of the value in `values` (`None` where there is no value).
     #[serde(default)]
-    pub sources: [Option<String>; FEATURE_COUNT],
+    pub sources: [Option<std::sync::Arc<str>>; FEATURE_COUNT],
     /// Alone runs kace observed (measurements of source [`OBSERVED_SOURCE`]; at most
     /// [`OBSERVED_KEPT`] per GPU model are kept).
     #[serde(default)]

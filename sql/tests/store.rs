@@ -107,6 +107,38 @@ fn missing_corrupt_and_foreign_files_are_clear_errors() {
 }
 
 #[test]
+fn profiles_are_read_by_any_names_and_any_number_of_them() {
+    let dir = TempDir::new("prof-names");
+    let (mut db, _) = Db::create(&dir.path().join("k.db")).unwrap();
+    // More names than SQLite once allowed bound variables in one statement (999).
+    let names: Vec<String> =
+        ["a.b_c+d-e".to_string()].into_iter().chain((0..1500).map(|i| format!("w{i}"))).collect();
+    let rows: Vec<NewProfile> = names
+        .iter()
+        .enumerate()
+        .map(|(i, w)| NewProfile {
+            workload: w.clone(),
+            gpu_model: "H200".into(),
+            source: "manual".into(),
+            values: std::array::from_fn(|f| Some(if f == 0 { i as f64 + 1.0 } else { 1.0 })),
+        })
+        .collect();
+    db.insert_profiles(&rows).unwrap();
+    // Asked for with names no workload may have (a user's text reaches here unchecked): quotes,
+    // a comma, SQL, JSON escapes, non-ASCII: none matches, and none breaks the query.
+    let odd = ["a\"b", "w1,w2", "w1') OR 1=1; --", "w1\\", "w1\t", "]", "réseau-日本", ""];
+    let mut asked: Vec<&str> = names.iter().map(String::as_str).collect();
+    asked.extend(odd);
+    let got = db.profiles(&asked, None).unwrap();
+    assert_eq!(got.len(), names.len());
+    for (i, w) in names.iter().enumerate() {
+        assert_eq!(got[w.as_str()].complete().unwrap()[0], i as f64 + 1.0, "{w}");
+    }
+    assert!(db.profiles(&odd, None).unwrap().is_empty());
+    assert!(db.profiles(&[], None).unwrap().is_empty());
+}
+
+#[test]
 fn profiles_merge_newest_value_per_feature() {
     let dir = TempDir::new("prof");
     let (mut db, _) = Db::create(&dir.path().join("k.db")).unwrap();
