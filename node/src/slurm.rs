@@ -703,6 +703,7 @@ mod tests {
     fn utc_times() {
         assert_eq!(parse_utc("1970-01-01T00:00:00"), Some(0.0));
         assert_eq!(parse_utc("2000-03-01T12:30:05"), Some(951_913_805.0));
+        assert_eq!(parse_utc("2024-02-29T12:34:56"), Some(1_709_210_096.0));
         assert_eq!(parse_utc("Unknown"), None);
         assert_eq!(parse_utc("N/A"), None);
         assert_eq!(parse_utc("2026-13-01T00:00:00"), None);

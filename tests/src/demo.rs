@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use kace_node::slurm::parse_utc;
 use kace_sql::{Db, NewDecision, Observation};
 use serde::{Deserialize, Serialize};
 
@@ -399,24 +400,6 @@ fn table(rows: &[Vec<String>]) -> String {
     s
 }
 
-/// `YYYY-MM-DDTHH:MM:SS` (UTC; the demo runs Slurm's commands with `TZ=UTC`) as Unix seconds.
-pub fn parse_utc(s: &str) -> Option<f64> {
-    let (date, time) = s.split_once('T')?;
-    let mut d = date.split('-').map(|x| x.parse::<i64>().ok());
-    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
-    let mut t = time.split(':').map(|x| x.parse::<i64>().ok());
-    let (hh, mm, ss) = (t.next()??, t.next()??, t.next()??);
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some((days * 86_400 + hh * 3600 + mm * 60 + ss) as f64)
-}
-
 /// Where the repository's demo data lives.
 pub fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/demo")
@@ -569,6 +552,7 @@ pub fn run(say: &mut dyn FnMut(&str)) -> Result<(Recorded, String), HarnessError
             .map_err(|e| err("scontrol", e))?;
         let j = crate::parse_fields(&String::from_utf8_lossy(&out.stdout));
         let time = |k: &str| {
+            // Slurm prints UTC: the demo runs its commands with `TZ=UTC`.
             parse_utc(field(&j, k))
                 .ok_or_else(|| err(&format!("job {id} {k}"), field(&j, k).to_string()))
         };
@@ -633,13 +617,6 @@ pub fn run(say: &mut dyn FnMut(&str)) -> Result<(Recorded, String), HarnessError
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn utc_times_parse() {
-        assert_eq!(parse_utc("1970-01-01T00:00:00"), Some(0.0));
-        assert_eq!(parse_utc("2024-02-29T12:34:56"), Some(1_709_210_096.0));
-        assert_eq!(parse_utc("Unknown"), None);
-    }
 
     #[test]
     fn rates_follow_the_truth() {
