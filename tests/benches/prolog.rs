@@ -29,6 +29,11 @@ fn main() {
         .start()
         .unwrap();
     common::prepare(&c, 86_400);
+    // Without the refill: otherwise each leaving job's epilog gives the GPU the next held job,
+    // the GPU never empties, and the next lead starts beside them instead of as a lead.
+    let conf = c.dir().join("etc/kace.conf");
+    let text = std::fs::read_to_string(&conf).unwrap();
+    std::fs::write(&conf, format!("{text}[selection]\nrefill = false\n")).unwrap();
     let (lead, cands) = common::lead_with_candidates(&c.dir().join("kace.db"), 4);
     let log = c.dir().join("log/kace-kace-prolog.log");
 
