@@ -13,8 +13,18 @@ named by ``$KACE_PROGRESS_FILE`` (set by kace's SPANK plugin in ``--kace-colocat
     trainer = transformers.Trainer(..., callbacks=[kace_progress.huggingface_callback()])
     trainer = lightning.Trainer(..., callbacks=[kace_progress.lightning_callback()])
 
-Outside a kace job (no ``$KACE_PROGRESS_FILE``) every call does nothing. Only the process of
-rank 0 writes (``RANK``/``SLURM_PROCID`` unset or ``0``), so a multi-process job counts once.
+Outside a kace job (no ``$KACE_PROGRESS_FILE``) every call does nothing. A job counts once
+however many processes it runs: a process whose ``RANK``, ``LOCAL_RANK`` or ``SLURM_PROCID`` is
+set and not ``0`` never writes, and of the others only the one holding the file's lock (an
+exclusive ``flock``, taken at its first write and kept until it exits) writes, so the ranks of a
+launcher that sets no rank (``torch.multiprocessing.spawn``) do not write twice. A process that
+takes the lock over continues from the file's last count, so two trainings run one after the
+other in one job add up instead of restarting at 0. Counts given with ``set_steps`` (a trainer's
+global step) are counted from the first value this process reports, so a trainer resumed from a
+checkpoint counts the steps it does, not the ones it loaded.
+
+Each line carries the time of the last counted step, the exit flush included: work after the
+last step (evaluation, saving a checkpoint, shutting workers down) is not counted as slow steps.
 
 Writes are single ``write(2)`` calls of one whole line on an ``O_APPEND`` descriptor, so a line is
 never torn. They are rate-limited (``$KACE_PROGRESS_INTERVAL`` seconds, default 1) and the file is
@@ -31,6 +41,8 @@ limit is raised next time.
 """
 
 import atexit
+import fcntl
+import math
 import os
 import sys
 import threading
@@ -46,11 +58,15 @@ __all__ = [
     "lightning_callback",
     "mark_out_of_memory",
     "install_oom_marker",
+    "install_torch_hook",
+    "auto_mode",
 ]
 
 ENV_FILE = "KACE_PROGRESS_FILE"
 ENV_INTERVAL = "KACE_PROGRESS_INTERVAL"
 ENV_MAX_BYTES = "KACE_PROGRESS_MAX_BYTES"
+# How many bytes of the file's end are read for its last count when a process takes over.
+TAIL_BYTES = 4096
 DEFAULT_INTERVAL = 1.0
 DEFAULT_MAX_BYTES = 1 << 20
 # Lines kept verbatim at the head of a compacted file: the warm-up kace skips lies there.
@@ -68,8 +84,8 @@ def _float_env(name, default, low):
     except ValueError:
         _warn("%s=%r is not a number; using %s" % (name, raw, default))
         return default
-    if not value == value or value < low:  # NaN or too small
-        _warn("%s=%r is below %s; using %s" % (name, raw, low, default))
+    if not math.isfinite(value) or value < low:  # NaN, infinite or too small
+        _warn("%s=%r is not a finite number of at least %s; using %s" % (name, raw, low, default))
         return default
     return value
 
@@ -82,7 +98,9 @@ def _warn(message):
 
 
 def _is_rank_zero():
-    for name in ("RANK", "SLURM_PROCID"):
+    # torchrun sets RANK and LOCAL_RANK; Lightning's own launcher only LOCAL_RANK; srun
+    # SLURM_PROCID. torch.multiprocessing.spawn sets none of them: the file's lock covers it.
+    for name in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
         value = os.environ.get(name)
         if value not in (None, "", "0"):
             return False
@@ -100,10 +118,17 @@ class Reporter:
         self.interval = float(interval)
         self.max_bytes = max(int(max_bytes), MIN_MAX_BYTES)
         self.clock = clock
+        # Steps this process did; what is written is `_base + steps` (the count it took over).
         self.steps = 0
+        self._base = 0
+        # The first absolute count `set_steps` was given: this process's steps count from it.
+        self._origin = None
+        self._stepped_at = None
         self._written_steps = None
         self._last_write = None
+        self._last_try = None
         self._fd = None
+        self._owner = False
         self._broken = path is None
         self._oom_marked = False
         self._lock = threading.Lock()
@@ -119,10 +144,14 @@ class Reporter:
             return
         with self._lock:
             try:
-                self.steps += int(n)
-            except (TypeError, ValueError):
+                n = int(n)
+            except (TypeError, ValueError, OverflowError):
                 return
-            self._maybe_write()
+            if n <= 0:
+                return
+            self.steps += n
+            self._stepped_at = self.clock()
+            self._maybe_write(self._stepped_at)
 
     def set_steps(self, steps):
         """Sets the steps done so far (an absolute count, e.g. a trainer's global step)."""
@@ -131,58 +160,85 @@ class Reporter:
         with self._lock:
             try:
                 steps = int(steps)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 return
-            if steps < self.steps:
+            if self._origin is None:
+                # The first report is taken as one step after the origin (a per-step callback).
+                self._origin = steps - 1 - self.steps
+            steps -= self._origin
+            if steps <= self.steps:
                 return  # kace refuses lines that go backwards; so do we
             self.steps = steps
-            self._maybe_write()
+            self._stepped_at = self.clock()
+            self._maybe_write(self._stepped_at)
 
     def flush(self):
         """Writes the current count now if it was not written yet (called at exit)."""
         if self._broken:
             return
         with self._lock:
-            if self._written_steps != self.steps:
-                self._write()
+            if self._stepped_at is not None and self._written_steps != self.steps:
+                # The time of the last step, not of the exit: work after training is no step.
+                self._write(self._stepped_at)
 
     def mark_out_of_memory(self):
         """Writes the current count and one ``<unix-seconds> oom`` line (once)."""
         if self._broken or self._oom_marked:
             return
         with self._lock:
-            if self._written_steps != self.steps:
-                self._write()
+            if self._stepped_at is not None and self._written_steps != self.steps:
+                self._write(self._stepped_at)
+            if self._broken or not self._take_over():
+                return
             self._oom_marked = True
             try:
-                if self._fd is None:
-                    self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
                 os.write(self._fd, ("%.3f oom\n" % self.clock()).encode("ascii"))
             except OSError as e:
-                self._broken = True
-                _warn("couldn't write progress file %s: %s" % (self.path, e))
+                self._fail(e)
 
-    def _maybe_write(self):
-        now = self.clock()
+    def _maybe_write(self, now):
         if self._last_write is None or now - self._last_write >= self.interval:
-            self._write(now)
+            # A process waiting for the lock tries again once per interval, not at every step.
+            if self._owner or self._last_try is None or now - self._last_try >= self.interval:
+                self._write(now)
 
-    def _write(self, now=None):
-        now = self.clock() if now is None else now
-        line = ("%.3f %d\n" % (now, self.steps)).encode("ascii")
+    def _write(self, now):
+        self._last_try = now
+        if not self._take_over():
+            return
+        line = ("%.3f %d\n" % (now, self._base + self.steps)).encode("ascii")
         try:
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
             size = os.fstat(self._fd).st_size
             if size + len(line) > self.max_bytes:
                 self._compact()
             os.write(self._fd, line)
         except OSError as e:
-            self._broken = True
-            _warn("couldn't write progress file %s: %s; progress is no longer reported" % (self.path, e))
+            self._fail(e)
             return
         self._last_write = now
         self._written_steps = self.steps
+
+    def _take_over(self):
+        """Opens the file and takes its lock, once; then continues from its last count. False
+        while another process of the job holds the lock (or when the file is unusable)."""
+        if self._owner:
+            return True
+        try:
+            if self._fd is None:
+                self._fd = _open_for_append(self.path)
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # another process of this job writes; this one counts on quietly
+        except OSError as e:
+            self._fail(e)
+            return False
+        self._owner = True
+        self._base = _last_count(self._fd)
+        return True
+
+    def _fail(self, e):
+        self._broken = True
+        _warn("couldn't write progress file %s: %s; progress is no longer reported" % (self.path, e))
 
     def _compact(self):
         # In place: the directory may not be writable by the job (kace's progress root is root's).
@@ -197,6 +253,36 @@ class Reporter:
             f.write(data)
         # Grow more slowly from now on; an interval of 0 (every step) becomes the default.
         self.interval = max(self.interval * 2, DEFAULT_INTERVAL)
+
+
+def _open_for_append(path):
+    flags = os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+    try:
+        # Read access too, for the last count when taking over (the prolog's file is the job
+        # user's, mode 0600).
+        return os.open(path, os.O_RDWR | flags, 0o644)
+    except PermissionError:
+        return os.open(path, os.O_WRONLY | flags, 0o644)
+
+
+def _last_count(fd):
+    """The steps of the file's last valid line (0 when there is none or it cannot be read)."""
+    try:
+        size = os.fstat(fd).st_size
+        tail = os.pread(fd, TAIL_BYTES, max(0, size - TAIL_BYTES))
+    except OSError:
+        return 0
+    for line in reversed(tail.split(b"\n")):
+        parts = line.split()
+        if len(parts) != 2:
+            continue
+        try:
+            t, steps = float(parts[0]), float(parts[1])
+        except ValueError:
+            continue  # an `oom` line, or a torn first line of the tail
+        if math.isfinite(t) and math.isfinite(steps) and steps >= 0:
+            return int(math.ceil(steps))
+    return 0
 
 
 def _thin(lines):
@@ -310,19 +396,88 @@ def _optimizer_step_hook(optimizer, args, kwargs):
     step()
 
 
-def install_torch_hook(torch_module):
-    """Registers a global optimizer post-step hook (PyTorch >= 2.0): one step per
-    ``optimizer.step()``. Returns whether it was registered."""
-    optim = getattr(torch_module, "optim", None)
-    register = getattr(getattr(optim, "optimizer", None), "register_optimizer_step_post_hook", None)
+# What `$KACE_PROGRESS_AUTO` asks the automatic hook to count.
+AUTO_OFF = "off"
+AUTO_OPTIMIZER = "optimizer"
+AUTO_FORWARD = "forward"
+
+
+def auto_mode(value):
+    """The automatic hook's mode for a ``$KACE_PROGRESS_AUTO`` value: unset or ``1`` counts
+    optimizer steps, ``forward`` counts outermost module forwards (inference), ``0`` is off."""
+    value = (value or "1").strip().lower()
+    if value in ("0", "no", "false", "off"):
+        return AUTO_OFF
+    if value == AUTO_FORWARD:
+        return AUTO_FORWARD
+    if value not in ("1", "yes", "true", "on", AUTO_OPTIMIZER):
+        _warn("KACE_PROGRESS_AUTO=%r is not 0, 1 or forward; counting optimizer steps" % value)
+    return AUTO_OPTIMIZER
+
+
+def _submodule(torch_module, name):
+    # Import, not attribute access: torch/optim/__init__.py ends with `del optimizer` (every
+    # PyTorch from 2.0 to 2.15), so `torch.optim.optimizer` is no attribute of the package.
+    import importlib
+
+    try:
+        return importlib.import_module(torch_module.__name__ + "." + name)
+    except Exception:
+        return None
+
+
+def install_torch_hook(torch_module, auto=None):
+    """Registers PyTorch's global hooks (PyTorch >= 2.0) as ``auto`` (a ``$KACE_PROGRESS_AUTO``
+    value, see :func:`auto_mode`) asks: one step per ``optimizer.step()``, or one step per
+    outermost ``Module`` forward call, and the out-of-memory marker. Returns whether a counter
+    was registered."""
+    mode = auto_mode(auto)
+    if mode == AUTO_OFF:
+        return False
+    version = getattr(torch_module, "__version__", "unknown version")
+    install_oom_marker()  # whatever happens to the counter, an OOM is still told
+    if mode == AUTO_FORWARD:
+        return _install_forward_counter(torch_module, version)
+    optimizer = _submodule(torch_module, "optim.optimizer")
+    register = getattr(optimizer, "register_optimizer_step_post_hook", None)
     if register is None:
         _warn(
-            "this PyTorch (%s) has no register_optimizer_step_post_hook; write progress lines "
-            "with kace_progress.step()" % getattr(torch_module, "__version__", "unknown version")
+            "this PyTorch (%s) has no torch.optim.optimizer.register_optimizer_step_post_hook "
+            "(PyTorch 2.0 or newer has it); write progress lines with kace_progress.step()" % version
         )
         return False
     register(_optimizer_step_hook)
-    install_oom_marker()
+    return True
+
+
+def _install_forward_counter(torch_module, version):
+    # Global module hooks see every module's call; only the outermost (depth 0) one is a step.
+    # A hook on every call costs about 2 us per module call (it also turns off the module call's
+    # no-hook fast path): opt-in only (docs/progress.md has the measured overhead).
+    module = _submodule(torch_module, "nn.modules.module")
+    pre = getattr(module, "register_module_forward_pre_hook", None)
+    post = getattr(module, "register_module_forward_hook", None)
+    if pre is None or post is None:
+        _warn("this PyTorch (%s) has no global module forward hooks; write progress lines with "
+              "kace_progress.step()" % version)
+        return False
+    depth = threading.local()  # nn.DataParallel runs replicas' forwards in threads
+
+    def before(mod, args):
+        depth.n = getattr(depth, "n", 0) + 1
+
+    def after(mod, args, output):
+        n = getattr(depth, "n", 1) - 1
+        depth.n = max(n, 0)
+        if n <= 0:
+            step()
+
+    pre(before)
+    try:
+        # always_call (PyTorch >= 2.1): the depth stays right when a forward raises.
+        post(after, always_call=True)
+    except TypeError:
+        post(after)
     return True
 
 

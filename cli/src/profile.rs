@@ -73,6 +73,14 @@ enum ProfileCommand {
         /// Run even when other compute processes use the GPU.
         #[arg(long)]
         allow_busy_gpu: bool,
+        /// The automatic PyTorch progress hook's directory, put first on the workload's
+        /// PYTHONPATH as the plugin does for kace jobs (default: /usr/share/kace/python/autohook
+        /// when it holds the hook).
+        #[arg(long, value_name = "DIR")]
+        python_hook: Option<PathBuf>,
+        /// Leave PYTHONPATH as it is: the workload reports progress itself.
+        #[arg(long, conflicts_with = "python_hook")]
+        no_python_hook: bool,
         /// The workload's command line.
         #[arg(last = true, required = true, value_name = "CMD")]
         command: Vec<OsString>,
@@ -100,8 +108,11 @@ pub fn run(args: ProfileArgs, ctx: &Ctx) -> Result<()> {
             interval_ms,
             timeout_s,
             allow_busy_gpu,
+            python_hook,
+            no_python_hook,
             command,
         } => {
+            let python_hook = python_hook_for_run(python_hook, no_python_hook)?;
             let spec = RunOptions {
                 warmup_steps: warmup_steps.unwrap_or(ctx.config.profiling.warmup_steps),
                 interval: Duration::from_millis(
@@ -109,6 +120,7 @@ pub fn run(args: ProfileArgs, ctx: &Ctx) -> Result<()> {
                 ),
                 timeout: timeout_s.map(Duration::from_secs),
                 allow_busy_gpu,
+                python_hook,
             };
             profile_run(ctx, &workload, gpu, spec, command)
         }
@@ -221,6 +233,29 @@ struct RunOptions {
     interval: Duration,
     timeout: Option<Duration>,
     allow_busy_gpu: bool,
+    python_hook: Option<PathBuf>,
+}
+
+/// The hook directory a profiling run uses: the one named (which must hold the hook), else the
+/// packages' when installed, so that an unmodified PyTorch script is measured as in a kace job.
+fn python_hook_for_run(named: Option<PathBuf>, none: bool) -> Result<Option<PathBuf>> {
+    if none {
+        return Ok(None);
+    }
+    match named {
+        Some(dir) if kace_layout::is_python_hook(&dir) => Ok(Some(dir)),
+        Some(dir) => {
+            bail!(
+                "--python-hook {}: no sitecustomize.py there (the packages install the hook in {})",
+                dir.display(),
+                kace_layout::DEFAULT_PYTHON_HOOK
+            )
+        }
+        None => {
+            let dir = PathBuf::from(kace_layout::DEFAULT_PYTHON_HOOK);
+            Ok(kace_layout::is_python_hook(&dir).then_some(dir))
+        }
+    }
 }
 
 fn profile_run(
@@ -249,9 +284,14 @@ fn profile_run(
         progress_file,
         timeout: o.timeout,
         allow_busy_gpu: o.allow_busy_gpu,
+        python_hook: o.python_hook,
+    };
+    let hook = match &spec.python_hook {
+        Some(dir) => format!("progress hook {} on PYTHONPATH", dir.display()),
+        None => "no progress hook on PYTHONPATH".to_string(),
     };
     ctx.info(&format!(
-        "profile run: running {} (warm-up {} steps)",
+        "profile run: running {} (warm-up {} steps; {hook})",
         spec.program.to_string_lossy(),
         o.warmup_steps
     ));

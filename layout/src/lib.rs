@@ -25,6 +25,27 @@ pub mod workload_name;
 pub const DEFAULT_MPS_ROOT: &str = "/run/kace/mps";
 /// Default progress root: survives a slurmd restart, so the epilog can still read it.
 pub const DEFAULT_PROGRESS_ROOT: &str = "/var/spool/kace/progress";
+/// Where the packages install the automatic PyTorch progress hook (`python/autohook/` of the
+/// source tree): the directory the plugin puts first on a kace job's `PYTHONPATH`, and `kace
+/// profile run` on its workload's.
+pub const DEFAULT_PYTHON_HOOK: &str = "/usr/share/kace/python/autohook";
+
+/// Whether `dir` holds the automatic progress hook (its `sitecustomize.py`).
+pub fn is_python_hook(dir: &Path) -> bool {
+    dir.join("sitecustomize.py").is_file()
+}
+
+/// `PYTHONPATH` with the hook directory first, before `old` (unset or empty: the hook alone).
+/// Bytes, since an environment value need not be UTF-8.
+pub fn python_path_with_hook(hook: &Path, old: Option<&[u8]>) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut value = hook.as_os_str().as_bytes().to_vec();
+    if let Some(old) = old.filter(|o| !o.is_empty()) {
+        value.push(b':');
+        value.extend_from_slice(old);
+    }
+    value
+}
 /// Longest MPS root accepted, in bytes. MPS listens on a Unix socket
 /// `<mps_root>/<gpu>/pipe/control`, and `sun_path` holds 107 bytes; 64 leaves room for the
 /// GPU index and the suffixes.
@@ -76,6 +97,17 @@ fn first_index(list: &str) -> Option<GpuIndex> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hook_goes_first_on_pythonpath() {
+        let hook = Path::new("/usr/share/kace/python/autohook");
+        assert_eq!(python_path_with_hook(hook, None), hook.to_str().unwrap().as_bytes());
+        assert_eq!(python_path_with_hook(hook, Some(b"")), hook.to_str().unwrap().as_bytes());
+        assert_eq!(
+            python_path_with_hook(hook, Some(b"/home/u/lib:\xff")),
+            b"/usr/share/kace/python/autohook:/home/u/lib:\xff"
+        );
+    }
 
     #[test]
     fn mps_dirs_follow_the_documented_layout() {

@@ -963,6 +963,55 @@ fn an_epilog_without_gpu_variables_uses_the_record_and_stale_records_are_ended()
     assert!(logs.contains("kace's record puts it on GPU 0"), "{logs}");
 }
 
+/// GPU 0's sampler ring with one reading a second over `times`: 40 % SM, 20 % memory
+/// bandwidth, 3 GiB.
+fn busy_ring(dir: &std::path::Path, times: std::ops::RangeInclusive<u32>) {
+    std::fs::create_dir_all(dir).unwrap();
+    let ring = kace_sampler::ring::ring_path(dir, 0);
+    let mut r = kace_sampler::Ring::create(&ring, 4096).unwrap();
+    for t in times {
+        r.push(&kace_sampler::Reading {
+            time: f64::from(t),
+            sm_pct: Some(40.0),
+            mem_pct: Some(20.0),
+            used_bytes: Some(3 << 30),
+        })
+        .unwrap();
+    }
+}
+
+/// The audit's finding: a 1 s alone run with no sampler reading was stored as a profile
+/// measurement although `profile.min_samples = 10`, and so made its workload a candidate.
+#[test]
+fn an_alone_run_below_min_samples_stores_no_profile_and_says_so() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(30, running_detail(30, "newbie", 0, None));
+    *s.on_node.borrow_mut() = vec![30];
+    let mut w = World::new("min-samples", s);
+    w.config.sampler.dir = w.dir.join("samples");
+    w.config.profile.min_samples = 10;
+    w.config.profiling.warmup_steps = 0;
+    // Four readings while it ran alone, fewer than the ten needed.
+    busy_ring(&w.config.sampler.dir, 2000..=2003);
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(30, 0))), prolog::Outcome::Led { .. }));
+    let progress: String = (2000..=2003).map(|t| format!("{t} {}\n", (t - 2000) * 4)).collect();
+    std::fs::write(w.config.node.progress_root.join("30.progress"), progress).unwrap();
+    *w.clock.0.borrow_mut() = 2003.0;
+    let out = w.with(|n| epilog::run(n, &job_env(30, 0)));
+    let epilog::Outcome::Done { profile, observations, .. } = out else { panic!("{out:?}") };
+    assert!(profile.is_none(), "{profile:?}");
+    assert_eq!(observations.len(), 1, "the observation is still made: {observations:?}");
+    let logs = w.logs.borrow().join("\n");
+    assert!(
+        logs.contains(
+            "4 sampler reading(s) in 3 s alone, fewer than profile.min_samples = 10 with both \
+             utilizations; no profile measurement (its progress lines alone gave 4.000 steps/s, \
+             not stored)"
+        ),
+        "{logs}"
+    );
+}
+
 /// The audit's full spool: the observation could not be written, and the epilog deleted the
 /// progress file anyway (and blamed "too few progress lines"). Now the observation is parked
 /// in the progress root and moved into the spool by a later epilog; when even that fails, the
@@ -974,6 +1023,10 @@ fn a_full_spool_loses_no_observation() {
     s.details.borrow_mut().insert(11, running_detail(11, "alpha", 0, None));
     *s.on_node.borrow_mut() = vec![10];
     let mut w = World::new("full-spool", s);
+    // The sampler's readings of both alone runs, so that each is a profile measurement.
+    w.config.sampler.dir = w.dir.join("samples");
+    w.config.profile.min_samples = 5;
+    busy_ring(&w.config.sampler.dir, 1990..=4020);
     let spool = w.config.spool.dir.clone();
     let progress = |job: u32, from: u32| {
         let text: String =
@@ -1193,7 +1246,7 @@ fn a_runaway_progress_writer_is_capped_and_still_observed() {
     let data = meta.len() - kace_profiling::progress::data_start(&f).unwrap();
     assert!(written > 20 * CAP && data <= CAP, "{written} bytes written, {data} left");
     // Nothing the job appended during a compaction was torn or lost.
-    let (prog, _) = epilog::read_progress(&file).unwrap();
+    let prog = kace_profiling::progress::read(&file).unwrap();
     assert_eq!(prog.skipped, 0);
     assert_eq!(
         prog.points.last(),

@@ -38,6 +38,8 @@ pub struct Progress {
     pub skipped: usize,
     /// When the job reported running out of GPU memory (the first `<unix-seconds> oom` line).
     pub oom_at: Option<f64>,
+    /// The file held more than [`MAX_BYTES`] past its data start: only that much was read.
+    pub truncated: bool,
 }
 
 /// Throughput over the measured window.
@@ -333,20 +335,38 @@ pub fn data_start(f: &File) -> std::io::Result<u64> {
     }
 }
 
-/// Reads and parses a progress file, at most [`MAX_BYTES`] of it. A file that does not exist
-/// is a job that never reported progress: no points, which `throughput` then explains.
+/// Reads and parses a progress file: the one reader of the format, used by the epilog, `kace
+/// status` and `kace profile run`. The file is the user's, so it is opened without following
+/// symlinks and without blocking (a FIFO), only a regular file is read, and at most
+/// [`MAX_BYTES`] of it ([`Progress::truncated`] says when there was more). A file that does not
+/// exist is a job that never reported progress: no points, which `throughput` then explains.
 pub fn read(path: &Path) -> Result<Progress, ProgressError> {
-    let err = |e: std::io::Error| ProgressError::Read(format!("{}: {e}", path.display()));
-    let mut f = match File::open(path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |what: &str, e: std::io::Error| {
+        ProgressError::Read(format!("{}: {what}: {e}", path.display()))
+    };
+    let f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+    {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Progress::default()),
-        Err(e) => return Err(err(e)),
+        Err(e) => return Err(err("couldn't open it (not following links)", e)),
     };
-    let start = data_start(&f).map_err(err)?;
-    f.seek(SeekFrom::Start(start)).map_err(err)?;
+    let meta = f.metadata().map_err(|e| err("couldn't inspect it", e))?;
+    if !meta.file_type().is_file() {
+        return Err(ProgressError::Read(format!("{}: not a regular file", path.display())));
+    }
+    // kace-sampler's cap may have punched out the file's start (kace_sampler::progress_cap).
+    let start = data_start(&f).map_err(|e| err("couldn't find its data", e))?;
+    let mut f = f;
+    f.seek(SeekFrom::Start(start)).map_err(|e| err("couldn't read it", e))?;
     let mut buf = Vec::new();
-    f.take(MAX_BYTES).read_to_end(&mut buf).map_err(err)?;
-    Ok(parse(&String::from_utf8_lossy(&buf)))
+    f.take(MAX_BYTES).read_to_end(&mut buf).map_err(|e| err("couldn't read it", e))?;
+    let mut progress = parse(&String::from_utf8_lossy(&buf));
+    progress.truncated = meta.len().saturating_sub(start) > MAX_BYTES;
+    Ok(progress)
 }
 
 impl Progress {
@@ -412,6 +432,37 @@ mod create_tests {
         create_for_job(&trusted, &file, 65534).unwrap();
         assert_eq!(std::fs::metadata(&victim).unwrap().uid(), 0);
         assert!(std::fs::symlink_metadata(&file).unwrap().file_type().is_file());
+    }
+}
+
+#[cfg(test)]
+mod read_tests {
+    use super::*;
+
+    #[test]
+    fn hostile_progress_files_are_refused_or_bounded() {
+        let d = kace_test_support::TempDir::new("progress-read");
+        let p = read(&d.join("missing")).unwrap();
+        assert!(p.points.is_empty() && !p.truncated);
+        std::fs::write(d.join("secret"), "1 1\n2 2\n").unwrap();
+        std::os::unix::fs::symlink(d.join("secret"), d.join("link")).unwrap();
+        let e = read(&d.join("link")).unwrap_err();
+        assert!(e.to_string().contains("not following links"), "a symlink was followed: {e}");
+        let fifo = std::ffi::CString::new(d.join("fifo").to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let e = read(&d.join("fifo")).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "a FIFO was read: {e}");
+        std::fs::write(d.join("garbage"), b"\xff\xfe\x00 nonsense\n1 2 3\n").unwrap();
+        let p = read(&d.join("garbage")).unwrap();
+        assert!(p.points.is_empty() && p.skipped > 0);
+        let big = File::create(d.join("huge")).unwrap();
+        big.set_len(MAX_BYTES + 10).unwrap();
+        // Data at its start: a file that is only a hole has nothing to read.
+        std::os::unix::fs::FileExt::write_all_at(&big, b"1 1\n", 0).unwrap();
+        let p = read(&d.join("huge")).unwrap();
+        assert!(p.truncated);
+        assert_eq!(p.points, vec![Point { time: 1.0, steps: 1.0 }]);
     }
 }
 

@@ -30,6 +30,9 @@ pub struct RunSpec {
     /// Run even when other compute processes use the GPU (their load then pollutes the
     /// workload's utilization).
     pub allow_busy_gpu: bool,
+    /// The automatic PyTorch progress hook's directory, put first on the workload's
+    /// `PYTHONPATH` as the plugin does for a kace job (None: `PYTHONPATH` left as it is).
+    pub python_hook: Option<PathBuf>,
 }
 
 /// The measured system metrics.
@@ -126,9 +129,15 @@ pub fn run(spec: &RunSpec, sampler: &mut dyn GpuSampler) -> Result<SystemMetrics
     }
     // A stale file from an earlier run would mix two runs' progress.
     let _ = std::fs::remove_file(&spec.progress_file);
-    let mut child = Command::new(&spec.program)
-        .args(&spec.args)
-        .env(progress::ENV_VAR, &spec.progress_file)
+    let mut command = Command::new(&spec.program);
+    command.args(&spec.args).env(progress::ENV_VAR, &spec.progress_file);
+    if let Some(hook) = &spec.python_hook {
+        use std::os::unix::ffi::{OsStrExt, OsStringExt};
+        let old = std::env::var_os("PYTHONPATH");
+        let value = kace_layout::python_path_with_hook(hook, old.as_ref().map(|o| o.as_bytes()));
+        command.env("PYTHONPATH", OsString::from_vec(value));
+    }
+    let mut child = command
         .spawn()
         .map_err(|source| RunError::Spawn { program: spec.program.clone(), source })?;
     let started = Instant::now();

@@ -36,17 +36,18 @@ def _kace_main():
         spec.loader.exec_module(module)
         return module
 
-    def on_torch(torch_module):
+    def on_torch(torch_module, auto):
         try:
-            load_kace_progress().install_torch_hook(torch_module)
+            load_kace_progress().install_torch_hook(torch_module, auto)
         except Exception as e:  # never into the job
             warn("couldn't install the PyTorch progress hook: %s" % e)
 
     class _LoaderAfter:
         """Delegates to the real loader of ``torch`` and calls back once it has run."""
 
-        def __init__(self, loader):
+        def __init__(self, loader, auto):
             self._loader = loader
+            self._auto = auto
 
         def __getattr__(self, name):
             return getattr(self._loader, name)
@@ -55,11 +56,21 @@ def _kace_main():
             return self._loader.create_module(spec)
 
         def exec_module(self, module):
+            # torch's own loader again, once it ran: nothing may keep seeing this wrapper (a
+            # module spec that pickles, importlib.reload, importlib.resources).
+            spec = getattr(module, "__spec__", None)
+            if spec is not None and spec.loader is self:
+                spec.loader = self._loader
+            if getattr(module, "__loader__", None) is self:
+                module.__loader__ = self._loader
             self._loader.exec_module(module)
-            on_torch(module)
+            on_torch(module, self._auto)
 
     class _TorchWatcher:
         """A meta-path finder that only notices the first import of ``torch``."""
+
+        def __init__(self, auto):
+            self._auto = auto
 
         def find_spec(self, fullname, path=None, target=None):
             if fullname != "torch":
@@ -72,18 +83,18 @@ def _kace_main():
                 spec = find(fullname, path, target)
                 if spec is not None:
                     if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                        spec.loader = _LoaderAfter(spec.loader)
+                        spec.loader = _LoaderAfter(spec.loader, self._auto)
                     return spec
             return None
 
-    wanted = os.environ.get("KACE_PROGRESS_FILE") and os.environ.get(
-        "KACE_PROGRESS_AUTO", "1"
-    ).lower() not in ("0", "no", "false", "off")
-    if wanted:
+    # `$KACE_PROGRESS_AUTO` is read by kace_progress.auto_mode when torch is imported: until
+    # then nothing of kace is loaded.
+    if os.environ.get("KACE_PROGRESS_FILE"):
+        auto = os.environ.get("KACE_PROGRESS_AUTO")
         if "torch" in sys.modules:
-            on_torch(sys.modules["torch"])
+            on_torch(sys.modules["torch"], auto)
         else:
-            sys.meta_path.insert(0, _TorchWatcher())
+            sys.meta_path.insert(0, _TorchWatcher(auto))
 
     # Run the sitecustomize this one shadows, as Python would have.
     try:
@@ -92,6 +103,8 @@ def _kace_main():
         if spec is not None and spec.loader is not None:
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
+            # `import sitecustomize` later finds the site's module, as it would without kace.
+            sys.modules["sitecustomize"] = module
     except Exception as e:
         warn("the sitecustomize kace's shadows failed: %s: %s" % (type(e).__name__, e))
 

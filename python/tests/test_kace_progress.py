@@ -1,11 +1,14 @@
 """Tests of kace_progress and the automatic PyTorch hook (python3 -m unittest discover -s python/tests).
 
-PyTorch, transformers and Lightning are not installed here (their wheels are gigabytes); the hook
-and the callbacks are tested against stand-in modules that follow the frameworks' documented
-interfaces: ``torch.optim.optimizer.register_optimizer_step_post_hook(hook)`` with
-``hook(optimizer, args, kwargs)``, ``transformers.TrainerCallback.on_step_end(args, state,
-control, **kwargs)`` and Lightning's ``Callback.on_train_batch_end(trainer, pl_module, outputs,
-batch, batch_idx)``.
+These run with any Python 3, without the frameworks: the hook and the callbacks meet stand-in
+modules that copy what the real packages do where kace touches them (checked against torch
+2.15.0's source): ``torch/optim/__init__.py`` ends with ``del optimizer``, so the module is no
+attribute of the package; ``torch.optim.optimizer.register_optimizer_step_post_hook(hook)``
+calls ``hook(optimizer, args, kwargs)``; ``torch.nn.modules.module``'s global forward hooks
+(``register_module_forward_pre_hook(hook)``, ``register_module_forward_hook(hook, *,
+with_kwargs=False, always_call=False)``) run for every module's call, nested ones included.
+The same behaviours against the real torch, transformers and Lightning are in
+``test_real_libraries.py`` (run by .ci/run in the venv .ci/install-deps makes).
 """
 
 import os
@@ -80,7 +83,16 @@ class ReporterTest(unittest.TestCase):
         r.set_steps(5)  # e.g. a trainer resumed from an older checkpoint: ignored
         clock.now += 1
         r.set_steps(12)
-        self.assertEqual([s for _, s in parse(self.path)], [10, 12])
+        # Counted from the first value reported (taken as one step done): 10 -> 1, 12 -> 3.
+        self.assertEqual([s for _, s in parse(self.path)], [1, 3])
+
+    def test_a_resumed_trainers_count_starts_at_its_own_steps(self):
+        clock = FakeClock()
+        r = kace_progress.Reporter(self.path, interval=0.0, clock=clock)
+        for global_step in (5001, 5002, 5003):  # resumed from a checkpoint at step 5000
+            clock.now += 1
+            r.set_steps(global_step)
+        self.assertEqual([s for _, s in parse(self.path)], [1, 2, 3])
 
     def test_the_file_stays_bounded_and_keeps_head_and_newest_count(self):
         clock = FakeClock()
@@ -143,24 +155,8 @@ def run_python(code, env_extra, pythonpath):
     )
 
 
-FAKE_TORCH = {
-    "torch/__init__.py": "__version__ = '2.5.0+fake'\nfrom . import optim, cuda\n",
-    "torch/cuda/__init__.py": "class OutOfMemoryError(RuntimeError):\n    pass\n",
-    "torch/optim/__init__.py": "from .optimizer import Optimizer\n",
-    "torch/optim/optimizer.py": textwrap.dedent(
-        """
-        _global_post_hooks = []
-
-        def register_optimizer_step_post_hook(hook):
-            _global_post_hooks.append(hook)
-
-        class Optimizer:
-            def step(self):
-                for hook in _global_post_hooks:
-                    hook(self, (), {})
-        """
-    ),
-}
+# A stand-in `torch` (python/tests/stand_in/torch): what real PyTorch does where kace touches it.
+STAND_IN = os.path.join(HERE, "stand_in")
 
 OLD_TORCH = {"torch/__init__.py": "__version__ = '1.13.1'\nfrom . import optim\n",
              "torch/optim/__init__.py": "class Optimizer:\n    def step(self):\n        pass\n"}
@@ -184,8 +180,7 @@ def write_tree(root, files):
 class AutoHookTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.TemporaryDirectory()
-        self.libs = os.path.join(self.dir.name, "libs")
-        write_tree(self.libs, FAKE_TORCH)
+        self.libs = STAND_IN
         self.progress = os.path.join(self.dir.name, "job.progress")
         self.env = {"KACE_PROGRESS_FILE": self.progress, "KACE_PROGRESS_INTERVAL": "0"}
 
@@ -250,12 +245,90 @@ class AutoHookTest(unittest.TestCase):
         self.assertIn("broken site", out.stderr)
         self.assertEqual(len(parse(self.progress)), 7)
 
+    def test_the_last_line_carries_the_last_steps_time_not_the_exit(self):
+        loop = TRAINING_LOOP + "import time\nstepped = time.time()\ntime.sleep(1.5)\nprint(stepped)\n"
+        out = run_python(loop, dict(self.env, KACE_PROGRESS_INTERVAL="10"), [AUTOHOOK, self.libs])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        points = parse(self.progress)
+        self.assertEqual(points[-1][1], 7)
+        self.assertLess(points[-1][0], float(out.stdout) + 0.2, "stamped with the exit time")
+
+    def test_a_second_process_of_the_job_continues_the_count(self):
+        for _ in range(2):
+            out = run_python(TRAINING_LOOP, self.env, [AUTOHOOK, self.libs])
+            self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual([s for _, s in parse(self.progress)], list(range(1, 15)))
+
+    def test_of_concurrent_processes_only_the_lock_holder_writes(self):
+        # Two ranks that a launcher started without RANK (torch.multiprocessing.spawn): both
+        # step; only the one holding the file's lock writes, and the count stays one rank's.
+        loop = TRAINING_LOOP.replace("range(7)", "range(30)") + "import time\ntime.sleep(0.5)\n"
+        loop = "import time\n" + loop.replace("opt.step()", "opt.step(); time.sleep(0.02)")
+        env = dict(self.env)
+        env["PYTHONPATH"] = os.pathsep.join([AUTOHOOK, self.libs])
+        procs = [subprocess.Popen([sys.executable, "-c", loop], env=env) for _ in range(2)]
+        for p in procs:
+            self.assertEqual(p.wait(timeout=60), 0)
+        steps = [s for _, s in parse(self.progress)]
+        self.assertEqual(steps, sorted(set(steps)), "two writers interleaved")
+        self.assertLessEqual(steps[-1], 60)
+        self.assertGreaterEqual(steps[-1], 30)
+
+    def test_a_non_zero_local_rank_does_not_write(self):
+        out = run_python(TRAINING_LOOP, dict(self.env, LOCAL_RANK="1"), [AUTOHOOK, self.libs])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertFalse(os.path.exists(self.progress))
+
+    def test_forward_mode_counts_outermost_forwards_only(self):
+        infer = textwrap.dedent(
+            """
+            import torch
+            Module = torch.nn.Module
+            model = Module(Module(Module()), Module())
+            for _ in range(5):
+                model(1)
+            class Broken(Module):
+                def forward(self, x):
+                    return 1 / 0
+            try:
+                Module(Broken())(1)
+            except ZeroDivisionError:
+                pass
+            model(1)
+            """
+        )
+        out = run_python(infer, dict(self.env, KACE_PROGRESS_AUTO="forward"), [AUTOHOOK, self.libs])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        # Five, the failed one (its post-hook runs with always_call), then one more.
+        self.assertEqual([s for _, s in parse(self.progress)], [1, 2, 3, 4, 5, 6, 7])
+
+    def test_torch_keeps_its_own_loader_and_the_site_module_its_name(self):
+        site = os.path.join(self.dir.name, "site")
+        write_tree(site, {"sitecustomize.py": "SITE = 'the site'\n"})
+        code = TRAINING_LOOP + textwrap.dedent(
+            """
+            import pickle, sitecustomize
+            pickle.dumps(torch.__spec__)
+            print(type(torch.__spec__.loader).__name__, type(torch.__loader__).__name__, sitecustomize.SITE)
+            """
+        )
+        out = run_python(code, self.env, [AUTOHOOK, self.libs, site])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.split(), ["SourceFileLoader", "SourceFileLoader", "the", "site"])
+        self.assertEqual(len(parse(self.progress)), 7)
+
+    def test_an_infinite_bound_is_refused_not_raised(self):
+        out = run_python(TRAINING_LOOP, dict(self.env, KACE_PROGRESS_MAX_BYTES="inf"), [AUTOHOOK, self.libs])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("KACE_PROGRESS_MAX_BYTES='inf' is not a finite number", out.stderr)
+        self.assertEqual(len(parse(self.progress)), 7)
+
     def test_an_old_pytorch_is_told_once_and_the_job_runs(self):
         old = os.path.join(self.dir.name, "old")
         write_tree(old, OLD_TORCH)
         out = run_python(TRAINING_LOOP, self.env, [AUTOHOOK, old])
         self.assertEqual(out.returncode, 0, out.stderr)
-        self.assertIn("no register_optimizer_step_post_hook", out.stderr)
+        self.assertIn("has no torch.optim.optimizer.register_optimizer_step_post_hook", out.stderr)
         self.assertFalse(os.path.exists(self.progress))
 
 
@@ -305,7 +378,7 @@ class CallbackTest(unittest.TestCase):
         cb.on_train_batch_end(trainer, None, None, None, 0)
         trainer.global_step = 9
         cb.on_train_batch_end(trainer, None, None, None, 1)
-        self.assertEqual([s for _, s in parse(self.path)], [4, 9])
+        self.assertEqual([s for _, s in parse(self.path)], [1, 6])
 
 
 if __name__ == "__main__":

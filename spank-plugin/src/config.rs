@@ -8,9 +8,7 @@ use std::path::{Component, Path, PathBuf};
 pub use kace_layout::{DEFAULT_MPS_ROOT, DEFAULT_PROGRESS_ROOT, MAX_MPS_ROOT_LEN};
 /// Longest `progress_root` accepted, in bytes.
 pub const MAX_PROGRESS_ROOT_LEN: usize = 512;
-/// Where the packages install the automatic PyTorch progress hook (`python/autohook/` of the
-/// source tree): a directory holding kace's `sitecustomize.py`.
-pub const DEFAULT_PYTHON_HOOK: &str = "/usr/share/kace/python/autohook";
+pub use kace_layout::DEFAULT_PYTHON_HOOK;
 /// Longest `python_hook` accepted, in bytes.
 pub const MAX_PYTHON_HOOK_LEN: usize = 512;
 const KNOWN_KEYS: &str = "mps_root, progress_root, python_hook";

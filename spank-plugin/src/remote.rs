@@ -86,7 +86,7 @@ fn set_memory_limit(sp: Handle, progress_root: &Path, job_id: u32) {
 /// Puts the PyTorch progress hook first on the job's `PYTHONPATH`; its `sitecustomize` runs any
 /// one it shadows, and `KACE_PROGRESS_AUTO=0` in the job turns it off.
 fn prepend_python_hook(sp: Handle, hook: &Path) {
-    if !hook.join("sitecustomize.py").is_file() {
+    if !kace_layout::is_python_hook(hook) {
         log(
             Level::Verbose,
             &format!(
@@ -108,11 +108,7 @@ fn prepend_python_hook(sp: Handle, hook: &Path) {
         log(Level::Error, "kace: user_init: couldn't extend PYTHONPATH: it is not UTF-8");
         return;
     }
-    let mut value = hook.as_os_str().as_bytes().to_vec();
-    if let Some(old) = old.filter(|o| !o.is_empty()) {
-        value.push(b':');
-        value.extend_from_slice(old.as_bytes());
-    }
+    let value = kace_layout::python_path_with_hook(hook, old.as_deref().map(str::as_bytes));
     match CString::new(value) {
         Ok(v) => {
             if let Err(e) = sp.setenv(c"PYTHONPATH", &v) {

@@ -1,0 +1,3 @@
+from . import optimizer
+from .optimizer import Optimizer
+del optimizer
