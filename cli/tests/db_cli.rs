@@ -610,6 +610,55 @@ fn fake_workload(dir: &Path) -> PathBuf {
     script
 }
 
+/// The audit's F3: `kace profile run -- python train.py` measured nothing for an unmodified
+/// PyTorch script, since the hook was not on its PYTHONPATH. The stand-in `torch`
+/// (python/tests/stand_in) does what real PyTorch does where the hook touches it; the real one
+/// is tested in node/tests/real_libraries.rs.
+#[test]
+fn profile_run_gives_an_unmodified_pytorch_script_the_progress_hook() {
+    let env = Env::new("run-hook");
+    env.ok(&["db", "init"]);
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let train = env.dir.path().join("train.py");
+    fs::write(
+        &train,
+        "import time\nimport torch\nopt = torch.optim.Optimizer()\n\
+         for _ in range(60):\n    time.sleep(0.01)\n    opt.step()\n",
+    )
+    .unwrap();
+    let hook = repo.join("python/autohook");
+    let profile = |extra: &[&str], workload: &str| {
+        let mut args = vec!["-v", "profile", "run", "--workload", workload, "--warmup-steps", "5"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--interval-ms", "5", "--format", "json", "--"]);
+        args.extend_from_slice(&["python3", train.to_str().unwrap()]);
+        env.cmd(&args)
+            .env("KACE_FAKE_NVML", "gpu=Fake V100;total_mib=32768;samples=40,20,2048")
+            .env("KACE_PROGRESS_INTERVAL", "0.05")
+            .env("PYTHONPATH", repo.join("python/tests/stand_in"))
+            .output()
+            .unwrap()
+    };
+    let out = profile(&["--python-hook", hook.to_str().unwrap()], "hooked");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shown = format!("progress hook {} on PYTHONPATH", hook.display());
+    assert!(stderr(&out).contains(&shown), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // 60 steps 10 ms apart, plus Python's own time per step: below 100, well above 20 steps/s.
+    let thr = v["exclusive_throughput"].as_f64().unwrap();
+    assert!(thr > 20.0 && thr < 100.0, "{thr}");
+    assert_eq!(v["progress_lines_skipped"], 0);
+
+    // Without the hook the same script reports nothing, and that is what the error says.
+    let out = profile(&["--no-python-hook"], "unhooked");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("valid progress lines"), "{}", stderr(&out));
+    // A hook directory without the hook is refused before anything runs.
+    let out = profile(&["--python-hook", env.dir.path().to_str().unwrap()], "nohook");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no sitecustomize.py there"), "{}", stderr(&out));
+}
+
 #[test]
 fn profile_run_with_the_fake_nvml_stores_system_metrics() {
     let env = Env::new("run");

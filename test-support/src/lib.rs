@@ -1,6 +1,7 @@
 //! Test support shared by every crate's tests (a dev-dependency only, never shipped): where the
-//! third-party data under `../shared/data` live, scratch directories removed on drop, and
-//! Prometheus's text parser run on a metrics file.
+//! third-party data under `../shared/data` live, the Python with the real PyTorch, transformers
+//! and Lightning, scratch directories removed on drop, and Prometheus's text parser run on a
+//! metrics file.
 //!
 //! Tests that need the shared data are marked `#[ignore = "needs ../shared/data/..."]`, so a fresh
 //! checkout's `cargo test` never counts them as passed without running them; CI runs them with
@@ -47,6 +48,24 @@ pub fn shared_file(rel: &str) -> PathBuf {
         p.is_file(),
         "this test needs {}, which is missing (set KACE_DATA_DIR, or run without \
          --include-ignored)",
+        p.display()
+    );
+    p
+}
+
+/// Where `.ci/install-deps` puts the venv with the real PyTorch, transformers and Lightning.
+pub const DEFAULT_REAL_PYTHON: &str = "/opt/kace-pyenv/bin/python";
+
+/// The Python whose `torch`, `transformers` and `lightning` are the real ones from PyPI:
+/// `$KACE_REAL_PYTHON`, else [`DEFAULT_REAL_PYTHON`]. Tests using it are `#[ignore = "needs
+/// torch …"]`; once one runs, a missing venv is a failure with this message, not a skip.
+pub fn real_python() -> PathBuf {
+    let p = std::env::var_os("KACE_REAL_PYTHON")
+        .map_or_else(|| PathBuf::from(DEFAULT_REAL_PYTHON), PathBuf::from);
+    assert!(
+        p.exists(),
+        "no Python with the real libraries at {} (.ci/install-deps makes it; or set \
+         KACE_REAL_PYTHON)",
         p.display()
     );
     p

@@ -5,9 +5,9 @@
 //! 1. a workload no admin measured alone runs alone; its epilog turns the sampler's readings
 //!    and its progress lines into a profile (source `observed`), `kace ingest` stores it, and
 //!    the workload, refused before as an unknown profile, is now a candidate;
-//! 2. on its next run it is paired with a lead that is a plain PyTorch-style training loop,
-//!    unmodified, whose progress the plugin's automatic hook reports (against a stand-in
-//!    `torch` module, named so: PyTorch itself is gigabytes);
+//! 2. on its next run it is paired with a lead that is a plain PyTorch training loop,
+//!    unmodified, whose progress the plugin's automatic hook reports (the real torch from PyPI,
+//!    in the venv `.ci/install-deps` makes);
 //! 3. the partner's tasks get `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` with the limit computed from
 //!    its observed memcap; it then "outgrows" it (it fails the way the memory guard makes a
 //!    PyTorch job fail: an `oom` progress line and exit 1), the lead runs on and completes, both
@@ -38,22 +38,13 @@ impl Drop for Sampler {
     }
 }
 
-/// A stand-in for PyTorch's documented global optimizer hook API (`torch.optim.optimizer.
-/// register_optimizer_step_post_hook`), enough for the automatic hook to attach to.
-const STAND_IN_TORCH: [(&str, &str); 4] = [
-    ("torch/__init__.py", "__version__ = '2.5.0+kace-stand-in'\nfrom . import optim, cuda\n"),
-    ("torch/cuda/__init__.py", "class OutOfMemoryError(RuntimeError):\n    pass\n"),
-    ("torch/optim/__init__.py", "from .optimizer import Optimizer\n"),
-    (
-        "torch/optim/optimizer.py",
-        "_hooks = []\n\ndef register_optimizer_step_post_hook(hook):\n    _hooks.append(hook)\n\n\
-         class Optimizer:\n    def step(self):\n        for h in _hooks:\n            h(self, (), {})\n",
-    ),
-];
-
-/// A plain training loop: nothing in it knows about kace.
-const TRAINING_LOOP: &str = "import time\nimport torch\n\nopt = torch.optim.Optimizer()\n\
-                             for _ in range(120):\n    time.sleep(0.1)\n    opt.step()\n";
+/// A plain PyTorch training loop, run with the real torch from PyPI
+/// ([`kace_test_support::real_python`]): nothing in it knows about kace.
+const TRAINING_LOOP: &str = "import time\nimport torch\n\ntorch.set_num_threads(1)\n\
+                             model = torch.nn.Linear(16, 1)\n\
+                             opt = torch.optim.SGD(model.parameters(), lr=0.01)\n\
+                             x = torch.randn(8, 16)\nfor _ in range(120):\n    time.sleep(0.1)\n    \
+                             opt.zero_grad()\n    model(x).sum().backward()\n    opt.step()\n";
 
 /// A job of the new workload: `rate` steps per second for `seconds`, written by hand (its own
 /// code reports progress); prints the memory limit it was given; with `oom`, it then reports
@@ -174,17 +165,11 @@ fn a_new_workload_profiles_itself_alone_is_paired_and_cannot_crash_its_partner()
     let after = select();
     assert_eq!(after["chosen"], NEW, "not chosen after its alone run: {after}");
 
-    // 2. A PyTorch-style loop leads; the new workload is held and chosen as its partner.
-    let torch_dir = dir.join("work/stand-in-torch");
-    for (name, body) in STAND_IN_TORCH {
-        let p = torch_dir.join(name);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, body).unwrap();
-    }
+    // 2. A PyTorch loop leads; the new workload is held and chosen as its partner.
     std::fs::write(dir.join("work/train.py"), TRAINING_LOOP).unwrap();
     let lead_script = format!(
-        "export PYTHONPATH=$PYTHONPATH:{} KACE_PROGRESS_INTERVAL=0.2\npython3 {}/work/train.py",
-        torch_dir.display(),
+        "export KACE_PROGRESS_INTERVAL=0.2\n{} {}/work/train.py",
+        kace_test_support::real_python().display(),
         dir.display()
     );
     let lead_opt = format!("--kace-colocate={lead_w}");
