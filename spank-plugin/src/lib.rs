@@ -17,6 +17,8 @@
 //! nothing fails, and [`slurm_spank_init_failure_mode`] makes a failed init there a job failure,
 //! never a drained node.
 
+#![warn(missing_docs)]
+
 pub mod config;
 mod ffi;
 mod guard;
@@ -36,10 +38,12 @@ mod version {
 }
 pub use version::SLURM_VERSION_NUMBER;
 
+/// The plugin's name, as Slurm reads it (`plugin_name`, NUL-terminated).
 #[allow(non_upper_case_globals)]
 #[no_mangle]
 pub static plugin_name: [u8; 5] = *b"kace\0";
 
+/// The plugin's type: a SPANK plugin (`plugin_type`, NUL-terminated).
 #[allow(non_upper_case_globals)]
 #[no_mangle]
 pub static plugin_type: [u8; 6] = *b"spank\0";

@@ -28,10 +28,13 @@ use crate::{kace as setup, Cluster, HarnessError, NodeSpec};
 /// `w` runs at `exclusive × exp(−(w.sensitivity + p.pressure))`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Truth {
+    /// The workload's name.
     pub workload: &'static str,
     /// Steps per second alone (the profile's `exclusive_throughput`).
     pub exclusive: f64,
+    /// How much a partner slows it (in the exponent).
     pub sensitivity: f64,
+    /// How much it slows a partner (in the exponent).
     pub pressure: f64,
     /// GiB of GPU memory it needs (the profile's `memcap_gib`).
     pub memcap: f64,
@@ -177,18 +180,24 @@ echo "$w did $2 steps beside: $partner (last seen)"
 /// One job of the demo as Slurm reported it (Unix seconds).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobRun {
+    /// Slurm's job id.
     pub id: String,
     /// `None` for the plain job.
     pub workload: Option<String>,
+    /// When it was submitted.
     pub submit: f64,
+    /// When it started.
     pub start: f64,
+    /// When it ended.
     pub end: f64,
+    /// Its final state.
     pub state: String,
 }
 
 /// Everything the timeline is drawn from, so it can be rendered (and tested) from a recording.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Recorded {
+    /// Every job of the run.
     pub jobs: Vec<JobRun>,
     /// The leads' decisions, in order.
     pub decisions: Vec<NewDecision>,

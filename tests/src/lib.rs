@@ -11,6 +11,8 @@
 //! ```
 //! Tests in one binary usually share one cluster through [`shared`].
 
+#![warn(missing_docs)]
+
 mod cluster;
 pub mod conf;
 pub mod demo;
@@ -33,13 +35,37 @@ pub use plugin::plugin_path;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HarnessError {
     /// A file or process operation failed; `what` says which.
-    Io { what: String, source: String },
+    Io {
+        /// The operation, and on what.
+        what: String,
+        /// The cause.
+        source: String,
+    },
     /// A command exited non-zero (`status` is `None` when killed by a signal).
-    Command { command: String, status: Option<i32>, stderr: String },
+    Command {
+        /// The command line.
+        command: String,
+        /// Its exit status.
+        status: Option<i32>,
+        /// What it printed on stderr.
+        stderr: String,
+    },
     /// Something did not happen in time; `detail` holds the last state seen (and log tails).
-    Timeout { what: String, waited: Duration, detail: String },
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// For how long.
+        waited: Duration,
+        /// The last state seen.
+        detail: String,
+    },
     /// A daemon exited while the cluster was starting; `log` is the end of its log file.
-    DaemonExited { daemon: String, log: String },
+    DaemonExited {
+        /// Which daemon.
+        daemon: String,
+        /// The end of its log.
+        log: String,
+    },
     /// The SPANK plugin could not be found or built.
     Plugin(String),
     /// A command printed something the harness cannot read.
