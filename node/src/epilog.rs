@@ -9,11 +9,10 @@
 //! the gate's mark). That record also names the GPU when Slurm passes no GPU variable (after a
 //! slurmctld restart).
 //!
-//! The progress file is the user's: it is opened without following symlinks and without
-//! blocking (a FIFO), only a regular file is read, and at most
-//! [`kace_profiling::progress::MAX_BYTES`] of it.
+//! The progress file is the user's: it is read by [`kace_profiling::progress::read_untrusted`]
+//! (no symlinks, no FIFO, only a regular file, at most
+//! [`kace_profiling::progress::MAX_BYTES`] of it).
 
-use std::io::{Read, Seek};
 use std::path::Path;
 
 use kace_layout::{mps_dirs, progress_file, GpuIndex};
@@ -22,7 +21,7 @@ use kace_sql::spool::{unpark, write_or_park, Written};
 use kace_sql::{Observation, ObservedProfile, Partner};
 
 use crate::env::JobEnv;
-use crate::error::{io, Error, Result};
+use crate::error::Result;
 use crate::fill::{fill, Asker, GpuAt, Trigger};
 use crate::state::{self, JobRecord};
 use crate::Node;
@@ -112,38 +111,6 @@ pub fn throughput_within(points: &[Point], a: f64, b: f64, warmup: u64) -> Optio
     Some((steps / dt, steps))
 }
 
-/// Reads a user's progress file safely (see the module docs). A missing file is no progress.
-pub fn read_progress(path: &Path) -> Result<(Progress, bool)> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Ok((Progress::default(), false))
-        }
-        Err(e) => return Err(io("open progress file (not following links)", path)(e)),
-    };
-    let meta = f.metadata().map_err(io("inspect progress file", path))?;
-    if !meta.file_type().is_file() {
-        return Err(Error::Io {
-            op: "read progress file".into(),
-            path: path.to_path_buf(),
-            cause: std::io::Error::other("not a regular file"),
-        });
-    }
-    // kace-sampler's cap may have punched out the file's start (see kace_sampler::progress_cap).
-    let start = progress::data_start(&f).map_err(io("find the data in progress file", path))?;
-    let mut f = f;
-    f.seek(std::io::SeekFrom::Start(start)).map_err(io("read progress file", path))?;
-    let mut buf = Vec::new();
-    f.take(progress::MAX_BYTES).read_to_end(&mut buf).map_err(io("read progress file", path))?;
-    let truncated = meta.len().saturating_sub(start) > progress::MAX_BYTES;
-    Ok((progress::parse(&String::from_utf8_lossy(&buf)), truncated))
-}
-
 /// Runs the epilog for `env`. Never fails: problems are logged.
 pub fn run(n: &Node, env: &JobEnv) -> Outcome {
     let started = std::time::Instant::now();
@@ -187,7 +154,7 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
             (Vec::new(), None)
         }
         Some(me) => {
-            let progress = match read_progress(&path) {
+            let progress = match progress::read_untrusted(&path) {
                 Ok(p) => Some(p),
                 Err(e) => {
                     log(&format!("couldn't use the progress file: {e}; no observation"));
@@ -557,31 +524,5 @@ mod tests {
         assert_eq!(throughput_within(&p.points, 3.0, 5.0, 0), Some((20.0, 40.0)));
         assert_eq!(throughput_within(&p.points, 0.0, 2.0, 15), None);
         assert_eq!(throughput_within(&p.points, 10.0, 20.0, 0), None);
-    }
-
-    #[test]
-    fn hostile_progress_files_are_refused_or_bounded() {
-        let d = std::env::temp_dir().join(format!("kace-node-progress-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        let (p, _) = read_progress(&d.join("missing")).unwrap();
-        assert!(p.points.is_empty());
-        std::fs::write(d.join("secret"), "1 1\n2 2\n").unwrap();
-        std::os::unix::fs::symlink(d.join("secret"), d.join("link")).unwrap();
-        assert!(read_progress(&d.join("link")).is_err(), "a symlink was followed");
-        let fifo = std::ffi::CString::new(d.join("fifo").to_str().unwrap()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
-        assert!(read_progress(&d.join("fifo")).is_err(), "a FIFO was read");
-        std::fs::write(d.join("garbage"), b"\xff\xfe\x00 nonsense\n1 2 3\n").unwrap();
-        let (p, _) = read_progress(&d.join("garbage")).unwrap();
-        assert!(p.points.is_empty() && p.skipped > 0);
-        let big = std::fs::File::create(d.join("huge")).unwrap();
-        big.set_len(progress::MAX_BYTES + 10).unwrap();
-        // Data at its start: a file that is only a hole has nothing to read.
-        std::os::unix::fs::FileExt::write_all_at(&big, b"1 1\n", 0).unwrap();
-        let (_, truncated) = read_progress(&d.join("huge")).unwrap();
-        assert!(truncated);
-        let _ = std::fs::remove_dir_all(&d);
     }
 }

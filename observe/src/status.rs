@@ -386,7 +386,7 @@ fn gpu_status(
 /// when the file is not here (another node) or has too few lines yet.
 fn observed_so_far(config: &Config, job: u32) -> Option<f64> {
     let path = progress_file(&config.node.progress_root, job);
-    let (progress, _) = kace_node::epilog::read_progress(&path).ok()?;
+    let (progress, _) = kace_profiling::progress::read_untrusted(&path).ok()?;
     progress.throughput(config.profiling.warmup_steps).ok().map(|t| t.steps_per_second)
 }
 

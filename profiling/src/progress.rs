@@ -340,20 +340,44 @@ pub fn data_start(f: &File) -> std::io::Result<u64> {
     }
 }
 
-/// Reads and parses a progress file, at most [`MAX_BYTES`] of it. A file that does not exist
-/// is a job that never reported progress: no points, which `throughput` then explains.
+/// Reads and parses a progress file, at most [`MAX_BYTES`] of it; see [`read_untrusted`].
 pub fn read(path: &Path) -> Result<Progress, ProgressError> {
-    let err = |e: std::io::Error| ProgressError::Read(format!("{}: {e}", path.display()));
-    let mut f = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Progress::default()),
-        Err(e) => return Err(err(e)),
+    read_untrusted(path).map(|(progress, _)| progress)
+}
+
+/// The one reader of a progress file, which belongs to the job's user and is read by root:
+/// opened without following symlinks and without blocking (a FIFO), only a regular file is
+/// read, from its first data (past the hole kace-sampler's cap may punch) and at most
+/// [`MAX_BYTES`] of it. Returns the parsed file and whether it was longer than that. A file that
+/// does not exist is a job that never reported progress: no points, which `throughput` then
+/// explains.
+pub fn read_untrusted(path: &Path) -> Result<(Progress, bool), ProgressError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Display adds "couldn't read progress file: ".
+    let err = |what: &str, e: std::io::Error| {
+        ProgressError::Read(format!("{} ({what}): {e}", path.display()))
     };
-    let start = data_start(&f).map_err(err)?;
-    f.seek(SeekFrom::Start(start)).map_err(err)?;
+    let mut f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok((Progress::default(), false))
+        }
+        Err(e) => return Err(err("opened without following links", e)),
+    };
+    let meta = f.metadata().map_err(|e| err("inspecting it", e))?;
+    if !meta.file_type().is_file() {
+        return Err(ProgressError::Read(format!("{}: not a regular file", path.display())));
+    }
+    let start = data_start(&f).map_err(|e| err("finding its data", e))?;
+    f.seek(SeekFrom::Start(start)).map_err(|e| err("reading it", e))?;
     let mut buf = Vec::new();
-    f.take(MAX_BYTES).read_to_end(&mut buf).map_err(err)?;
-    Ok(parse(&String::from_utf8_lossy(&buf)))
+    f.take(MAX_BYTES).read_to_end(&mut buf).map_err(|e| err("reading it", e))?;
+    let truncated = meta.len().saturating_sub(start) > MAX_BYTES;
+    Ok((parse(&String::from_utf8_lossy(&buf)), truncated))
 }
 
 impl Progress {
@@ -425,6 +449,32 @@ mod create_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hostile_progress_files_are_refused_or_bounded() {
+        let tmp = kace_test_support::TempDir::new("progress-read");
+        let d = tmp.path();
+        let (p, _) = read_untrusted(&d.join("missing")).unwrap();
+        assert!(p.points.is_empty());
+        std::fs::write(d.join("secret"), "1 1\n2 2\n").unwrap();
+        std::os::unix::fs::symlink(d.join("secret"), d.join("link")).unwrap();
+        assert!(read_untrusted(&d.join("link")).is_err(), "a symlink was followed");
+        assert!(read(&d.join("link")).is_err(), "read is read_untrusted too");
+        let fifo = std::ffi::CString::new(d.join("fifo").to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert!(read_untrusted(&d.join("fifo")).is_err(), "a FIFO was read");
+        std::fs::write(d.join("garbage"), b"\xff\xfe\x00 nonsense\n1 2 3\n").unwrap();
+        let (p, _) = read_untrusted(&d.join("garbage")).unwrap();
+        assert!(p.points.is_empty() && p.skipped > 0);
+        let big = File::create(d.join("huge")).unwrap();
+        big.set_len(MAX_BYTES + 10).unwrap();
+        // Data at its start: a file that is only a hole has nothing to read.
+        std::os::unix::fs::FileExt::write_all_at(&big, b"1 1\n", 0).unwrap();
+        let (p, truncated) = read_untrusted(&d.join("huge")).unwrap();
+        assert!(truncated);
+        assert_eq!(p.points.len(), 1);
+    }
 
     #[test]
     fn parses_and_skips_bad_lines() {
