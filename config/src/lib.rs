@@ -66,6 +66,8 @@
 //! syslog_socket = "/dev/log"   # "" logs to stderr only
 //! ```
 
+#![warn(missing_docs)]
+
 use std::fmt;
 use std::path::{Path, PathBuf};
 

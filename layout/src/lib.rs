@@ -15,6 +15,8 @@
 //! `<gpu>` is the node-global GPU index (the first entry of `SLURM_JOB_GPUS`, which Slurm gives
 //! in host numbering both to the prolog and to the job, falling back to `CUDA_VISIBLE_DEVICES`).
 
+#![warn(missing_docs)]
+
 use std::path::{Path, PathBuf};
 
 pub mod memory_limit;

@@ -15,16 +15,37 @@ pub const DIR_MODE: u32 = 0o755;
 #[derive(Debug)]
 pub enum UntrustedDir {
     /// `path` (the directory or one above it) is not owned by root.
-    NotRootOwned { path: PathBuf, uid: u32 },
+    NotRootOwned {
+        /// The path found not root's.
+        path: PathBuf,
+        /// Its owner.
+        uid: u32,
+    },
     /// `path` is writable by its group or by everyone (and, above the directory itself, not
     /// sticky, which would stop users from replacing root's entries).
-    Writable { path: PathBuf, mode: u32 },
+    Writable {
+        /// The path found writable.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
     /// `path` is a symlink not owned by root.
-    UserSymlink { path: PathBuf },
+    UserSymlink {
+        /// The symlink.
+        path: PathBuf,
+    },
     /// `path` is not a directory.
-    NotADirectory { path: PathBuf },
+    NotADirectory {
+        /// What is there instead.
+        path: PathBuf,
+    },
     /// `path` could not be inspected or created.
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        /// The path the operation was on.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
 }
 
 impl fmt::Display for UntrustedDir {

@@ -21,11 +21,22 @@ pub enum WorkloadNameError {
     /// Empty.
     Empty,
     /// Longer than [`MAX_LEN`] bytes; `len` is its length.
-    TooLong { len: usize },
+    TooLong {
+        /// The name's length in bytes.
+        len: usize,
+    },
     /// Contains `byte` (at byte offset `at`), which is outside `[A-Za-z0-9._+-]`.
-    BadByte { byte: u8, at: usize },
+    BadByte {
+        /// The byte refused.
+        byte: u8,
+        /// Its offset in the name.
+        at: usize,
+    },
     /// Starts with `byte`, a `.` or a `-`.
-    BadStart { byte: u8 },
+    BadStart {
+        /// The first byte.
+        byte: u8,
+    },
 }
 
 impl fmt::Display for WorkloadNameError {

@@ -15,6 +15,8 @@
 //! as `\xNN` escapes (one event stays one line; nothing can forge a second line or a terminal
 //! escape), and a line is cut at [`MAX_LINE`] bytes.
 
+#![warn(missing_docs)]
+
 use std::borrow::Cow;
 use std::fmt;
 use std::io::Write;

@@ -11,14 +11,18 @@
 //! - [`gpu`]: GPU memory from NVML or the configuration.
 //! - [`state`]: per-GPU locks and the record of kace jobs on each GPU.
 //! - [`slurmd`]: whether the slurmd that runs a hook still lives.
-//! - [`env`]: the job facts in a prolog/epilog environment.
+//! - [`env`](mod@env): the job facts in a prolog/epilog environment.
 //! - [`measure`]: the profile measurement of a job's alone intervals (sampler readings, progress).
 //! - [`fill`]: filling one GPU by one joiner on its node (the prolog's and epilog's decision).
 //! - [`prolog`], [`epilog`], [`dispatch`]: the three programs' logic.
 //! - [`doctor`]: `kace doctor`'s checks of a node's or the controller's setup.
+//! - [`hook`]: the binaries' shell around the prolog and epilog (panic guard, watchdog, backends).
+//! - [`error`]: the crate's errors.
 //!
 //! Everything here returns errors; the binaries log them and still exit 0, because a non-zero
 //! prolog or epilog drains the node.
+
+#![warn(missing_docs)]
 
 pub mod dispatch;
 pub mod doctor;

@@ -4,6 +4,8 @@
 //! observed report with its SVG ([`report`]), all counting releases one way ([`releases`]). Slurm is asked through `kace_node::slurm::Slurm`,
 //! everything else comes from the database; the CLI only parses arguments and prints.
 
+#![warn(missing_docs)]
+
 pub mod history;
 pub mod metrics;
 pub mod releases;

@@ -3,6 +3,8 @@
 //! NVML backend and a fake ([`nvml`]), and the exclusive profiling run ([`run`]), which ends a
 //! timed-out workload with everything it started ([`process_tree`]).
 
+#![warn(missing_docs)]
+
 pub mod ncu;
 pub mod nvml;
 pub mod process_tree;

@@ -95,7 +95,14 @@ pub enum CreateError {
     /// The progress root is not a directory only root can change.
     Untrusted(kace_layout::trusted_dir::UntrustedDir),
     /// A file operation failed: `op` on `path`.
-    Io { op: &'static str, path: std::path::PathBuf, source: std::io::Error },
+    Io {
+        /// The operation (`open`, `chown`, …).
+        op: &'static str,
+        /// The file it was on.
+        path: std::path::PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
 }
 
 impl fmt::Display for CreateError {

@@ -8,6 +8,8 @@
 //! and the readings of a job's alone intervals are exactly the system profile `kace profile run`
 //! would measure on an idle GPU, so a site gets profiles without an admin profiling anything.
 
+#![warn(missing_docs)]
+
 pub mod progress_cap;
 pub mod ring;
 pub mod service;

@@ -43,7 +43,16 @@ pub enum Capped {
     Below,
     /// Compacted: the bytes of complete lines before and after (what the job appended
     /// meanwhile not counted), the thinning's resolution (seconds) and how.
-    Compacted { before: u64, after: u64, resolution: f64, method: Method },
+    Compacted {
+        /// Bytes of complete lines before.
+        before: u64,
+        /// Bytes of complete lines after.
+        after: u64,
+        /// The thinning's resolution, in seconds.
+        resolution: f64,
+        /// How the file was shortened.
+        method: Method,
+    },
 }
 
 /// Why a file could not be capped.
@@ -54,7 +63,14 @@ pub enum CapError {
     /// Not a regular file with one link, or it changed between `lstat` and `open`.
     NotPlain(PathBuf),
     /// A file operation failed: `op` on `path`.
-    Io { op: &'static str, path: PathBuf, source: std::io::Error },
+    Io {
+        /// The operation (`open`, `chown`, …).
+        op: &'static str,
+        /// The file it was on.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
 }
 
 impl fmt::Display for CapError {

@@ -17,6 +17,8 @@
 //! - [`eval`]: scoring against the oracle; the paper's exact protocol and kace's general one.
 //! - [`numpy_rng`]: NumPy-compatible permutations, to re-derive the paper's splits.
 
+#![warn(missing_docs)]
+
 pub mod dataset;
 pub mod decision;
 pub mod error;

@@ -9,8 +9,9 @@
 //! The robust (Huber) fit is not in the grid: it is always on. Offered the plain least-squares
 //! fit as well, the squared-error criterion chose it in 66 of 100 nested splits (squared error
 //! is the loss the plain fit minimises and the robust one declines to), and every decision
-//! figure came out lower (docs/models.md, *What was tried*); and the robust fit is what keeps an
-//! outlier that passes the plausibility bounds from steering the model.
+//! figure came out lower (docs/measurements/2026-12-02-model-evaluation.md, *What was tried*);
+//! and the robust fit is what keeps an outlier that passes the plausibility bounds from
+//! steering the model.
 
 use crate::dataset::Group;
 use crate::error::SelectorError;

@@ -14,6 +14,8 @@
 //! - [`plot`]: an SVG of completion-time CDFs and utilisation.
 //! - [`rng`]: SplitMix64 and the distributions traces are drawn from.
 
+#![warn(missing_docs)]
+
 pub mod engine;
 pub mod error;
 pub mod metrics;

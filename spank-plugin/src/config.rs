@@ -45,7 +45,14 @@ pub enum ConfigError {
     /// A key given twice.
     Duplicate(String),
     /// A path value that is not usable; `why` says what is wrong.
-    BadPath { key: String, value: String, why: &'static str },
+    BadPath {
+        /// The argument's key.
+        key: String,
+        /// Its value.
+        value: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
 }
 
 impl fmt::Display for ConfigError {

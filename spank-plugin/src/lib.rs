@@ -17,6 +17,8 @@
 //! nothing fails, and [`slurm_spank_init_failure_mode`] makes a failed init there a job failure,
 //! never a drained node.
 
+#![warn(missing_docs)]
+
 pub mod config;
 mod ffi;
 mod guard;
@@ -36,10 +38,12 @@ mod version {
 }
 pub use version::SLURM_VERSION_NUMBER;
 
+/// The plugin's name, as Slurm reads it (`plugin_name`, NUL-terminated).
 #[allow(non_upper_case_globals)]
 #[no_mangle]
 pub static plugin_name: [u8; 5] = *b"kace\0";
 
+/// The plugin's type: a SPANK plugin (`plugin_type`, NUL-terminated).
 #[allow(non_upper_case_globals)]
 #[no_mangle]
 pub static plugin_type: [u8; 6] = *b"spank\0";
@@ -164,9 +168,81 @@ mod tests {
         assert_eq!(plugin_version, u32::from_str_radix(hex.trim(), 16).unwrap());
     }
 
+    /// The value of `name` in an `enum` of a C header such as `slurm_errno.h`: entries count up
+    /// from the last explicit value, as the C compiler counts them.
+    fn enum_value(header: &str, name: &str) -> Option<i64> {
+        let mut next: Option<i64> = None;
+        for line in header.lines() {
+            let entry = line.split("/*").next().unwrap_or("").trim().trim_end_matches(',');
+            if entry.contains("enum") || entry.starts_with('}') {
+                next = Some(0);
+                continue;
+            }
+            let (ident, explicit) = match entry.split_once('=') {
+                Some((i, v)) => (i.trim(), v.trim().parse::<i64>().ok()),
+                None => (entry, None),
+            };
+            let is_name = |c: char| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_';
+            if !ident.starts_with(|c: char| c.is_ascii_uppercase()) || !ident.chars().all(is_name) {
+                continue;
+            }
+            let Some(value) = explicit.or(next) else { continue };
+            if ident == name {
+                return Some(value);
+            }
+            next = Some(value + 1);
+        }
+        None
+    }
+
+    /// The `slurm_errno.h` beside the `slurm_version.h` build.rs read (None when the version
+    /// came from `KACE_SLURM_VERSION`).
+    fn build_errno_header() -> Option<String> {
+        let source = env!("KACE_SLURM_VERSION_SOURCE");
+        if source.starts_with("KACE_SLURM_VERSION=") {
+            return None;
+        }
+        let errno = std::path::Path::new(source).with_file_name("slurm_errno.h");
+        Some(std::fs::read_to_string(&errno).expect("slurm_errno.h beside slurm_version.h"))
+    }
+
+    /// The codes the plugin compares with are Slurm's: read from the headers it was built
+    /// against. Slurm before 25.05 has no `ESPANK_JOB_FAILURE` (and ignores
+    /// `slurm_spank_init_failure_mode`); where the header has it, the plugin's mode is that code.
     #[test]
+    fn spank_codes_are_the_headers() {
+        let Some(header) = build_errno_header() else { return };
+        assert_eq!(enum_value(&header, "ESPANK_ERROR"), Some(i64::from(ffi::ESPANK_ERROR)));
+        assert_eq!(
+            enum_value(&header, "ESPANK_ENV_NOEXIST"),
+            Some(i64::from(ffi::ESPANK_ENV_NOEXIST))
+        );
+        if let Some(job_failure) = enum_value(&header, "ESPANK_JOB_FAILURE") {
+            assert_eq!(i64::from(slurm_spank_init_failure_mode), job_failure);
+        }
+    }
+
+    /// A failed init in slurmstepd is a job failure, never a drained node: the mode is
+    /// `ESPANK_JOB_FAILURE` as the supported releases that have it define it (their source is in
+    /// `../shared/vendor`, or `$KACE_SLURM_VENDOR`, as `.ci/slurm-from-source` reads it).
+    #[test]
+    #[ignore = "needs ../shared/vendor/slurm-*.tar.xz"]
     fn init_failure_is_a_job_failure_never_a_drained_node() {
-        assert_eq!(slurm_spank_init_failure_mode, 3012);
+        let vendor = std::env::var("KACE_SLURM_VENDOR")
+            .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/vendor").into());
+        for release in ["25.11.7", "26.05.3"] {
+            let tarball = format!("{vendor}/slurm-{release}.tar.xz");
+            let out = std::process::Command::new("tar")
+                .args(["-xJOf", &tarball, &format!("slurm-{release}/slurm/slurm_errno.h")])
+                .output()
+                .expect("tar runs");
+            assert!(out.status.success(), "couldn't read slurm_errno.h from {tarball}");
+            let header = String::from_utf8_lossy(&out.stdout);
+            let job_failure = enum_value(&header, "ESPANK_JOB_FAILURE");
+            assert_eq!(job_failure, Some(i64::from(slurm_spank_init_failure_mode)), "{release}");
+            let node_failure = enum_value(&header, "ESPANK_NODE_FAILURE");
+            assert_ne!(node_failure, job_failure, "{release}");
+        }
     }
 
     #[test]

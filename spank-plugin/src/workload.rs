@@ -11,6 +11,7 @@ const PREVIEW_LEN: usize = 40;
 pub struct Workload(String);
 
 impl Workload {
+    /// The name.
     pub fn as_str(&self) -> &str {
         &self.0
     }

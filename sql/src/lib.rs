@@ -11,6 +11,8 @@
 //! Readers (the prolog) open with [`Db::open_read_only`]; writers use a rollback journal and a
 //! busy timeout, never WAL, because the database may sit on a network file system.
 
+#![warn(missing_docs)]
+
 pub mod db;
 pub mod decide;
 pub mod error;

@@ -7,6 +7,8 @@
 //! checkout's `cargo test` never counts them as passed without running them; CI runs them with
 //! `--include-ignored`. Once such a test runs, missing data is a failure, not a skip.
 
+#![warn(missing_docs)]
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;

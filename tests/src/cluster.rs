@@ -77,21 +77,25 @@ impl ClusterBuilder {
         self
     }
 
+    /// The slurmd `Prolog=`.
     pub fn prolog(mut self, hook: Hook) -> Self {
         self.prolog = Some(hook);
         self
     }
 
+    /// The slurmd `Epilog=`.
     pub fn epilog(mut self, hook: Hook) -> Self {
         self.epilog = Some(hook);
         self
     }
 
+    /// slurmctld's `PrologSlurmctld=`.
     pub fn prolog_slurmctld(mut self, hook: Hook) -> Self {
         self.prolog_slurmctld = Some(hook);
         self
     }
 
+    /// slurmctld's `EpilogSlurmctld=`.
     pub fn epilog_slurmctld(mut self, hook: Hook) -> Self {
         self.epilog_slurmctld = Some(hook);
         self
@@ -286,6 +290,7 @@ impl Cluster {
         &self.conf
     }
 
+    /// The cluster's nodes.
     pub fn nodes(&self) -> &[NodeSpec] {
         &self.nodes
     }
@@ -383,6 +388,7 @@ impl Cluster {
         self.slurmds.iter().any(|(n, d)| n == node && d.running())
     }
 
+    /// Whether the cluster's slurmctld still runs.
     pub fn slurmctld_running(&self) -> bool {
         self.ctld.as_ref().is_some_and(Daemon::running)
     }
@@ -392,6 +398,7 @@ impl Cluster {
         fs::read_to_string(self.dir.join(format!("log/slurmd-{node}.log"))).unwrap_or_default()
     }
 
+    /// slurmctld's log so far.
     pub fn slurmctld_log(&self) -> String {
         fs::read_to_string(self.dir.join("log/slurmctld.log")).unwrap_or_default()
     }

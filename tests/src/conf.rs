@@ -23,6 +23,7 @@ impl NodeSpec {
         NodeSpec { name: name.to_string(), gpus, shards_per_gpu: 4, cpus: 4 }
     }
 
+    /// `n` shards per GPU instead of 4.
     pub fn shards_per_gpu(mut self, n: u32) -> NodeSpec {
         self.shards_per_gpu = n;
         self
@@ -32,9 +33,13 @@ impl NodeSpec {
 /// Prolog/Epilog-type hooks, as absolute paths of executables.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Hooks {
+    /// slurmd's `Prolog=`.
     pub prolog: Option<PathBuf>,
+    /// slurmd's `Epilog=`.
     pub epilog: Option<PathBuf>,
+    /// `PrologSlurmctld=`.
     pub prolog_slurmctld: Option<PathBuf>,
+    /// `EpilogSlurmctld=`.
     pub epilog_slurmctld: Option<PathBuf>,
 }
 
@@ -47,12 +52,14 @@ pub struct Layout {
     pub hostname: String,
     /// `PluginDir=` (a Slurm installed under a prefix); `None` keeps the build's default.
     pub plugin_dir: Option<PathBuf>,
+    /// slurmctld's port.
     pub ctld_port: u16,
     /// Nodes with their slurmd ports.
     pub nodes: Vec<(NodeSpec, u16)>,
     /// Typed GPUs and shards (`gpu:g0:1,shard:g0:4,...`), which Slurm needs to place a partner
     /// on a given GPU of a multi-GPU node (see shared/reference/slurm-lab-2.md §2).
     pub typed: bool,
+    /// The Prolog/Epilog-type hooks.
     pub hooks: Hooks,
     /// `JobSubmitPlugins=lua` (the gate must then be at `etc/job_submit.lua`).
     pub gate: bool,
@@ -81,6 +88,7 @@ impl Layout {
         out
     }
 
+    /// The text of `slurm.conf`.
     pub fn slurm_conf(&self) -> String {
         let d = self.dir.display();
         let mut s = String::new();
@@ -174,6 +182,7 @@ impl Layout {
         }
     }
 
+    /// The text of `gres.conf` (the fake GPUs and their shards).
     pub fn gres_conf(&self) -> String {
         let mut s = String::new();
         for (node, local, global) in self.gpus() {

@@ -28,10 +28,13 @@ use crate::{kace as setup, Cluster, HarnessError, NodeSpec};
 /// `w` runs at `exclusive × exp(−(w.sensitivity + p.pressure))`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Truth {
+    /// The workload's name.
     pub workload: &'static str,
     /// Steps per second alone (the profile's `exclusive_throughput`).
     pub exclusive: f64,
+    /// How much a partner slows it (in the exponent).
     pub sensitivity: f64,
+    /// How much it slows a partner (in the exponent).
     pub pressure: f64,
     /// GiB of GPU memory it needs (the profile's `memcap_gib`).
     pub memcap: f64,
@@ -177,18 +180,24 @@ echo "$w did $2 steps beside: $partner (last seen)"
 /// One job of the demo as Slurm reported it (Unix seconds).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobRun {
+    /// Slurm's job id.
     pub id: String,
     /// `None` for the plain job.
     pub workload: Option<String>,
+    /// When it was submitted.
     pub submit: f64,
+    /// When it started.
     pub start: f64,
+    /// When it ended.
     pub end: f64,
+    /// Its final state.
     pub state: String,
 }
 
 /// Everything the timeline is drawn from, so it can be rendered (and tested) from a recording.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Recorded {
+    /// Every job of the run.
     pub jobs: Vec<JobRun>,
     /// The leads' decisions, in order.
     pub decisions: Vec<NewDecision>,
@@ -405,6 +414,18 @@ pub fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/demo")
 }
 
+/// A path as the demo prints it: relative to the checkout when inside it, so that a recorded
+/// run (the README's) shows no machine's directory layout.
+fn for_display(p: &Path) -> String {
+    let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new("/"));
+    let checkout = checkout.canonicalize().unwrap_or_else(|_| checkout.to_path_buf());
+    let full = p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    match full.strip_prefix(&checkout) {
+        Ok(rel) => rel.display().to_string(),
+        Err(_) => p.display().to_string(),
+    }
+}
+
 fn err(what: &str, e: impl std::fmt::Display) -> HarnessError {
     HarnessError::Unexpected(format!("{what}: {e}"))
 }
@@ -458,7 +479,7 @@ pub fn run(say: &mut dyn FnMut(&str)) -> Result<(Recorded, String), HarnessError
         "1. started a throwaway Slurm cluster in {} (slurmctld + slurmd, node n1 with one fake \
          GPU as 4 shards), kace's SPANK plugin, gate, prolog, epilog and dispatch from {}",
         dir.display(),
-        setup::bin_dir()?.display()
+        for_display(&setup::bin_dir()?)
     ));
 
     std::fs::write(dir.join("etc/kace.conf"), setup::conf(&dir, MAX_HOLD_S))
@@ -599,7 +620,7 @@ pub fn run(say: &mut dyn FnMut(&str)) -> Result<(Recorded, String), HarnessError
     if let Some(svg) = std::env::var_os("KACE_DEMO_REPORT_SVG") {
         let svg = PathBuf::from(svg);
         kace(&c, &["report", "--since", "1d", "--svg", &svg.display().to_string()])?;
-        say(&format!("   kace report --since 1d --svg {}", svg.display()));
+        say(&format!("   kace report --since 1d --svg {}", for_display(&svg)));
     }
     let rec = Recorded {
         jobs,
@@ -617,6 +638,13 @@ pub fn run(say: &mut dyn FnMut(&str)) -> Result<(Recorded, String), HarnessError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paths_inside_the_checkout_are_shown_relative_to_it() {
+        let inside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/figures");
+        assert_eq!(for_display(&inside), "docs/figures");
+        assert_eq!(for_display(Path::new("/nonexistent/kace")), "/nonexistent/kace");
+    }
 
     #[test]
     fn rates_follow_the_truth() {

@@ -4,11 +4,14 @@
 //!
 //! ```no_run
 //! use kace_e2e::{Cluster, Hook};
-//! let Some(()) = kace_e2e::e2e_available("my_test") else { return };
+//! // in a test marked #[ignore = "needs root and Slurm"]
+//! kace_e2e::require_e2e("my_test");
 //! let cluster = Cluster::builder().prolog(Hook::Script("exit 0".into())).start().unwrap();
 //! let id = cluster.sbatch(&["--kace-colocate=bert", "--wrap", "true"]).unwrap();
 //! ```
 //! Tests in one binary usually share one cluster through [`shared`].
+
+#![warn(missing_docs)]
 
 mod cluster;
 pub mod conf;
@@ -32,13 +35,37 @@ pub use plugin::plugin_path;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HarnessError {
     /// A file or process operation failed; `what` says which.
-    Io { what: String, source: String },
+    Io {
+        /// The operation, and on what.
+        what: String,
+        /// The cause.
+        source: String,
+    },
     /// A command exited non-zero (`status` is `None` when killed by a signal).
-    Command { command: String, status: Option<i32>, stderr: String },
+    Command {
+        /// The command line.
+        command: String,
+        /// Its exit status.
+        status: Option<i32>,
+        /// What it printed on stderr.
+        stderr: String,
+    },
     /// Something did not happen in time; `detail` holds the last state seen (and log tails).
-    Timeout { what: String, waited: Duration, detail: String },
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// For how long.
+        waited: Duration,
+        /// The last state seen.
+        detail: String,
+    },
     /// A daemon exited while the cluster was starting; `log` is the end of its log file.
-    DaemonExited { daemon: String, log: String },
+    DaemonExited {
+        /// Which daemon.
+        daemon: String,
+        /// The end of its log.
+        log: String,
+    },
     /// The SPANK plugin could not be found or built.
     Plugin(String),
     /// A command printed something the harness cannot read.
@@ -69,25 +96,41 @@ impl std::error::Error for HarnessError {}
 /// The Slurm programs the harness needs.
 const PROGRAMS: [&str; 6] = ["slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "squeue"];
 
-/// Whether end-to-end tests can run here. Outside CI, prints why not and returns `None` when not
-/// root (Slurm's daemons need it) or when Slurm is not installed. With `CI=true` (`.ci/run` sets
-/// it) either is a failure: CI runs as root and installs Slurm (`.ci/install-deps`).
-pub fn e2e_available(test: &str) -> Option<()> {
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+/// Why end-to-end tests cannot run here (`None`: they can): not root (Slurm's daemons need it),
+/// or Slurm's programs missing.
+fn missing_prerequisite() -> Option<String> {
     if !sys::is_root() {
-        assert!(!ci, "{test}: CI=true but not root: end-to-end tests start Slurm daemons");
-        eprintln!("SKIPPED {test}: end-to-end tests start Slurm daemons and must run as root");
-        return None;
+        return Some("end-to-end tests start Slurm daemons and must run as root".into());
     }
     let slurm = SlurmInstall::from_env();
     let missing: Vec<PathBuf> =
         PROGRAMS.iter().map(|p| slurm.program(p)).filter(|p| !p.exists()).collect();
     if !missing.is_empty() {
-        assert!(!ci, "{test}: CI=true but Slurm is not installed (missing {missing:?}); run .ci/install-deps");
-        eprintln!("SKIPPED {test}: Slurm is not installed (missing {missing:?}); run .ci/install-deps as root");
-        return None;
+        return Some(format!(
+            "Slurm is not installed (missing {missing:?}); run .ci/install-deps as root"
+        ));
     }
-    Some(())
+    None
+}
+
+/// For an end-to-end test: fails it, saying why, when it cannot run here. Such tests are
+/// `#[ignore = "needs root and Slurm"]`, so they run only when asked (`--ignored`, as `.ci/run`
+/// does): a test that was asked for and could not run is a failure, never a silent pass.
+pub fn require_e2e(test: &str) {
+    if let Some(why) = missing_prerequisite() {
+        panic!("{test}: {why}");
+    }
+}
+
+/// For a program or a bench (`kace-demo`, `cargo bench --bench prolog`): whether end-to-end
+/// runs are possible here. Outside CI, prints why not and returns `None`; with `CI=true`
+/// (`.ci/run` sets it) that is a failure: CI runs as root and installs Slurm.
+pub fn e2e_available(test: &str) -> Option<()> {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    let why = missing_prerequisite()?;
+    assert!(!ci, "{test}: CI=true but {why}");
+    eprintln!("SKIPPED {test}: {why}");
+    None
 }
 
 /// The shared cluster, or why it could not start (so later tests fail fast instead of retrying).
@@ -101,10 +144,10 @@ extern "C" fn drop_shared() {
 }
 
 /// The cluster shared by the tests of this test binary, started by the first caller with
-/// `build()` and torn down when the process exits. `None` (with a printed reason) when
-/// end-to-end tests cannot run here; see [`e2e_available`].
-pub fn shared(test: &str, build: impl FnOnce() -> ClusterBuilder) -> Option<Arc<Cluster>> {
-    e2e_available(test)?;
+/// `build()` and torn down when the process exits. Fails the test when end-to-end tests cannot
+/// run here ([`require_e2e`]) or the cluster did not start.
+pub fn shared(test: &str, build: impl FnOnce() -> ClusterBuilder) -> Arc<Cluster> {
+    require_e2e(test);
     let mut slot = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
     let result = slot.get_or_insert_with(|| {
         let started = build().start().map(Arc::new).map_err(|e| e.to_string());
@@ -114,7 +157,7 @@ pub fn shared(test: &str, build: impl FnOnce() -> ClusterBuilder) -> Option<Arc<
         started
     });
     match result {
-        Ok(c) => Some(Arc::clone(c)),
+        Ok(c) => Arc::clone(c),
         Err(e) => panic!("{test}: couldn't start the test cluster: {e}"),
     }
 }

@@ -104,11 +104,10 @@ fn jobs_per_gpu(c: &Cluster) -> BTreeMap<(String, u32), Vec<u32>> {
 }
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn kace_pairs_the_best_candidate_and_learns_from_the_pair() {
     let test = "kace_pairs_the_best_candidate_and_learns_from_the_pair";
-    if kace_e2e::e2e_available(test).is_none() {
-        return;
-    }
+    kace_e2e::require_e2e(test);
     let c = Cluster::builder()
         .nodes(vec![NodeSpec::new("n1", 1)])
         .prolog(setup::hook("kace-prolog", "").unwrap())

@@ -23,7 +23,7 @@ struct Env {
     _turn: MutexGuard<'static, ()>,
 }
 
-fn env(test: &str) -> Option<Env> {
+fn env(test: &str) -> Env {
     let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let c = kace_e2e::shared(test, || {
         Cluster::builder()
@@ -34,7 +34,7 @@ fn env(test: &str) -> Option<Env> {
             .typed_gpus(true)
             .prolog(setup::hook("kace-prolog", "").unwrap())
             .epilog(setup::hook("kace-epilog", "").unwrap())
-    })?;
+    });
     if !c.dir().join("kace.db").exists() {
         common::prepare(&c, 600);
     }
@@ -45,7 +45,7 @@ fn env(test: &str) -> Option<Env> {
     std::fs::write(c.dir().join("etc/kace.conf"), setup::conf(c.dir(), 600)).unwrap();
     let _ = std::fs::remove_file(c.dir().join("mps-fail"));
     let (lead, cands) = lead_with_candidates(&c.dir().join("kace.db"), 3);
-    Some(Env { c, lead, cands, _turn: turn })
+    Env { c, lead, cands, _turn: turn }
 }
 
 impl Env {
@@ -137,8 +137,9 @@ impl Env {
 }
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn the_partner_lands_on_the_leads_gpu_not_the_free_one() {
-    let Some(e) = env("the_partner_lands_on_the_leads_gpu_not_the_free_one") else { return };
+    let e = env("the_partner_lands_on_the_leads_gpu_not_the_free_one");
     // The lead takes n1's second GPU; the first stays free, where Slurm would put an untyped
     // shard job by itself.
     let p = e.submit(&e.cands[0], "shard:1", None, 3);
@@ -161,8 +162,9 @@ fn the_partner_lands_on_the_leads_gpu_not_the_free_one() {
 }
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn drill_database_missing() {
-    let Some(e) = env("drill_database_missing") else { return };
+    let e = env("drill_database_missing");
     e.conf_line("database", &format!("path = \"{}/nope.db\"", e.c.dir().display()));
     let (lead, held) = e.lead_with_held();
     e.lead_ran(lead, "couldn't choose a partner");
@@ -170,8 +172,9 @@ fn drill_database_missing() {
 }
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn drill_database_corrupt() {
-    let Some(e) = env("drill_database_corrupt") else { return };
+    let e = env("drill_database_corrupt");
     let bad = e.c.dir().join("corrupt.db");
     std::fs::write(&bad, vec![0x5a; 8192]).unwrap();
     e.conf_line("database", &format!("path = \"{}\"", bad.display()));
@@ -181,8 +184,9 @@ fn drill_database_corrupt() {
 }
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn drill_scontrol_missing() {
-    let Some(e) = env("drill_scontrol_missing") else { return };
+    let e = env("drill_scontrol_missing");
     e.conf_line("node", "scontrol = \"/nonexistent/scontrol\"");
     let (lead, held) = e.lead_with_held();
     // Only the gate's mark, read from Slurm, makes a job a kace job: unreadable, it runs as a
@@ -194,8 +198,9 @@ fn drill_scontrol_missing() {
 }
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn drill_scontrol_hanging() {
-    let Some(e) = env("drill_scontrol_hanging") else { return };
+    let e = env("drill_scontrol_hanging");
     let hang = e.c.dir().join("hanging-scontrol");
     std::fs::write(&hang, "#!/bin/bash\nexec /bin/sleep 60\n").unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -212,8 +217,9 @@ fn drill_scontrol_hanging() {
 }
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn drill_mps_control_failing() {
-    let Some(e) = env("drill_mps_control_failing") else { return };
+    let e = env("drill_mps_control_failing");
     std::fs::write(e.c.dir().join("mps-fail"), "").unwrap();
     let (lead, held) = e.lead_with_held();
     let lines = e.lead_ran(lead, "couldn't start the MPS control daemon for GPU 0");
@@ -223,8 +229,9 @@ fn drill_mps_control_failing() {
 }
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn drill_nvml_absent_and_no_memory_configured() {
-    let Some(e) = env("drill_nvml_absent_and_no_memory_configured") else { return };
+    let e = env("drill_nvml_absent_and_no_memory_configured");
     let p = e.c.dir().join("etc/kace.conf");
     let text = std::fs::read_to_string(&p).unwrap();
     let text: String = text
@@ -240,8 +247,9 @@ fn drill_nvml_absent_and_no_memory_configured() {
 }
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn drill_candidate_cancelled_between_choice_and_release() {
-    let Some(e) = env("drill_candidate_cancelled_between_choice_and_release") else { return };
+    let e = env("drill_candidate_cancelled_between_choice_and_release");
     // scontrol that cancels the job it is asked to move first: the user's scancel landing
     // between the prolog's choice and its release.
     let wrapper = e.c.dir().join("cancelling-scontrol");
@@ -271,8 +279,9 @@ fn drill_candidate_cancelled_between_choice_and_release() {
 }
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn drill_two_leads_start_on_two_nodes_at_once() {
-    let Some(e) = env("drill_two_leads_start_on_two_nodes_at_once") else { return };
+    let e = env("drill_two_leads_start_on_two_nodes_at_once");
     let held: Vec<u32> = e.cands.iter().map(|w| e.submit(w, "shard:1", None, 3)).collect();
     let a = e.submit(&e.lead, "shard:g0:1", Some("n1"), 4);
     let b = e.submit(&e.lead, "shard:g0:1", Some("n2"), 4);
@@ -293,10 +302,9 @@ const FORGED: &str = "AdminComment=kace:forged JobState=PENDING Reason=JobHeldUs
                       NodeList=n9 GRES=shard:g0:1(IDX:0) TresPerNode=gres/shard:g1:1";
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn drill_forged_comment_name_and_command_change_nothing_kace_reads() {
-    let Some(e) = env("drill_forged_comment_name_and_command_change_nothing_kace_reads") else {
-        return;
-    };
+    let e = env("drill_forged_comment_name_and_command_change_nothing_kace_reads");
     // Held candidates whose comment, name and command line (26.05 prints it as SubmitLine=)
     // all carry forged fields.
     let comment = format!("--comment={FORGED}");
@@ -345,12 +353,9 @@ fn drill_forged_comment_name_and_command_change_nothing_kace_reads() {
 }
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn drill_newline_in_an_unrelated_admin_comment_stops_neither_dispatch_nor_max_hold() {
-    let Some(e) =
-        env("drill_newline_in_an_unrelated_admin_comment_stops_neither_dispatch_nor_max_hold")
-    else {
-        return;
-    };
+    let e = env("drill_newline_in_an_unrelated_admin_comment_stops_neither_dispatch_nor_max_hold");
     // An admin's note with a newline (and a field separator) on a job that is not kace's.
     let other = e.c.sbatch(&["--hold", "--gres=shard:1", "--wrap", "true"]).unwrap();
     e.c.run_ok("scontrol", &["update", &format!("jobid={other}"), "AdminComment=note\n9|kace:x|"])

@@ -35,11 +35,10 @@ fn state(c: &Cluster, id: u32) -> String {
 }
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn a_survivor_gets_a_new_partner_when_its_partner_ends() {
     let test = "a_survivor_gets_a_new_partner_when_its_partner_ends";
-    if kace_e2e::e2e_available(test).is_none() {
-        return;
-    }
+    kace_e2e::require_e2e(test);
     let c = cluster();
     common::prepare(&c, MAX_HOLD_S);
     let (lead_w, cands) = lead_with_candidates(&c.dir().join("kace.db"), 2);
@@ -89,11 +88,10 @@ fn a_survivor_gets_a_new_partner_when_its_partner_ends() {
 /// `max_hold` onto the free GPU; a job submitted while it runs alone joins it as a late arrival.
 /// Both releases are recorded, told by `kace explain`, and counted in `kace.prom`.
 #[test]
+#[ignore = "needs root and Slurm"]
 fn a_late_arrival_joins_an_open_gpu() {
     let test = "a_late_arrival_joins_an_open_gpu";
-    if kace_e2e::e2e_available(test).is_none() {
-        return;
-    }
+    kace_e2e::require_e2e(test);
     let c = cluster();
     common::prepare(&c, MAX_HOLD_S);
     let (lead_w, cands) = lead_with_candidates(&c.dir().join("kace.db"), 1);
@@ -205,11 +203,10 @@ fn trio(db_path: &std::path::Path) -> Option<(String, String, String)> {
 }
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn three_jobs_share_one_gpu_with_max_jobs_per_gpu_3() {
     let test = "three_jobs_share_one_gpu_with_max_jobs_per_gpu_3";
-    if kace_e2e::e2e_available(test).is_none() {
-        return;
-    }
+    kace_e2e::require_e2e(test);
     let c = cluster();
     common::prepare(&c, MAX_HOLD_S);
     let conf = c.dir().join("etc/kace.conf");
@@ -258,11 +255,10 @@ fn three_jobs_share_one_gpu_with_max_jobs_per_gpu_3() {
 /// Submit-to-start latency on an idle cluster, with `kace dispatch --watch` running as the
 /// service does: a kace job against a plain one, median of 10 each (printed for the docs).
 #[test]
+#[ignore = "needs root and Slurm"]
 fn an_idle_cluster_starts_a_kace_job_about_as_soon_as_a_plain_one() {
     let test = "an_idle_cluster_starts_a_kace_job_about_as_soon_as_a_plain_one";
-    if kace_e2e::e2e_available(test).is_none() {
-        return;
-    }
+    kace_e2e::require_e2e(test);
     let c = cluster();
     common::prepare(&c, MAX_HOLD_S);
     let (lead_w, _) = lead_with_candidates(&c.dir().join("kace.db"), 1);
@@ -341,11 +337,10 @@ fn most_at_once(recs: &[(String, u32, f64, f64)]) -> usize {
 /// moved twice, no GPU holds more than `max_jobs_per_gpu` kace jobs, none waits past
 /// `max_hold`, and no node drains.
 #[test]
+#[ignore = "needs root and Slurm"]
 fn race_drill_many_deciders_at_once() {
     let test = "race_drill_many_deciders_at_once";
-    if kace_e2e::e2e_available(test).is_none() {
-        return;
-    }
+    kace_e2e::require_e2e(test);
     const HOLD: u64 = 45;
     let c = Cluster::builder()
         .nodes(vec![NodeSpec::new("n1", 2), NodeSpec::new("n2", 2)])
@@ -743,9 +738,7 @@ fn breakdown(
 #[ignore = "5 min on a real Slurm cluster (two saturated runs); run with --ignored"]
 fn a_saturated_queue_keeps_both_gpus_shared() {
     let test = "a_saturated_queue_keeps_both_gpus_shared";
-    if kace_e2e::e2e_available(test).is_none() {
-        return;
-    }
+    kace_e2e::require_e2e(test);
     let Saturated { share: before, why: why_before, .. } = saturated(20, false);
     let Saturated { share: after, groups, why: why_after } = saturated(20, true);
     eprintln!(

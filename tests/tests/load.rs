@@ -213,9 +213,7 @@ fn overlap(a: (f64, f64), b: (f64, f64)) -> f64 {
 #[ignore = "load test (about 4 min on a real Slurm cluster): run by .ci/run"]
 fn two_hundred_kace_jobs_through_faults_lose_and_mislabel_nothing() {
     let test = "two_hundred_kace_jobs_through_faults_lose_and_mislabel_nothing";
-    if kace_e2e::e2e_available(test).is_none() {
-        return;
-    }
+    kace_e2e::require_e2e(test);
     let node = |n: &str| NodeSpec { cpus: 8, ..NodeSpec::new(n, 2) };
     let mut c = Cluster::builder()
         .nodes(vec![node("n1"), node("n2")])

@@ -6,11 +6,10 @@ use std::time::Duration;
 use kace_e2e::{Cluster, NodeSpec};
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn kace_job_on_the_second_gpu_gets_its_mps_directories() {
     let test = "kace_job_on_the_second_gpu_gets_its_mps_directories";
-    if kace_e2e::e2e_available(test).is_none() {
-        return;
-    }
+    kace_e2e::require_e2e(test);
     let c = Cluster::builder()
         .nodes(vec![NodeSpec::new("n1", 2).shards_per_gpu(2), NodeSpec::new("n2", 1)])
         .typed_gpus(true)

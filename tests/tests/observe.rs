@@ -18,11 +18,10 @@ fn demo(f: &str) -> String {
 }
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn status_and_explain_show_a_shared_gpu_an_open_gpu_and_held_jobs() {
     let test = "status_and_explain_show_a_shared_gpu_an_open_gpu_and_held_jobs";
-    if kace_e2e::e2e_available(test).is_none() {
-        return;
-    }
+    kace_e2e::require_e2e(test);
     let c = Cluster::builder()
         .nodes(vec![NodeSpec::new("n1", 1), NodeSpec::new("n2", 1)])
         .prolog(setup::hook("kace-prolog", "").unwrap())

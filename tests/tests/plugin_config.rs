@@ -4,11 +4,10 @@
 use kace_e2e::{Cluster, HarnessError, NodeSpec};
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn unknown_plugin_argument_is_reported_at_slurmd_start() {
     let test = "unknown_plugin_argument_is_reported_at_slurmd_start";
-    if kace_e2e::e2e_available(test).is_none() {
-        return;
-    }
+    kace_e2e::require_e2e(test);
     let started = Cluster::builder()
         .nodes(vec![NodeSpec::new("n1", 1)])
         .plugin_args("mps_root={dir}/mps colour=blue")

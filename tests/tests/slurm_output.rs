@@ -24,11 +24,10 @@ const FORGED: &str = "AdminComment=kace:forged JobState=RUNNING Reason=None Node
                       GRES=shard:g0:1(IDX:0) TresPerNode=gres/shard:g1:1";
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn kace_reads_what_this_slurm_prints() {
     let test = "kace_reads_what_this_slurm_prints";
-    if kace_e2e::e2e_available(test).is_none() {
-        return;
-    }
+    kace_e2e::require_e2e(test);
     let c = Cluster::builder()
         .nodes(vec![
             NodeSpec::new("n1", 2).shards_per_gpu(2),

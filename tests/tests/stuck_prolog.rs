@@ -43,11 +43,10 @@ fn squeue_line(c: &Cluster, id: u32) -> String {
 }
 
 #[test]
+#[ignore = "needs root and Slurm"]
 fn a_job_stuck_in_its_prolog_by_a_slurmd_crash_holds_no_other_kace_job() {
     let test = "a_job_stuck_in_its_prolog_by_a_slurmd_crash_holds_no_other_kace_job";
-    if kace_e2e::e2e_available(test).is_none() {
-        return;
-    }
+    kace_e2e::require_e2e(test);
     let mut c = Cluster::builder()
         .nodes(vec![NodeSpec::new("n1", 2), NodeSpec::new("n2", 2)])
         .typed_gpus(true)

@@ -4,6 +4,8 @@
 //! each observed group ([`compare`]). `bench/gpu/run` drives them; `--dry-run` points them at the
 //! fakes in `bench/gpu/fake/`.
 
+#![warn(missing_docs)]
+
 pub mod colocate;
 pub mod compare;
 pub mod probe;
