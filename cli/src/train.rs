@@ -193,8 +193,11 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
         None => None,
     };
     let seen = upto.map(|u| set.seen_upto(u));
-    let competitor =
-        active.as_ref().map(|(_, m)| training::Active { model: m, seen: seen.as_deref() });
+    let competitor = active.as_ref().map(|(_, m)| training::Active {
+        model: m,
+        seen: seen.as_deref(),
+        trusted: None,
+    });
     let t = match training::train(&set.groups, competitor, &policy) {
         Err(TrainingError::NotEnoughGroups { usable, needed }) => {
             return Err(NotEnoughGroups { usable, skipped: set.skipped, needed }.into())
