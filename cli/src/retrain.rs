@@ -99,7 +99,10 @@ fn summary_line(
                 Some(c) => format!("; {}", c.describe()),
                 None => " (no active model to compare)".to_string(),
             };
-            let verdict = if t.activated { "activated" } else { "not activated: worse" };
+            let verdict = match t.refusal {
+                None => "activated".to_string(),
+                Some(r) => format!("not activated: {r}"),
+            };
             format!(
                 "model version {} ({}) fitted on all {} groups, held-out MSE {}{previous}: {verdict}",
                 t.version,

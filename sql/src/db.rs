@@ -688,6 +688,22 @@ impl Db {
     /// storing nothing, when one is invalid or implausible (see [`Db::implausible`]) or when
     /// one file names a key twice with different content.
     pub fn insert_observations(&mut self, obs: &[Observation]) -> Result<InsertCount> {
+        self.insert_observations_as(obs, false)
+    }
+
+    /// [`Db::insert_observations`] for an admin's import (`kace observations import`): the rows
+    /// are trusted, part of the reference a new model is checked on (see
+    /// `kace_selector::training`). The spool's records, which any job's progress lines shape,
+    /// never come in this way. A key already stored keeps its row and its flag.
+    pub fn insert_admin_observations(&mut self, obs: &[Observation]) -> Result<InsertCount> {
+        self.insert_observations_as(obs, true)
+    }
+
+    fn insert_observations_as(
+        &mut self,
+        obs: &[Observation],
+        trusted: bool,
+    ) -> Result<InsertCount> {
         let exclusive = self.exclusive_throughputs()?;
         let mut seen: HashMap<&str, &Observation> = HashMap::new();
         for o in obs {
@@ -716,8 +732,8 @@ impl Db {
             let mut stmt = tx
                 .prepare_cached(
                     "INSERT INTO observations (key, job, workload_id, partners, node, gpu, \
-                     mps_share, start_time, end_time, steps, throughput, exclusive, ingested_at) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
+                     mps_share, start_time, end_time, steps, throughput, exclusive, ingested_at, \
+                     trusted) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
                      ON CONFLICT(key) DO NOTHING",
                 )
                 .map_err(sql("store observation", &path))?;
@@ -735,7 +751,8 @@ impl Db {
                     o.steps,
                     o.throughput,
                     o.exclusive(),
-                    t
+                    t,
+                    trusted
                 ])
                 .map_err(sql("store observation", &path))?;
             if n == 1 {
@@ -819,6 +836,19 @@ impl Db {
         rows
     }
 
+    /// Marks the stored observations `which` selects as trusted (an admin vouches for them):
+    /// the groups they form join the reference a new model is checked on. Returns how many
+    /// changed.
+    pub fn trust_observations(&mut self, which: &ObservationFilter) -> Result<usize> {
+        let (clause, binds) = filter_sql(which, 1)?;
+        self.conn
+            .execute(
+                &format!("UPDATE observations SET trusted = 1 WHERE trusted = 0 AND ({clause})"),
+                params_from_iter(binds),
+            )
+            .map_err(sql("trust observations", &self.path))
+    }
+
     /// Whether an observation with this key is stored.
     pub fn has_observation(&self, key: &str) -> Result<bool> {
         self.conn
@@ -837,18 +867,19 @@ impl Db {
 
     /// Every stored observation that is not quarantined, in key order.
     pub fn observations(&self) -> Result<Vec<Observation>> {
-        Ok(self.stored_observations()?.into_iter().map(|(_, o)| o).collect())
+        Ok(self.stored_observations()?.into_iter().map(|(_, o, _)| o).collect())
     }
 
     /// [`Db::observations`], each with its row id (what a trained model records as the newest
-    /// observation it saw).
-    fn stored_observations(&self) -> Result<Vec<(i64, Observation)>> {
+    /// observation it saw) and whether it is trusted.
+    fn stored_observations(&self) -> Result<Vec<(i64, Observation, bool)>> {
         let p = &self.path;
         let mut stmt = self
             .conn
             .prepare(
                 "SELECT o.key, o.job, w.name, o.partners, o.node, o.gpu, o.mps_share, \
-                 o.start_time, o.end_time, o.steps, o.throughput, o.id FROM observations o \
+                 o.start_time, o.end_time, o.steps, o.throughput, o.id, o.trusted \
+                 FROM observations o \
                  JOIN workloads w ON w.id = o.workload_id WHERE o.quarantined IS NULL \
                  ORDER BY o.key",
             )
@@ -856,7 +887,8 @@ impl Db {
         let mut rows = stmt.query([]).map_err(sql("load observations", p))?;
         let mut out = Vec::new();
         while let Some(r) = rows.next().map_err(sql("load observations", p))? {
-            let get = |r: &rusqlite::Row<'_>| -> rusqlite::Result<(i64, Observation, String)> {
+            type Row = (i64, Observation, String, bool);
+            let get = |r: &rusqlite::Row<'_>| -> rusqlite::Result<Row> {
                 let partners: String = r.get(3)?;
                 Ok((
                     r.get(11)?,
@@ -874,11 +906,12 @@ impl Db {
                         throughput: r.get(10)?,
                     },
                     partners,
+                    r.get(12)?,
                 ))
             };
-            let (id, mut o, partners) = get(r).map_err(sql("load observations", p))?;
+            let (id, mut o, partners, trusted) = get(r).map_err(sql("load observations", p))?;
             o.partners = json_col(&format!("partners of observation {}", o.key), &partners)?;
-            out.push((id, o));
+            out.push((id, o, trusted));
         }
         Ok(out)
     }
@@ -889,9 +922,10 @@ impl Db {
     /// are missing or disagree are left out.
     pub fn observed_groups(&self) -> Result<Vec<ObservedGroup>> {
         let all = self.stored_observations()?;
-        let ids: HashMap<&str, i64> = all.iter().map(|(id, o)| (o.key.as_str(), *id)).collect();
+        let ids: HashMap<&str, (i64, bool)> =
+            all.iter().map(|(id, o, t)| (o.key.as_str(), (*id, *t))).collect();
         let shared: Vec<&Observation> =
-            all.iter().map(|(_, o)| o).filter(|o| !o.partners.is_empty()).collect();
+            all.iter().map(|(_, o, _)| o).filter(|o| !o.partners.is_empty()).collect();
         // Index by job so matching is linear in the number of observations.
         let mut by_job: HashMap<&str, Vec<&Observation>> = HashMap::new();
         for o in &shared {
@@ -944,6 +978,7 @@ impl Db {
             for m in &members {
                 used.insert(&m.key);
             }
+            let row = |m: &Observation| ids.get(m.key.as_str()).copied().unwrap_or_default();
             groups.push(ObservedGroup {
                 members: members
                     .iter()
@@ -951,9 +986,10 @@ impl Db {
                         workload: m.workload.clone(),
                         throughput: m.throughput,
                         key: m.key.clone(),
-                        id: ids.get(m.key.as_str()).copied().unwrap_or_default(),
+                        id: row(m).0,
                     })
                     .collect(),
+                trusted: members.iter().all(|m| row(m).1),
             });
         }
         Ok(groups)

@@ -106,6 +106,12 @@ impl TrainingSet {
         self.observed.iter().map(ObservedGroup::newest).max().unwrap_or(0)
     }
 
+    /// For each group, whether it is trusted (see [`ObservedGroup::trusted`]): the reference a
+    /// new model is checked on.
+    pub fn trusted(&self) -> Vec<bool> {
+        self.observed.iter().map(|o| o.trusted).collect()
+    }
+
     /// For each group, whether a model trained on observations up to row id `upto` has seen
     /// it (all its observations were stored by then).
     pub fn seen_upto(&self, upto: i64) -> Vec<bool> {

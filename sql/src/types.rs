@@ -447,6 +447,9 @@ pub struct ObservationFilter {
 pub struct ObservedGroup {
     /// The members, the first-stored observation first.
     pub members: Vec<ObservedMember>,
+    /// Whether every member's observation is trusted (an admin imported it or marked it): the
+    /// group is then part of the reference a new model is checked on.
+    pub trusted: bool,
 }
 
 /// One job of an [`ObservedGroup`].

@@ -644,3 +644,43 @@ fn spooled_profiles_are_ingested_once_and_bad_ones_quarantined() {
     bad.profile.values[7] = Some(f64::NAN);
     assert!(write_profile(&spool, &bad).is_err());
 }
+
+/// The trusted reference (issue 31): an admin's import is trusted, the spool's records are not,
+/// `trust_observations` marks more, a group is trusted when all its members are, and the
+/// migration marks the pair-table imports stored before it.
+#[test]
+fn admin_imports_are_trusted_and_spooled_records_are_not() {
+    let dir = TempDir::new("trusted");
+    let path = dir.path().join("k.db");
+    let (mut db, _) = Db::create(&path).unwrap();
+    let a = obs("import/t:r0:w1", "t:r0:w1", "wa", Some(("t:r0:w2", "wb")), 3.0);
+    let b = obs("import/t:r0:w2", "t:r0:w2", "wb", Some(("t:r0:w1", "wa")), 4.0);
+    db.insert_admin_observations(&[a, b]).unwrap();
+    let c = obs("c/1/0", "1", "wa", Some(("2", "wb")), 3.0);
+    let d = obs("c/2/0", "2", "wb", Some(("1", "wa")), 4.0);
+    db.insert_observations(&[c, d]).unwrap();
+    let trusted = |db: &Db| -> Vec<bool> {
+        db.observed_groups().unwrap().iter().map(|g| g.trusted).collect()
+    };
+    assert_eq!(trusted(&db), [false, true], "spooled c/… first in key order, then import/…");
+    // Half a group trusted is not a trusted group.
+    let one = kace_sql::ObservationFilter { key: Some("c/1/0".into()), job: None, node: None };
+    assert_eq!(db.trust_observations(&one).unwrap(), 1);
+    assert_eq!(trusted(&db), [false, true]);
+    let other = kace_sql::ObservationFilter { job: Some("2".into()), key: None, node: None };
+    assert_eq!(db.trust_observations(&other).unwrap(), 1);
+    assert_eq!(trusted(&db), [true, true]);
+    drop(db);
+
+    // A version-3 database: the imported rows of a pair table become trusted by migrating.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "UPDATE observations SET node = 'imported' WHERE key LIKE 'import/%'; \
+         ALTER TABLE observations DROP COLUMN trusted; PRAGMA user_version = 3;",
+    )
+    .unwrap();
+    drop(conn);
+    let mut old = Db::open_any_version(&path).unwrap();
+    assert_eq!(old.migrate().unwrap().to, CURRENT_VERSION);
+    assert_eq!(trusted(&old), [false, true]);
+}
