@@ -374,8 +374,11 @@ fn spool_profile(
 /// workload's memcap is at least that limit, so the next limit is higher. kace knows it only
 /// when the job says so (an `<unix-seconds> oom` progress line, which its PyTorch hook writes
 /// for an uncaught CUDA out-of-memory error) and failed (Slurm's exit status, when given): an
-/// allocation failure under MPS is an ordinary error exit, with no signal of its own. `None`
-/// when that did not happen, or the job had no limit (then its alone run still measures it).
+/// allocation failure under MPS is an ordinary error exit, with no signal of its own. The
+/// claim is kept only when root's measurements back it: the sampler saw the GPU's memory in use
+/// reach [`OOM_BACKING_FRACTION`] of the limit, and the limit is below the GPU's memory (the
+/// store then allows one raise per workload a day). `None` when that did not happen, or the job
+/// had no limit (then its alone run still measures it).
 fn out_of_memory(
     n: &Node,
     env: &JobEnv,
@@ -403,9 +406,49 @@ fn out_of_memory(
             return None;
         }
     };
+    // Only what root measured may raise a memcap that every user's jobs of the workload get
+    // (the re-audit's M1: five forged `oom` lines took one from 24 to 38.7 GiB, above the
+    // 32 GiB GPU, with no sampler reading at all).
+    let (gpu_gib, _) = crate::gpu::memory_gib(n.gpus, gpu, n.config.node.gpu_memory_gib);
+    if let Some(g) = gpu_gib.filter(|g| limit.mib as f64 >= g * 1024.0) {
+        log(&format!(
+            "ran out of GPU memory under a limit of {} MiB, the whole GPU's {:.0} MiB already; not recorded (a memcap never exceeds the GPU)",
+            limit.mib,
+            g * 1024.0
+        ));
+        return None;
+    }
+    let end = me.end.unwrap_or(me.start);
+    let ring = kace_sampler::ring::ring_path(&n.config.sampler.dir, gpu.0);
+    let readings = match kace_sampler::Ring::open(&ring).and_then(|r| r.readings(me.start, end)) {
+        Ok(r) => r,
+        Err(e) => {
+            log(&format!(
+                "ran out of GPU memory (its progress file says); couldn't read the GPU's samples to back it: {e}; not recorded"
+            ));
+            return None;
+        }
+    };
+    let used: Vec<u64> = readings.iter().filter_map(|r| r.used_bytes).collect();
+    let peak_mib = used.iter().max().map(|b| b / (1024 * 1024));
+    let needed_mib = (limit.mib as f64 * OOM_BACKING_FRACTION).ceil() as u64;
+    match peak_mib {
+        Some(p) if p >= needed_mib => {}
+        Some(p) => {
+            log(&format!(
+                "ran out of GPU memory (its progress file says), but the sampler saw at most {p} MiB in use on the GPU, under {:.0} % of its limit of {} MiB; not recorded",
+                OOM_BACKING_FRACTION * 100.0,
+                limit.mib
+            ));
+            return None;
+        }
+        None => {
+            log("ran out of GPU memory (its progress file says), but no sampler reading of the GPU's memory backs it (is kace-sampler running?); not recorded");
+            return None;
+        }
+    }
     let mut values = [None; kace_sql::FEATURE_COUNT];
     values[kace_sql::MEMCAP] = Some(limit.mib as f64 / 1024.0);
-    let end = me.end.unwrap_or(me.start);
     let record = ObservedProfile {
         key: format!(
             "{}-oom",
@@ -419,7 +462,7 @@ fn out_of_memory(
             source: kace_sql::OOM_SOURCE.to_string(),
             values,
         },
-        samples: 0,
+        samples: used.len() as u64,
         alone_seconds: 0.0,
         oom_limit_mib: Some(limit.mib),
     };
@@ -430,6 +473,12 @@ fn out_of_memory(
     );
     spool_profile(n, &log, record, &what, "out-of-memory record")
 }
+
+/// Share of its memory limit the GPU's memory in use must have reached, in the sampler's
+/// readings while the job ran, for its out-of-memory line to raise the workload's memcap. The
+/// readings are the whole GPU's (NVML's used memory), so on a shared GPU this is necessary, not
+/// sufficient; it stops a job that claims an out-of-memory error it never came near.
+pub const OOM_BACKING_FRACTION: f64 = 0.9;
 
 /// GPU model recorded when NVML cannot tell it (as `kace profile import` records "unspecified").
 pub const UNKNOWN_GPU_MODEL: &str = "unspecified";

@@ -1307,8 +1307,26 @@ fn a_partner_out_of_memory_under_its_limit_is_recorded_and_its_next_limit_is_hig
     s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
     s.details.borrow_mut().insert(11, running_detail(11, "beta", 0, None));
     s.details.borrow_mut().insert(12, running_detail(12, "beta", 0, None));
+    s.details.borrow_mut().insert(13, running_detail(13, "beta", 0, None));
     *s.on_node.borrow_mut() = vec![10, 11];
-    let w = World::new("oom", s);
+    let mut w = World::new("oom", s);
+    // The sampler saw the GPU's memory in use reach 5.3 GiB while job 11 ran: that backs its
+    // out-of-memory line under a 5 632 MiB limit (90 % of it is 5 069 MiB).
+    w.config.sampler.dir = w.dir.join("samples");
+    std::fs::create_dir_all(&w.config.sampler.dir).unwrap();
+    let ring = kace_sampler::ring::ring_path(&w.config.sampler.dir, 0);
+    let mut r = kace_sampler::Ring::create(&ring, 600).unwrap();
+    for t in 2000..=2040 {
+        let used = if (2015..=2020).contains(&t) { 5427 << 20 } else { 2 << 30 };
+        let reading = kace_sampler::Reading {
+            time: f64::from(t),
+            sm_pct: Some(50.0),
+            mem_pct: Some(20.0),
+            used_bytes: Some(used),
+        };
+        r.push(&reading).unwrap();
+    }
+    drop(r);
     let limit_of = |job: u32| {
         let f = kace_layout::memory_limit::file(&w.config.node.progress_root, job);
         std::fs::read_to_string(f).ok()
@@ -1338,6 +1356,7 @@ fn a_partner_out_of_memory_under_its_limit_is_recorded_and_its_next_limit_is_hig
     assert_eq!(p.profile.source, kace_sql::OOM_SOURCE);
     assert_eq!(p.oom_limit_mib, Some(5632));
     assert_eq!(p.profile.values[kace_sql::MEMCAP], Some(5.5));
+    assert_eq!(p.samples, 12, "the readings from its start (2010) to its end (2021) back it");
     assert_eq!(limit_of(11), None, "the limit file goes with the job");
     assert!(w
         .logs
@@ -1362,6 +1381,67 @@ fn a_partner_out_of_memory_under_its_limit_is_recorded_and_its_next_limit_is_hig
     *w.clock.0.borrow_mut() = 2050.0;
     w.with(|n| prolog::run(n, &job_env(12, 0)));
     assert_eq!(limit_of(12).as_deref(), Some("0=6196M\n"));
+    // Never above the GPU's memory (the re-audit's M1: 39 583 MiB on a 32 GiB GPU): on a
+    // 4 GiB GPU the same memcap gets the whole GPU, no more.
+    w.config.node.gpu_memory_gib = Some(4.0);
+    *w.slurm.on_node.borrow_mut() = vec![12, 13];
+    w.with(|n| prolog::run(n, &job_env(13, 0)));
+    assert_eq!(limit_of(13).as_deref(), Some("0=4096M\n"));
+}
+
+/// The re-audit's M1: a job's own `<t> oom` line and a failed exit raised its workload's memcap
+/// for every user with nothing behind it. Now the sampler must have seen the GPU's memory near
+/// the limit, and a limit at the GPU's size already raises nothing.
+#[test]
+fn an_oom_line_that_roots_measurements_do_not_back_raises_nothing() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(11, running_detail(11, "beta", 0, None));
+    *s.on_node.borrow_mut() = vec![11];
+    let mut w = World::new("oom-forged", s);
+    w.config.sampler.dir = w.dir.join("samples");
+    let failed =
+        JobEnv { exit: Some(kace_node::env::JobExit { code: 1, signal: 0 }), ..job_env(11, 0) };
+    let forge = |w: &World| {
+        w.with(|n| prolog::run(n, &job_env(11, 0)));
+        std::fs::write(
+            w.config.node.progress_root.join("11.progress"),
+            "2000 0\n2001 4\n2002 oom\n",
+        )
+        .unwrap();
+        let out = w.with(|n| epilog::run(n, &failed));
+        let epilog::Outcome::Done { profile, .. } = out else { panic!("{out:?}") };
+        assert!(
+            profile.as_ref().is_none_or(|p| p.profile.source != kace_sql::OOM_SOURCE),
+            "{profile:?}"
+        );
+    };
+    // No sampler running: nothing backs it.
+    forge(&w);
+    assert!(w
+        .logs
+        .borrow()
+        .iter()
+        .any(|l| l.contains("couldn't read the GPU's samples to back it")));
+    // The sampler ran and saw 2 GiB in use, far under the 5 632 MiB limit.
+    std::fs::create_dir_all(&w.config.sampler.dir).unwrap();
+    let ring = kace_sampler::ring::ring_path(&w.config.sampler.dir, 0);
+    let mut r = kace_sampler::Ring::create(&ring, 600).unwrap();
+    for t in 1990..=2010 {
+        let reading = kace_sampler::Reading {
+            time: f64::from(t),
+            sm_pct: Some(50.0),
+            mem_pct: Some(20.0),
+            used_bytes: Some(2 << 30),
+        };
+        r.push(&reading).unwrap();
+    }
+    drop(r);
+    forge(&w);
+    assert!(w.logs.borrow().iter().any(|l| l.contains("saw at most 2048 MiB in use on the GPU")));
+    // A limit already the whole GPU's (5 GiB here) raises nothing, whatever the readings.
+    w.config.node.gpu_memory_gib = Some(5.0);
+    forge(&w);
+    assert!(w.logs.borrow().iter().any(|l| l.contains("a memcap never exceeds the GPU")));
 }
 
 #[test]

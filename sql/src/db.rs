@@ -12,10 +12,12 @@ use rusqlite::{params, params_from_iter, Connection, OpenFlags, OptionalExtensio
 use crate::error::{sql, Error, Result};
 use crate::schema::{CURRENT_VERSION, MIGRATIONS};
 use crate::types::is_observed_source;
+use crate::types::quote_untrusted;
 use crate::types::{
     feature_value_problem, implausibility, DecisionRecord, ModelRecord, NewDecision, NewModel,
     NewProfile, Observation, ObservationFilter, ObservedGroup, ObservedMember, ObservedProfile,
-    Partner, Profile, FEATURE_COLUMNS, FEATURE_COUNT, MEMCAP, OBSERVED_KEPT, OBSERVED_SOURCE,
+    Partner, Profile, EXCLUSIVE, FEATURE_COLUMNS, FEATURE_COUNT, MAX_RATIO_TO_EXCLUSIVE, MEMCAP,
+    OBSERVED_KEPT, OBSERVED_SOURCE, OOM_RAISE_INTERVAL_S, OOM_SOURCE,
 };
 
 /// How long a connection waits for another process's lock before giving up. The nightly
@@ -603,6 +605,9 @@ impl Db {
     /// it was inserted.
     pub fn insert_observed_profile(&mut self, o: &ObservedProfile) -> Result<bool> {
         o.validate()?;
+        if let Some(why) = self.observed_profile_problem(o)? {
+            return Err(Error::Invalid { reason: why });
+        }
         let path = self.path.clone();
         let tx = self.conn.transaction().map_err(sql("begin profile measurement", &path))?;
         let wid = Db::workload_id(&tx, &path, &o.profile.workload)?;
@@ -643,6 +648,46 @@ impl Db {
         .map_err(sql("prune profile measurements", &path))?;
         tx.commit().map_err(sql("commit profile measurement", &path))?;
         Ok(n == 1)
+    }
+
+    /// Why a measurement kace made from a job's run may not be stored, judged against what the
+    /// admin measured: an exclusive throughput more than [`MAX_RATIO_TO_EXCLUSIVE`] times off
+    /// the admin's (the re-audit's H1(b): one alone run at 9e8 steps/s against the admin's 12),
+    /// or a second out-of-memory raise of the workload's memcap within
+    /// [`crate::types::OOM_RAISE_INTERVAL_S`] (M1: five 5-second jobs, five raises). The same
+    /// record ingested again is not a problem (its key makes it a duplicate).
+    fn observed_profile_problem(&self, o: &ObservedProfile) -> Result<Option<String>> {
+        let p = &self.path;
+        let name = &o.profile.workload;
+        let key = quote_untrusted(&o.key);
+        if let Some(x) = o.profile.values[EXCLUSIVE] {
+            if let Some(e) = self.exclusive_throughputs()?.get(name).copied() {
+                if x > MAX_RATIO_TO_EXCLUSIVE * e || x * MAX_RATIO_TO_EXCLUSIVE < e {
+                    return Ok(Some(format!(
+                        "observed profile {key}: exclusive throughput {x} is more than \
+                         {MAX_RATIO_TO_EXCLUSIVE} times off {name}'s admin-measured {e}"
+                    )));
+                }
+            }
+        }
+        if o.profile.source == OOM_SOURCE {
+            let last: Option<f64> = self
+                .conn
+                .query_row(
+                    "SELECT max(p.created_at) FROM profiles p JOIN workloads w ON \
+                     w.id = p.workload_id WHERE w.name = ?1 AND p.source = ?2 AND p.key != ?3",
+                    params![name, OOM_SOURCE, o.key],
+                    |r| r.get(0),
+                )
+                .map_err(sql("look up out-of-memory raises", p))?;
+            if let Some(t) = last.filter(|t| (o.created_at - t).abs() < OOM_RAISE_INTERVAL_S) {
+                return Ok(Some(format!(
+                    "observed profile {key}: {name}'s memcap was raised for running out of \
+                     memory at {t:.0}, less than {OOM_RAISE_INTERVAL_S:.0} s before; one raise a day"
+                )));
+            }
+        }
+        Ok(None)
     }
 
     /// The profile measurements kace made from `job`'s runs, oldest first (for `kace explain`).
@@ -765,7 +810,11 @@ impl Db {
         Ok(count)
     }
 
-    /// Each profiled workload's exclusive throughput (its newest measured value).
+    /// Each workload's exclusive throughput as an admin measured it (the newest such value):
+    /// the plausibility bound of observations. Never kace's own measurements of jobs' alone runs
+    /// (sources [`OBSERVED_SOURCE`], [`OOM_SOURCE`]): a user sets those with one run, and moved
+    /// the bound with them (the re-audit's H1(b)). A workload only kace measured has none here,
+    /// so its observations get [`crate::types::MAX_UNPROFILED_THROUGHPUT`].
     pub fn exclusive_throughputs(&self) -> Result<HashMap<String, f64>> {
         let p = &self.path;
         let mut stmt = self
@@ -773,11 +822,14 @@ impl Db {
             .prepare(
                 "SELECT w.name, p.exclusive_throughput FROM profiles p \
                  JOIN workloads w ON w.id = p.workload_id \
-                 WHERE p.exclusive_throughput IS NOT NULL ORDER BY p.created_at, p.id",
+                 WHERE p.exclusive_throughput IS NOT NULL AND p.source NOT IN (?1, ?2) \
+                 ORDER BY p.created_at, p.id",
             )
             .map_err(sql("load exclusive throughputs", p))?;
         let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?)))
+            .query_map([OBSERVED_SOURCE, OOM_SOURCE], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?))
+            })
             .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
             .map_err(sql("load exclusive throughputs", p))?;
         // Later rows are newer: the last value per workload wins.

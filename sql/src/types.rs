@@ -29,6 +29,9 @@ pub const FIRST_SYSTEM_FEATURE: usize = 6;
 /// Index of `memcap` (peak GPU memory, GiB) in the feature order.
 pub const MEMCAP: usize = 9;
 
+/// Index of `exclusive_throughput` in [`FEATURE_COLUMNS`].
+pub const EXCLUSIVE: usize = 6;
+
 /// Longest workload name accepted (names come from users through `--kace-colocate`).
 pub const MAX_NAME_LEN: usize = kace_layout::workload_name::MAX_LEN;
 
@@ -152,6 +155,11 @@ pub const OBSERVED_KEPT: usize = 10;
 /// guard): the job needed more than the limit, so the limit is a lower bound of its memcap.
 pub const OOM_SOURCE: &str = "observed-oom";
 
+/// Seconds between two out-of-memory raises of one workload's memcap: each raises it by the
+/// memory guard's margin (10 % by default) at most, so a workload's memcap grows at most that
+/// much a day however many of its jobs fail.
+pub const OOM_RAISE_INTERVAL_S: f64 = 86_400.0;
+
 /// Whether a measurement of this source was made by kace from jobs' runs (not by an admin's
 /// `kace profile run`, `import` or `import-ncu`).
 pub fn is_observed_source(source: &str) -> bool {
@@ -272,6 +280,11 @@ impl ObservedProfile {
         }
         if (self.profile.source == OOM_SOURCE) != self.oom_limit_mib.is_some() {
             return bad("an out-of-memory record needs its limit, and only it has one");
+        }
+        // A job's own `oom` line is a claim; the epilog keeps it only when the sampler's
+        // readings back it, and says how many in `samples`.
+        if self.profile.source == OOM_SOURCE && self.samples == 0 {
+            return bad("an out-of-memory record that no sampler reading backs raises nothing");
         }
         Ok(())
     }
@@ -571,6 +584,13 @@ pub struct DecisionRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The selector refuses to activate a model predicting beyond the bound an observation
+    /// must meet here: one number, kept in two crates (the selector knows nothing of the store).
+    #[test]
+    fn the_selectors_range_bound_is_the_stores() {
+        assert_eq!(MAX_RATIO_TO_EXCLUSIVE, kace_selector::training::MAX_RATIO_TO_EXCLUSIVE);
+    }
 
     #[test]
     fn workload_names() {

@@ -490,7 +490,7 @@ fn observed(
             source: if oom.is_some() { OOM_SOURCE } else { OBSERVED_SOURCE }.into(),
             values,
         },
-        samples: if oom.is_some() { 0 } else { 30 },
+        samples: 30,
         alone_seconds: 30.0,
         oom_limit_mib: oom,
     }
@@ -683,4 +683,65 @@ fn admin_imports_are_trusted_and_spooled_records_are_not() {
     let mut old = Db::open_any_version(&path).unwrap();
     assert_eq!(old.migrate().unwrap().to, CURRENT_VERSION);
     assert_eq!(trusted(&old), [false, true]);
+}
+
+/// The re-audit's H1(b) and M1 at the store: the plausibility bound is the admin's exclusive
+/// throughput, never one a user's alone run set; a self-measured exclusive throughput far off
+/// the admin's is refused; an out-of-memory raise needs sampler readings and comes once a day.
+#[test]
+fn bounds_come_from_the_admin_and_memcap_raises_are_backed_and_rationed() {
+    let dir = TempDir::new("bounds");
+    let (mut db, _) = Db::create(&dir.path().join("k.db")).unwrap();
+    let mut admin = [None; FEATURE_COUNT];
+    admin[6] = Some(12.0);
+    admin[9] = Some(24.0);
+    let admin = NewProfile {
+        workload: "resnet".into(),
+        gpu_model: "V100".into(),
+        source: "file:profiles.csv".into(),
+        values: admin,
+    };
+    db.insert_profiles(&[admin]).unwrap();
+    // One alone run at 9e8 steps/s (under the 1e9 cap for unknown workloads) is refused...
+    let fast = observed("c/35/1/n1/profile", "35", "resnet", 10.0, [9e8, 40.0, 20.0, 3.0], None);
+    let e = db.insert_observed_profile(&fast).unwrap_err().to_string();
+    assert!(e.contains("more than 4 times off resnet's admin-measured 12"), "{e}");
+    // ...and so is a slow one that would move the bound down; one within 4× is stored.
+    let slow = observed("c/36/1/n1/profile", "36", "resnet", 11.0, [2.0, 40.0, 20.0, 3.0], None);
+    assert!(db.insert_observed_profile(&slow).is_err());
+    let fair = observed("c/37/1/n1/profile", "37", "resnet", 12.0, [40.0, 40.0, 20.0, 3.0], None);
+    assert!(db.insert_observed_profile(&fair).unwrap());
+    // The bound stays the admin's 12 although kace's newest measurement says 40.
+    assert_eq!(db.exclusive_throughputs().unwrap().get("resnet"), Some(&12.0));
+    let forged = obs("c/38/0", "38", "resnet", Some(("39", "bert")), 3.5e9);
+    assert!(db.implausible(&forged).unwrap().is_some());
+    assert!(db
+        .implausible(&obs("c/38/0", "38", "resnet", Some(("39", "b")), 46.0))
+        .unwrap()
+        .is_none());
+    // A workload only kace measured has no bound of its own (the 1e9 cap applies).
+    let new = observed("c/40/1/n1/profile", "40", "evilnew", 13.0, [9e8, 40.0, 20.0, 3.0], None);
+    assert!(db.insert_observed_profile(&new).unwrap());
+    assert_eq!(db.exclusive_throughputs().unwrap().get("evilnew"), None);
+
+    // Out of memory: no sampler reading backs it, refused.
+    let mut unbacked =
+        observed("c/50/1/n1/profile", "50", "resnet", 1e5, [-1.0, -1.0, -1.0, 26.4], Some(27034));
+    unbacked.samples = 0;
+    let e = db.insert_observed_profile(&unbacked).unwrap_err().to_string();
+    assert!(e.contains("no sampler reading backs"), "{e}");
+    // Backed: the first raise is stored, the next within a day refused, one a day later stored.
+    let oom = |job: u32, at: f64, gib: f64| {
+        let key = format!("c/{job}/1/n1/profile-oom");
+        observed(&key, &job.to_string(), "resnet", at, [-1.0, -1.0, -1.0, gib], Some(27034))
+    };
+    assert!(db.insert_observed_profile(&oom(51, 1e5, 26.4)).unwrap());
+    let e = db.insert_observed_profile(&oom(52, 1e5 + 5.0, 29.0)).unwrap_err().to_string();
+    assert!(e.contains("one raise a day"), "{e}");
+    assert!(
+        !db.insert_observed_profile(&oom(51, 1e5, 26.4)).unwrap(),
+        "a re-ingest is a duplicate"
+    );
+    assert!(db.insert_observed_profile(&oom(53, 1e5 + 86_400.0, 29.0)).unwrap());
+    assert_eq!(db.profiles(&["resnet"], None).unwrap()["resnet"].values[9], Some(29.0));
 }
