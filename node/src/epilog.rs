@@ -167,12 +167,30 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         }
     };
     let now = n.clock.now();
-    let (me, history, refill, stopped_mps) = match finish_on_gpu(n, env, gpu, now, started) {
-        Ok(x) => x,
-        Err(e) => {
-            log(&format!("couldn't update GPU {}'s record: {e}", gpu.0));
-            (None, Vec::new(), None, false)
+    let (me, history, refill, stopped_mps, clock_ahead) =
+        match finish_on_gpu(n, env, gpu, now, started) {
+            Ok(x) => x,
+            Err(e) => {
+                log(&format!("couldn't update GPU {}'s record: {e}", gpu.0));
+                (None, Vec::new(), None, false, false)
+            }
+        };
+    // One clock: an interval this node's clock cannot place is not observed, and the reason
+    // says it is the clock (not "too few progress lines", as the re-audit's M2 found).
+    let clock_problem = match &me {
+        Some(m) if m.start > now + CLOCK_SLACK_S => {
+            log(&format!(
+                "ends by this node's clock ({now:.0}) {:.0} s before it started by its prolog's ({:.0}): the clock stepped back; no observation",
+                m.start - now,
+                m.start
+            ));
+            true
         }
+        Some(_) if clock_ahead => {
+            log("another job's record on its GPU lay in this node's clock's future; its intervals cannot be told shared or alone; no observation");
+            true
+        }
+        _ => false,
     };
     let path = progress_file(&n.config.node.progress_root, env.job);
     // Records an earlier epilog parked while the spool was full go in first.
@@ -186,6 +204,7 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
             log("has no kace record on its GPU (not marked by the gate, or its prolog did not run); no observation");
             (Vec::new(), None)
         }
+        Some(_) if clock_problem => (Vec::new(), None),
         Some(me) => {
             let progress = match read_progress(&path) {
                 Ok(p) => Some(p),
@@ -221,7 +240,14 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
     Outcome::Done { refill, observations, profile, stopped_mps }
 }
 
-type Finished = (Option<JobRecord>, Vec<JobRecord>, Option<u32>, bool);
+/// The GPU's records (running and ended) plus a joiner released and whether the daemon was
+/// stopped, and whether a record lay in this clock's future (see [`CLOCK_SLACK_S`]).
+type Finished = (Option<JobRecord>, Vec<JobRecord>, Option<u32>, bool, bool);
+
+/// How far a time may lie beyond this node's clock before kace takes it as a clock step (the
+/// re-audit's M2: an epilog whose clock was a day ahead ended its job a day in the future, and
+/// 13 later observations on that GPU named it as their partner). Larger than any NTP slew.
+pub const CLOCK_SLACK_S: f64 = 300.0;
 
 /// Moves the job to "ended" on its GPU and, under the same lock, refills the GPU when kace jobs
 /// remain or stops its MPS daemon when none does. Returns the job's record, the GPU's other
@@ -282,9 +308,25 @@ fn finish_on_gpu(
             Err(e) => log(&format!("couldn't stop the MPS control daemon of GPU {}: {e}", gpu.0)),
         }
     }
+    // A record that ends in this clock's future was ended by an epilog whose clock was ahead:
+    // its true end is unknown. Its end becomes now, so that later jobs do not count it as a
+    // partner; this job's own intervals with it cannot be told shared or alone.
+    let mut clock_ahead = false;
+    for r in lock.ended().into_iter().filter(|r| r.job != env.job) {
+        if let Some(e) = r.end.filter(|e| *e > now + CLOCK_SLACK_S) {
+            log(&format!(
+                "job {}'s record on GPU {} ends {:.0} s after this node's clock ({now:.0}): the clock of the epilog that ended it was ahead; its end is now this clock's",
+                r.job,
+                gpu.0,
+                e - now
+            ));
+            lock.reend(&r, now)?;
+            clock_ahead = true;
+        }
+    }
     let mut history = running;
     history.extend(lock.ended().into_iter().filter(|r| r.job != env.job));
-    Ok((me, history, refill, stopped))
+    Ok((me, history, refill, stopped, clock_ahead))
 }
 
 /// The profile measurement of the job's alone intervals ([`crate::measure`]), spooled; `None`
@@ -562,6 +604,13 @@ fn observe(
                 kept.display()
             )),
             Err(e) => log(&format!("couldn't keep the progress file {}: {e}", path.display())),
+        }
+    } else if out.is_empty() && prog.points.iter().all(|p| p.time > end + CLOCK_SLACK_S) {
+        if let Some(first) = prog.points.first() {
+            log(&format!(
+                "its progress lines start {:.0} s after its end by this node's clock ({end:.0}): the job's clock and the epilog's disagree; no observation",
+                first.time - end
+            ));
         }
     } else if out.is_empty() && !prog.points.is_empty() {
         log("too few progress lines inside any interval; no observation");

@@ -1611,3 +1611,68 @@ fn a_prolog_started_before_the_nodes_registered_again_leads_on_the_gpu_of_slurms
         w.logs.borrow()
     );
 }
+
+/// The re-audit's M2: one epilog whose clock was a day ahead ended its job a day in the future,
+/// and every later job on that GPU named it as a partner; one whose clock was an hour behind
+/// lost the observations with the reason "too few progress lines". Now the next epilog takes
+/// the future end back to its own clock (later jobs are alone again) and the reasons name the
+/// clock.
+#[test]
+fn a_clock_step_in_one_epilog_names_the_clock_and_poisons_no_later_observation() {
+    let s = FakeSlurm::default();
+    for j in [10, 11, 12, 13] {
+        s.details.borrow_mut().insert(j, running_detail(j, "alpha", 0, None));
+    }
+    let w = World::new("clock", s);
+    let lines = |job: u32, from: u32, to: u32| {
+        let text: String = (from..=to).map(|t| format!("{t} {}\n", (t - from) * 2)).collect();
+        std::fs::write(w.config.node.progress_root.join(format!("{job}.progress")), text).unwrap();
+    };
+    let at = |t: f64| *w.clock.0.borrow_mut() = t;
+    let observations = |job: u32| {
+        let out = w.with(|n| epilog::run(n, &job_env(job, 0)));
+        let epilog::Outcome::Done { observations, .. } = out else { panic!("{out:?}") };
+        observations
+    };
+    // Job 10 runs 2000-2030; its epilog's clock is a day ahead.
+    *w.slurm.on_node.borrow_mut() = vec![10];
+    at(2000.0);
+    w.with(|n| prolog::run(n, &job_env(10, 0)));
+    lines(10, 2000, 2030);
+    at(2030.0 + 86_400.0);
+    observations(10);
+    // Job 11 runs 2040-2070 on the real clock: job 10's end lies in its future.
+    *w.slurm.on_node.borrow_mut() = vec![11];
+    at(2040.0);
+    w.with(|n| prolog::run(n, &job_env(11, 0)));
+    lines(11, 2040, 2070);
+    at(2070.0);
+    assert!(observations(11).is_empty());
+    let logs = w.logs.borrow().join("\n");
+    assert!(
+        logs.contains("job 10's record on GPU 0 ends 86360 s after this node's clock"),
+        "{logs}"
+    );
+    assert!(logs.contains("the clock of the epilog that ended it was ahead"), "{logs}");
+    // Job 12, later: alone, no phantom partner.
+    *w.slurm.on_node.borrow_mut() = vec![12];
+    at(2080.0);
+    w.with(|n| prolog::run(n, &job_env(12, 0)));
+    lines(12, 2080, 2110);
+    at(2110.0);
+    let obs = observations(12);
+    assert!(!obs.is_empty() && obs.iter().all(|o| o.partners.is_empty()), "{obs:#?}");
+    // Job 13's epilog has its clock an hour behind: the reason is the clock.
+    *w.slurm.on_node.borrow_mut() = vec![13];
+    at(3000.0);
+    w.with(|n| prolog::run(n, &job_env(13, 0)));
+    lines(13, 3000, 3030);
+    at(3030.0 - 3600.0);
+    assert!(observations(13).is_empty());
+    let logs = w.logs.borrow().join("\n");
+    assert!(
+        logs.contains("before it started by its prolog's (3000): the clock stepped back"),
+        "{logs}"
+    );
+    assert!(!logs.contains("too few progress lines"), "{logs}");
+}

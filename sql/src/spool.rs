@@ -485,6 +485,24 @@ pub fn spooled_profiles(spool: &Path) -> Result<Vec<ObservedProfile>> {
     Ok(out)
 }
 
+/// How far an observation's end may lie beyond this host's clock at ingest: more is a clock
+/// step on the node whose epilog wrote it (the re-audit's M2), not a measurement.
+pub const MAX_CLOCK_AHEAD_S: f64 = 300.0;
+
+/// Why `o` cannot be stored at time `now`: it ends in the future (`None`: it does not).
+pub fn future_end(o: &Observation, now: f64) -> Option<String> {
+    (o.end > now + MAX_CLOCK_AHEAD_S).then(|| {
+        format!(
+            "observation {}: it ends at {:.0}, {:.0} s after this host's clock ({now:.0}): the \
+             clock of node {} was ahead when its epilog ran (or this host's is behind)",
+            o.key,
+            o.end,
+            o.end - now,
+            crate::types::quote_untrusted(&o.node)
+        )
+    })
+}
+
 /// Moves the profile measurements of `<spool>/profiles/` into `db`, each key once (see
 /// [`ingest`]); a record that does not parse or validate goes to quarantine with its reason.
 pub fn ingest_profiles(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<IngestReport> {
@@ -844,6 +862,10 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
             Read1::Gone => report.vanished += 1,
             Read1::Bad(reason) => report.refuse(path, reason, quarantine_dir)?,
             Read1::Record(obs) => {
+                if let Some(reason) = future_end(&obs, crate::db::now()) {
+                    report.refuse(path, reason, quarantine_dir)?;
+                    continue;
+                }
                 if let Some(reason) = implausibility(&obs, exclusive.get(&obs.workload).copied()) {
                     report.refuse(path, reason, quarantine_dir)?;
                     continue;

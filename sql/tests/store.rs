@@ -745,3 +745,27 @@ fn bounds_come_from_the_admin_and_memcap_raises_are_backed_and_rationed() {
     assert!(db.insert_observed_profile(&oom(53, 1e5 + 86_400.0, 29.0)).unwrap());
     assert_eq!(db.profiles(&["resnet"], None).unwrap()["resnet"].values[9], Some(29.0));
 }
+
+/// The re-audit's M2 at ingest: an observation that ends in the future is a clock step on its
+/// node; it is quarantined with a reason that says so.
+#[test]
+fn an_observation_ending_in_the_future_is_refused_naming_the_clock() {
+    let dir = TempDir::new("future");
+    let (mut db, _) = Db::create(&dir.path().join("k.db")).unwrap();
+    let spool = dir.path().join("spool");
+    let q = dir.path().join("q");
+    fs::create_dir_all(&spool).unwrap();
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let mut ahead = obs("c/682/0", "682", "wa", None, 3.0);
+    (ahead.start, ahead.end) = (now - 10.0, now + 86_400.0);
+    let mut fine = obs("c/683/0", "683", "wa", None, 3.0);
+    (fine.start, fine.end) = (now - 10.0, now);
+    write_record(&spool, &ahead).unwrap();
+    write_record(&spool, &fine).unwrap();
+    let r = ingest(&mut db, &spool, &q).unwrap();
+    assert_eq!((r.inserted, r.quarantined.len()), (1, 1));
+    let reason = &r.quarantined[0].1;
+    assert!(reason.contains("s after this host's clock"), "{reason}");
+    assert!(reason.contains("clock of node \"n1\" was ahead"), "{reason}");
+}
