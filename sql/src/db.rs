@@ -20,6 +20,10 @@ use crate::types::{
     OBSERVED_KEPT, OBSERVED_SOURCE, OOM_RAISE_INTERVAL_S, OOM_SOURCE,
 };
 
+/// Mode of a database file `kace db init` creates (before the umask): owner read-write, its
+/// group read, nobody else. SQLite gives its journal the same mode.
+pub const DB_MODE: u32 = 0o640;
+
 /// How long a connection waits for another process's lock before giving up. The nightly
 /// retrain may hold the write lock for a few seconds while prologs read.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -139,8 +143,24 @@ impl Db {
         Db::open_writer(path, false)
     }
 
-    /// Creates the database if needed and brings its schema up to date (`kace db init`).
+    /// Creates the database if needed and brings its schema up to date (`kace db init`). A
+    /// new file is created mode [`DB_MODE`] (0640): it holds every user's decisions (who ran
+    /// what, beside whom), which `kace status` hides under Slurm's `PrivateData`; the readers
+    /// that need it (kace-dispatch as SlurmUser, `kace report` users) get it through the
+    /// file's group (admin guide, "What kace trusts"). An existing file keeps its mode.
     pub fn create(path: &Path) -> Result<(Db, Migration)> {
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::OpenOptions::new().write(true).create_new(true).mode(DB_MODE).open(path) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(source) => {
+                return Err(Error::Io {
+                    op: "create database".into(),
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        }
         let mut db = Db::open_writer(path, true)?;
         let m = db.migrate()?;
         Ok((db, m))

@@ -769,3 +769,19 @@ fn an_observation_ending_in_the_future_is_refused_naming_the_clock() {
     assert!(reason.contains("s after this host's clock"), "{reason}");
     assert!(reason.contains("clock of node \"n1\" was ahead"), "{reason}");
 }
+
+/// The re-audit's L9: the database was world-readable (0644), so any user read every decision
+/// with sqlite3. `Db::create` makes it 0640; an existing file keeps its mode.
+#[test]
+fn a_new_database_is_not_world_readable() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("mode");
+    let path = dir.path().join("k.db");
+    Db::create(&path).unwrap();
+    let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode & 0o007, 0, "{mode:o}");
+    assert_eq!(mode & 0o600, 0o600, "{mode:o}");
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+    Db::create(&path).unwrap();
+    assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+}
