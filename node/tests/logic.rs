@@ -1676,3 +1676,36 @@ fn a_clock_step_in_one_epilog_names_the_clock_and_poisons_no_later_observation()
     );
     assert!(!logs.contains("too few progress lines"), "{logs}");
 }
+
+/// The re-audit's L4: on a full or read-only spool the observations were parked but the lead's
+/// decision was lost. It is parked too, and a later epilog moves it into the spool.
+#[test]
+fn a_full_spool_loses_no_decision() {
+    let mut w = World::new("full-spool-decision", lead_slurm(None));
+    let spool = w.config.spool.dir.clone();
+    let blocked = w.dir.join("blocked-spool");
+    std::fs::write(&blocked, "").unwrap();
+    w.config.spool.dir = blocked;
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 1))), prolog::Outcome::Led { .. }));
+    let logs = w.logs.borrow().join("\n");
+    assert!(logs.contains("couldn't spool the decision"), "{logs}");
+    assert!(logs.contains("parked it as"), "{logs}");
+    let parked = |root: &std::path::Path| {
+        std::fs::read_dir(root)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".parked-decision.json"))
+            .count()
+    };
+    assert_eq!(parked(&w.config.node.progress_root), 1, "{logs}");
+    // The spool has room again: the lead's epilog moves it in, and ingest stores it.
+    w.config.spool.dir = spool;
+    *w.clock.0.borrow_mut() = 2010.0;
+    w.with(|n| epilog::run(n, &job_env(10, 1)));
+    assert_eq!(parked(&w.config.node.progress_root), 0);
+    assert_eq!(spooled_decisions(&w.config.spool.dir).unwrap().len(), 1);
+    let mut db = Db::open(&w.config.database.path).unwrap();
+    let q = w.dir.join("q");
+    let r = kace_sql::spool::ingest_decisions(&mut db, &w.config.spool.dir, &q).unwrap();
+    assert_eq!(r.inserted, 1, "{r:?}");
+}
