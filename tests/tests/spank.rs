@@ -103,7 +103,7 @@ fn slurmd_logs_the_plugin_and_its_slurm_version_once() {
 #[test]
 fn valued_and_bare_forms_are_held_and_marked() {
     let Some(c) = cluster("valued_and_bare_forms_are_held_and_marked") else { return };
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 4] = [
         (&["--kace-colocate=bert-large_v1.5+amp"], "kace:bert-large_v1.5+amp"),
         (&["--kace-colocate", "-J", "resnet50"], "kace:resnet50"),
         // An empty value is the bare form.
