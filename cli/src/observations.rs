@@ -134,6 +134,7 @@ fn from_table(path: &Path, text: &str) -> Result<Vec<Observation>> {
                 end: 0.0,
                 steps: None,
                 throughput: *thr,
+                user: None,
             });
         }
     }

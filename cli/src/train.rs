@@ -251,6 +251,7 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
         "validation_fit_groups": t.validation_fit_groups,
         "holdout_groups": t.holdout_groups,
         "skipped_groups": set.skipped,
+        "capped_groups": set.capped,
         "unused_groups": t.unused_groups,
         "group_sizes": sizes,
         "holdout_fraction": policy.holdout_fraction,

@@ -390,6 +390,7 @@ fn obs(i: usize) -> Observation {
         end: 2.0,
         steps: Some(10.0),
         throughput: 10.0,
+        user: None,
     }
 }
 
@@ -886,6 +887,7 @@ fn forged_spooled_pairs_do_not_replace_the_active_model() {
                 end: 1100.0,
                 steps: Some(thr * 100.0),
                 throughput: thr,
+                user: None,
             };
             kace_sql::spool::write_record(&spool, &o).unwrap();
         }

@@ -577,6 +577,7 @@ fn observe(
             end: seg.end,
             steps: Some(steps),
             throughput: thr,
+            user: (!env.user.is_empty()).then(|| env.user.clone()),
         };
         match write_or_park(&n.config.spool.dir, &n.config.node.progress_root, &obs) {
             Ok(Written::Spooled(_)) => out.push(obs),

@@ -642,7 +642,8 @@ mod tests {
         assert_eq!((jobs[0].id, jobs[0].workload.as_str(), jobs[0].held()), (10, "lstm", false));
         assert_eq!((jobs[0].req_nodes.as_str(), jobs[0].shards()), ("n1", Some(2)));
         assert_eq!((jobs[1].id, jobs[1].held(), jobs[1].shards()), (12, true, Some(1)));
-        for (tres, want) in [("gres:shard:0", None), ("gres/shard:g1:0", None), ("gres/shard", Some(1))]
+        for (tres, want) in
+            [("gres:shard:0", None), ("gres/shard:g1:0", None), ("gres/shard", Some(1))]
         {
             let j = QueuedJob { tres_per_node: tres.into(), ..QueuedJob::default() };
             assert_eq!(j.shards(), want, "{tres}");

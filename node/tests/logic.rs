@@ -1662,6 +1662,8 @@ fn a_clock_step_in_one_epilog_names_the_clock_and_poisons_no_later_observation()
     at(2110.0);
     let obs = observations(12);
     assert!(!obs.is_empty() && obs.iter().all(|o| o.partners.is_empty()), "{obs:#?}");
+    // Each observation carries its job's user (training caps what one user alone shows).
+    assert!(obs.iter().all(|o| o.user.as_deref() == Some("alice")), "{obs:#?}");
     // Job 13's epilog has its clock an hour behind: the reason is the clock.
     *w.slurm.on_node.borrow_mut() = vec![13];
     at(3000.0);

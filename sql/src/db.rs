@@ -368,6 +368,7 @@ impl Db {
                 end,
                 steps: None,
                 throughput: thr,
+                user: None,
             };
             if let Some(why) = implausibility(&probe, excl) {
                 report.problems.push(format!("{why} (kace observations quarantine --key {key})"));
@@ -798,7 +799,8 @@ impl Db {
                 .prepare_cached(
                     "INSERT INTO observations (key, job, workload_id, partners, node, gpu, \
                      mps_share, start_time, end_time, steps, throughput, exclusive, ingested_at, \
-                     trusted) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
+                     trusted, user) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
                      ON CONFLICT(key) DO NOTHING",
                 )
                 .map_err(sql("store observation", &path))?;
@@ -817,7 +819,8 @@ impl Db {
                     o.throughput,
                     o.exclusive(),
                     t,
-                    trusted
+                    trusted,
+                    o.user
                 ])
                 .map_err(sql("store observation", &path))?;
             if n == 1 {
@@ -950,7 +953,7 @@ impl Db {
             .conn
             .prepare(
                 "SELECT o.key, o.job, w.name, o.partners, o.node, o.gpu, o.mps_share, \
-                 o.start_time, o.end_time, o.steps, o.throughput, o.id, o.trusted \
+                 o.start_time, o.end_time, o.steps, o.throughput, o.id, o.trusted, o.user \
                  FROM observations o \
                  JOIN workloads w ON w.id = o.workload_id WHERE o.quarantined IS NULL \
                  ORDER BY o.key",
@@ -976,6 +979,7 @@ impl Db {
                         end: r.get(8)?,
                         steps: r.get(9)?,
                         throughput: r.get(10)?,
+                        user: r.get(13)?,
                     },
                     partners,
                     r.get(12)?,
@@ -1059,6 +1063,7 @@ impl Db {
                         throughput: m.throughput,
                         key: m.key.clone(),
                         id: row(m).0,
+                        user: m.user.clone(),
                     })
                     .collect(),
                 trusted: members.iter().all(|m| row(m).1),

@@ -329,7 +329,19 @@ pub struct Observation {
     pub steps: Option<f64>,
     /// Steps per second over the interval.
     pub throughput: f64,
+    /// The job's user, as the epilog knows it (`None`: an import, or a record from before kace
+    /// recorded it). What one user alone claims is limited in training (see
+    /// [`MAX_GROUPS_PER_LONE_USER`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
+
+/// Most untrusted groups of one workload combination that training takes from one user (an
+/// unknown user counts as one): one user's 20 forged pairs (the re-audit's H1) weigh as 5,
+/// however many they write; other users' groups of the combination count on their own. An
+/// honest user's repeats beyond 5 add little: they re-measure the same pair. Trusted groups (an
+/// admin's import or marks) are neither counted nor capped.
+pub const MAX_GROUPS_PER_LONE_USER: usize = 5;
 
 /// Longest observation key and job id accepted.
 pub const MAX_KEY_LEN: usize = 256;
@@ -396,6 +408,9 @@ impl Observation {
         }
         if !printable(&self.job) || !printable(&self.node) || !printable(&self.gpu) {
             return bad(format!("observation {}: empty or bad job, node or gpu", self.key));
+        }
+        if self.user.as_deref().is_some_and(|u| !printable(u)) {
+            return bad(format!("observation {}: empty or bad user", self.key));
         }
         validate_workload_name(&self.workload)?;
         if self.partners.len() > MAX_PARTNERS {
@@ -477,6 +492,8 @@ pub struct ObservedMember {
     /// Row id of its observation: ids grow as observations are stored, so a model that records
     /// the newest id it was trained on tells which groups it has seen.
     pub id: i64,
+    /// The job's user, when recorded.
+    pub user: Option<String>,
 }
 
 impl ObservedGroup {
@@ -615,6 +632,7 @@ mod tests {
             end: 20.0,
             steps: Some(5.0),
             throughput: 0.5,
+            user: None,
         };
         assert!(o.validate().is_ok());
         assert!(o.exclusive());

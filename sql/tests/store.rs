@@ -27,6 +27,7 @@ fn obs(key: &str, job: &str, wl: &str, partner: Option<(&str, &str)>, thr: f64) 
         end: 200.0,
         steps: Some(thr * 100.0),
         throughput: thr,
+        user: None,
     }
 }
 
