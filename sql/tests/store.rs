@@ -677,7 +677,8 @@ fn admin_imports_are_trusted_and_spooled_records_are_not() {
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch(
         "UPDATE observations SET node = 'imported' WHERE key LIKE 'import/%'; \
-         ALTER TABLE observations DROP COLUMN trusted; PRAGMA user_version = 3;",
+         ALTER TABLE observations DROP COLUMN trusted; ALTER TABLE observations DROP COLUMN user; \
+         PRAGMA user_version = 3;",
     )
     .unwrap();
     drop(conn);
