@@ -111,6 +111,12 @@ local function kace_shape_refusal(job_desc)
   if not string.find(tres, "gres[:/]shard") then
     return "kace: couldn't accept --kace-colocate without a shard: ask for one with --gres=shard:1"
   end
+  -- shard:0 asks for no GPU at all (gres:shard:0, gres/shard:g1:0; a bare gres/shard is one).
+  local entry = string.match(tres, "gres[:/]shard[^,]*") or ""
+  local count = string.match(entry, ":(%d+)$")
+  if count ~= nil and tonumber(count) < 1 then
+    return "kace: couldn't accept --kace-colocate with --gres=shard:0: ask for at least one shard"
+  end
   if job_desc.priority == 0 then
     return "kace: couldn't accept --hold with --kace-colocate: kace holds the job until it pairs it; submit without --hold"
   end

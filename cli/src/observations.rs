@@ -1,4 +1,4 @@
-//! `kace observations import|list|remove|quarantine`: bring measured colocations in without the
+//! `kace observations import|list|trust|remove|quarantine`: bring measured colocations in without the
 //! spool (the artifact's pair table, or kace observation JSON files), look at what is stored,
 //! and take bad ones out of training (a poisoned progress file, a broken node).
 
@@ -36,6 +36,9 @@ enum ObsCommand {
         #[arg(long, default_value_t = 50)]
         limit: usize,
     },
+    /// Mark the matching observations trusted: the groups they form join the reference a new
+    /// model may not get worse on (imported ones are trusted already).
+    Trust(Which),
     /// Delete the stored observations that match every option given.
     Remove(Which),
     /// Keep the matching observations for inspection, but out of training and listings.
@@ -74,6 +77,10 @@ pub fn run(args: ObservationsArgs, ctx: &Ctx) -> Result<()> {
     match args.command {
         ObsCommand::Import { file } => import(ctx, &file),
         ObsCommand::List { limit } => list(ctx, limit),
+        ObsCommand::Trust(which) => {
+            let n = ctx.open()?.trust_observations(&which.filter())?;
+            report(ctx, "trusted", n)
+        }
         ObsCommand::Remove(which) => {
             let n = ctx.open()?.remove_observations(&which.filter())?;
             report(ctx, "removed", n)
@@ -127,6 +134,7 @@ fn from_table(path: &Path, text: &str) -> Result<Vec<Observation>> {
                 end: 0.0,
                 steps: None,
                 throughput: *thr,
+                user: None,
             });
         }
     }
@@ -150,7 +158,8 @@ fn import(ctx: &Ctx, file: &Path) -> Result<()> {
         return Err(anyhow!("couldn't import {}: no observations", file.display()));
     }
     let mut db = ctx.open()?;
-    let n = db.insert_observations(&obs)?;
+    // An admin's import is trusted: the reference a new model is checked on.
+    let n = db.insert_admin_observations(&obs)?;
     if ctx.json() {
         print_json(&json!({ "inserted": n.inserted, "duplicates": n.duplicates }))
     } else {

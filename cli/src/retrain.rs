@@ -33,7 +33,7 @@ pub struct RetrainArgs {
 
 /// What became of the model this run.
 enum ModelOutcome {
-    Trained(Trained),
+    Trained(Box<Trained>),
     NotEnough(NotEnoughGroups),
     Unchanged(UnchangedData),
 }
@@ -53,7 +53,7 @@ pub fn run(args: RetrainArgs, ctx: &Ctx) -> Result<()> {
         spool::ingest_decisions(&mut db, &spool_dir, &qdir).context("ingest decisions")?;
     ingest::warn(&decisions);
     let model = match train::train(&args.train, ctx, &mut db) {
-        Ok(t) => ModelOutcome::Trained(t),
+        Ok(t) => ModelOutcome::Trained(Box::new(t)),
         Err(e) => match (e.downcast_ref::<NotEnoughGroups>(), e.downcast_ref::<UnchangedData>()) {
             (Some(n), _) => ModelOutcome::NotEnough(*n),
             (_, Some(u)) => ModelOutcome::Unchanged(*u),
@@ -99,7 +99,10 @@ fn summary_line(
                 Some(c) => format!("; {}", c.describe()),
                 None => " (no active model to compare)".to_string(),
             };
-            let verdict = if t.activated { "activated" } else { "not activated: worse" };
+            let verdict = match t.refusal {
+                None => "activated".to_string(),
+                Some(r) => format!("not activated: {r}"),
+            };
             format!(
                 "model version {} ({}) fitted on all {} groups, held-out MSE {}{previous}: {verdict}",
                 t.version,

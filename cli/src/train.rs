@@ -25,7 +25,8 @@ enum KindArg {
 /// `kace train`
 #[derive(Debug, Args)]
 pub struct TrainArgs {
-    /// Activate the new version whatever its held-out error.
+    /// Activate the new version even if it is worse than the active one (never one whose error
+    /// is not finite or whose predictions are out of range).
     #[arg(long)]
     activate: bool,
     /// Fraction of groups held out (default: the config's `training.holdout_fraction`).
@@ -103,6 +104,8 @@ pub struct Trained {
     pub previous: Option<Comparison>,
     /// The metrics stored with the model.
     pub metrics: serde_json::Value,
+    /// Why it was not activated (`None`: it was).
+    pub refusal: Option<training::Refusal>,
 }
 
 /// How a new model compared with the one active before it, on the held-out groups that one
@@ -118,11 +121,36 @@ pub struct Comparison {
     pub new: Option<FitQuality>,
     /// The active model on them.
     pub active: Option<FitQuality>,
+    /// The new (stored) model against it on the trusted reference (`None`: no trusted group).
+    pub reference: Option<training::Comparison>,
+    /// The new (stored) model against it on the held-out groups both have seen.
+    pub seen: Option<training::Comparison>,
 }
 
 impl Comparison {
     /// In words, for `kace train` and `kace retrain`.
     pub fn describe(&self) -> String {
+        let reference = match self.reference {
+            Some(c) => format!(
+                "on the {} trusted group(s): MSE {} (new) vs {} (active)",
+                c.groups,
+                num(c.new.mse),
+                num(c.active.mse)
+            ),
+            None => "no trusted reference (kace observations import, or trust)".to_string(),
+        };
+        let seen = self.seen.map(|c| {
+            format!(
+                "; on the {} held-out group(s) both have seen: MSE {} (new) vs {} (active)",
+                c.groups,
+                num(c.new.mse),
+                num(c.active.mse)
+            )
+        });
+        format!("{reference}{}; {}", seen.unwrap_or_default(), self.describe_unseen())
+    }
+
+    fn describe_unseen(&self) -> String {
         match (self.new, self.active) {
             (Some(n), Some(a)) => format!(
                 "on the {} held-out group(s) active version {} had not seen: MSE {} (new) vs {} \
@@ -193,8 +221,15 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
         None => None,
     };
     let seen = upto.map(|u| set.seen_upto(u));
-    let competitor =
-        active.as_ref().map(|(_, m)| training::Active { model: m, seen: seen.as_deref() });
+    // The admin's imports and what the admin marked: the reference a new model may not get
+    // worse on (the library's activation rule).
+    let trusted = set.trusted();
+    let reference = trusted.iter().any(|&t| t).then_some(trusted.as_slice());
+    let competitor = active.as_ref().map(|(_, m)| training::Active {
+        model: m,
+        seen: seen.as_deref(),
+        trusted: reference,
+    });
     let t = match training::train(&set.groups, competitor, &policy) {
         Err(TrainingError::NotEnoughGroups { usable, needed }) => {
             return Err(NotEnoughGroups { usable, skipped: set.skipped, needed }.into())
@@ -206,6 +241,8 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
         groups: t.compared_groups,
         new: t.compared_quality,
         active: t.active_quality,
+        reference: t.reference,
+        seen: t.seen_comparison,
     });
     let sizes: std::collections::BTreeMap<String, usize> =
         t.group_sizes.iter().map(|(k, n)| (k.to_string(), *n)).collect();
@@ -214,6 +251,7 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
         "validation_fit_groups": t.validation_fit_groups,
         "holdout_groups": t.holdout_groups,
         "skipped_groups": set.skipped,
+        "capped_groups": set.capped,
         "unused_groups": t.unused_groups,
         "group_sizes": sizes,
         "holdout_fraction": policy.holdout_fraction,
@@ -224,6 +262,14 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
         "compared_groups": t.compared_groups,
         "compared_mse": t.compared_quality.map(|q| q.mse),
         "active_compared_mse": t.active_quality.map(|q| q.mse),
+        "trusted_groups": trusted.iter().filter(|&&t| t).count(),
+        "reference_mse": t.reference.map(|c| c.new.mse),
+        "active_reference_mse": t.reference.map(|c| c.active.mse),
+        "seen_compared_groups": t.seen_comparison.map(|c| c.groups),
+        "seen_compared_mse": t.seen_comparison.map(|c| c.new.mse),
+        "active_seen_compared_mse": t.seen_comparison.map(|c| c.active.mse),
+        "activation_margin": training::ACTIVATION_MARGIN,
+        "refusal": t.refusal.map(|r| r.to_string()),
         "observations_upto": set.newest_observation(),
         "kind": policy.kind.key(),
         "objective": policy.objective.key(),
@@ -245,6 +291,7 @@ pub fn train(args: &TrainArgs, ctx: &Ctx, db: &mut Db) -> Result<Trained> {
         quality: t.quality,
         previous,
         metrics,
+        refusal: t.refusal,
     })
 }
 
@@ -293,12 +340,13 @@ pub fn run(args: TrainArgs, ctx: &Ctx) -> Result<()> {
         if let Some(c) = t.previous {
             println!("{}", c.describe());
         }
-        match (t.activated, args.activate) {
-            (true, true) => println!("activated (--activate)"),
-            (true, false) => println!("activated (not worse than the active model)"),
-            (false, _) => {
-                println!("not activated: worse than the active model (use --activate to force)")
+        match (t.refusal, args.activate) {
+            (None, true) => println!("activated (--activate)"),
+            (None, false) => println!("activated (not worse than the active model)"),
+            (Some(r), _) if !r.overridable() => {
+                println!("not activated: {r} (--activate cannot override this)")
             }
+            (Some(r), _) => println!("not activated: {r} (use --activate to force)"),
         }
         Ok(())
     }

@@ -125,7 +125,7 @@ fn explain_says_a_job_ran_out_of_memory_under_its_limit_and_what_its_alone_run_m
             source: kace_sql::OOM_SOURCE.into(),
             values: memcap,
         },
-        samples: 0,
+        samples: 11,
         alone_seconds: 0.0,
         oom_limit_mib: Some(5632),
     };

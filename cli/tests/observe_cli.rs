@@ -49,6 +49,7 @@ fn obs(
         end: e,
         steps: Some(thr * (e - s)),
         throughput: thr,
+        user: None,
     }
 }
 

@@ -417,6 +417,15 @@ pub enum Error {
         /// The cause.
         source: std::io::Error,
     },
+    /// The path is not a regular file (a FIFO, a device, a directory, a socket), or is larger
+    /// than [`MAX_CONFIG_BYTES`]: reading it could block or never end (the re-audit's L5: a FIFO
+    /// kace.conf hung `kace-dispatch`, `kace status` and `--watch`).
+    NotRegular {
+        /// The file.
+        path: PathBuf,
+        /// What it is instead.
+        what: String,
+    },
     /// The file is not valid TOML for kace (syntax, unknown key, wrong type).
     Parse {
         /// The file.
@@ -438,6 +447,9 @@ impl fmt::Display for Error {
         match self {
             Error::Read { path, source } => {
                 write!(f, "couldn't read config {}: {source}", path.display())
+            }
+            Error::NotRegular { path, what } => {
+                write!(f, "couldn't read config {}: {what}, not a regular file", path.display())
             }
             Error::Parse { path, message } => {
                 write!(f, "couldn't parse config {}: {}", path.display(), message.trim_end())
@@ -614,19 +626,91 @@ impl Config {
             Some(p) => (p, true),
             None => (default.to_path_buf(), false),
         };
-        match std::fs::read_to_string(&path) {
+        match read_regular(&path) {
             Ok(text) => Ok((Config::parse(&text, &path)?, Origin::File(path))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !must_exist => {
+            Err(Error::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound && !must_exist =>
+            {
                 Ok((Config::default(), Origin::Defaults))
             }
-            Err(source) => Err(Error::Read { path, source }),
+            Err(e) => Err(e),
         }
     }
+}
+
+/// Largest configuration file read: a real kace.conf is a few KiB.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Reads `path` if it is a regular file: opened non-blocking (opening a FIFO with no writer
+/// would otherwise wait for one), then checked on the open file, so that what is checked is
+/// what is read.
+fn read_regular(path: &Path) -> Result<String, Error> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let read_err = |source| Error::Read { path: path.to_path_buf(), source };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(read_err)?;
+    let meta = file.metadata().map_err(read_err)?;
+    let t = meta.file_type();
+    let what = if t.is_file() {
+        None
+    } else if t.is_fifo() {
+        Some("a FIFO")
+    } else if t.is_dir() {
+        Some("a directory")
+    } else if t.is_char_device() || t.is_block_device() {
+        Some("a device")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else {
+        Some("not a file")
+    };
+    if let Some(what) = what {
+        return Err(Error::NotRegular { path: path.to_path_buf(), what: what.to_string() });
+    }
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(Error::NotRegular {
+            path: path.to_path_buf(),
+            what: format!("{} bytes, more than {MAX_CONFIG_BYTES}", meta.len()),
+        });
+    }
+    let mut text = String::new();
+    file.take(MAX_CONFIG_BYTES).read_to_string(&mut text).map_err(read_err)?;
+    Ok(text)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The re-audit's L5: a FIFO kace.conf hung the controller and the CLI. It is refused at
+    /// once, with what it is; so are a directory and a device.
+    #[test]
+    fn a_fifo_directory_or_device_config_is_refused_at_once() {
+        let dir = std::env::temp_dir().join(format!("trust-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("kace.conf");
+        let _ = std::fs::remove_file(&fifo);
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo touches nothing else.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let started = std::time::Instant::now();
+        let e = Config::load_from(Some(fifo.clone()), Path::new("/nonexistent")).unwrap_err();
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        assert!(e.to_string().ends_with("a FIFO, not a regular file"), "{e}");
+        let e = Config::load_from(Some(dir.clone()), Path::new("/nonexistent")).unwrap_err();
+        assert!(e.to_string().contains("a directory, not a regular file"), "{e}");
+        let e = Config::load_from(Some("/dev/zero".into()), Path::new("/x")).unwrap_err();
+        assert!(e.to_string().contains("a device, not a regular file"), "{e}");
+        // A missing default is still the built-in defaults; a missing named file an error.
+        let missing = dir.join("missing.conf");
+        assert_eq!(Config::load_from(None, &missing).unwrap().1, Origin::Defaults);
+        assert!(matches!(Config::load_from(Some(missing), &fifo), Err(Error::Read { .. })));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn p() -> &'static Path {
         Path::new("test.conf")

@@ -134,12 +134,30 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         }
     };
     let now = n.clock.now();
-    let (me, history, refill, stopped_mps) = match finish_on_gpu(n, env, gpu, now, started) {
-        Ok(x) => x,
-        Err(e) => {
-            log(&format!("couldn't update GPU {}'s record: {e}", gpu.0));
-            (None, Vec::new(), None, false)
+    let (me, history, refill, stopped_mps, clock_ahead) =
+        match finish_on_gpu(n, env, gpu, now, started) {
+            Ok(x) => x,
+            Err(e) => {
+                log(&format!("couldn't update GPU {}'s record: {e}", gpu.0));
+                (None, Vec::new(), None, false, false)
+            }
+        };
+    // One clock: an interval this node's clock cannot place is not observed, and the reason
+    // says it is the clock (not "too few progress lines", as the re-audit's M2 found).
+    let clock_problem = match &me {
+        Some(m) if m.start > now + CLOCK_SLACK_S => {
+            log(&format!(
+                "ends by this node's clock ({now:.0}) {:.0} s before it started by its prolog's ({:.0}): the clock stepped back; no observation",
+                m.start - now,
+                m.start
+            ));
+            true
         }
+        Some(_) if clock_ahead => {
+            log("another job's record on its GPU lay in this node's clock's future; its intervals cannot be told shared or alone; no observation");
+            true
+        }
+        _ => false,
     };
     let path = progress_file(&n.config.node.progress_root, env.job);
     // Records an earlier epilog parked while the spool was full go in first.
@@ -153,6 +171,7 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
             log("has no kace record on its GPU (not marked by the gate, or its prolog did not run); no observation");
             (Vec::new(), None)
         }
+        Some(_) if clock_problem => (Vec::new(), None),
         Some(me) => {
             let progress = match progress::read(&path) {
                 Ok(p) => Some(p),
@@ -188,7 +207,14 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
     Outcome::Done { refill, observations, profile, stopped_mps }
 }
 
-type Finished = (Option<JobRecord>, Vec<JobRecord>, Option<u32>, bool);
+/// The GPU's records (running and ended) plus a joiner released and whether the daemon was
+/// stopped, and whether a record lay in this clock's future (see [`CLOCK_SLACK_S`]).
+type Finished = (Option<JobRecord>, Vec<JobRecord>, Option<u32>, bool, bool);
+
+/// How far a time may lie beyond this node's clock before kace takes it as a clock step (the
+/// re-audit's M2: an epilog whose clock was a day ahead ended its job a day in the future, and
+/// 13 later observations on that GPU named it as their partner). Larger than any NTP slew.
+pub const CLOCK_SLACK_S: f64 = 300.0;
 
 /// Moves the job to "ended" on its GPU and, under the same lock, refills the GPU when kace jobs
 /// remain or stops its MPS daemon when none does. Returns the job's record, the GPU's other
@@ -249,9 +275,25 @@ fn finish_on_gpu(
             Err(e) => log(&format!("couldn't stop the MPS control daemon of GPU {}: {e}", gpu.0)),
         }
     }
+    // A record that ends in this clock's future was ended by an epilog whose clock was ahead:
+    // its true end is unknown. Its end becomes now, so that later jobs do not count it as a
+    // partner; this job's own intervals with it cannot be told shared or alone.
+    let mut clock_ahead = false;
+    for r in lock.ended().into_iter().filter(|r| r.job != env.job) {
+        if let Some(e) = r.end.filter(|e| *e > now + CLOCK_SLACK_S) {
+            log(&format!(
+                "job {}'s record on GPU {} ends {:.0} s after this node's clock ({now:.0}): the clock of the epilog that ended it was ahead; its end is now this clock's",
+                r.job,
+                gpu.0,
+                e - now
+            ));
+            lock.reend(&r, now)?;
+            clock_ahead = true;
+        }
+    }
     let mut history = running;
     history.extend(lock.ended().into_iter().filter(|r| r.job != env.job));
-    Ok((me, history, refill, stopped))
+    Ok((me, history, refill, stopped, clock_ahead))
 }
 
 /// The profile measurement of the job's alone intervals ([`crate::measure`]), spooled; `None`
@@ -347,8 +389,11 @@ fn spool_profile(
 /// workload's memcap is at least that limit, so the next limit is higher. kace knows it only
 /// when the job says so (an `<unix-seconds> oom` progress line, which its PyTorch hook writes
 /// for an uncaught CUDA out-of-memory error) and failed (Slurm's exit status, when given): an
-/// allocation failure under MPS is an ordinary error exit, with no signal of its own. `None`
-/// when that did not happen, or the job had no limit (then its alone run still measures it).
+/// allocation failure under MPS is an ordinary error exit, with no signal of its own. The
+/// claim is kept only when root's measurements back it: the sampler saw the GPU's memory in use
+/// reach [`OOM_BACKING_FRACTION`] of the limit, and the limit is below the GPU's memory (the
+/// store then allows one raise per workload a day). `None` when that did not happen, or the job
+/// had no limit (then its alone run still measures it).
 fn out_of_memory(
     n: &Node,
     env: &JobEnv,
@@ -376,9 +421,49 @@ fn out_of_memory(
             return None;
         }
     };
+    // Only what root measured may raise a memcap that every user's jobs of the workload get
+    // (the re-audit's M1: five forged `oom` lines took one from 24 to 38.7 GiB, above the
+    // 32 GiB GPU, with no sampler reading at all).
+    let (gpu_gib, _) = crate::gpu::memory_gib(n.gpus, gpu, n.config.node.gpu_memory_gib);
+    if let Some(g) = gpu_gib.filter(|g| limit.mib as f64 >= g * 1024.0) {
+        log(&format!(
+            "ran out of GPU memory under a limit of {} MiB, the whole GPU's {:.0} MiB already; not recorded (a memcap never exceeds the GPU)",
+            limit.mib,
+            g * 1024.0
+        ));
+        return None;
+    }
+    let end = me.end.unwrap_or(me.start);
+    let ring = kace_sampler::ring::ring_path(&n.config.sampler.dir, gpu.0);
+    let readings = match kace_sampler::Ring::open(&ring).and_then(|r| r.readings(me.start, end)) {
+        Ok(r) => r,
+        Err(e) => {
+            log(&format!(
+                "ran out of GPU memory (its progress file says); couldn't read the GPU's samples to back it: {e}; not recorded"
+            ));
+            return None;
+        }
+    };
+    let used: Vec<u64> = readings.iter().filter_map(|r| r.used_bytes).collect();
+    let peak_mib = used.iter().max().map(|b| b / (1024 * 1024));
+    let needed_mib = (limit.mib as f64 * OOM_BACKING_FRACTION).ceil() as u64;
+    match peak_mib {
+        Some(p) if p >= needed_mib => {}
+        Some(p) => {
+            log(&format!(
+                "ran out of GPU memory (its progress file says), but the sampler saw at most {p} MiB in use on the GPU, under {:.0} % of its limit of {} MiB; not recorded",
+                OOM_BACKING_FRACTION * 100.0,
+                limit.mib
+            ));
+            return None;
+        }
+        None => {
+            log("ran out of GPU memory (its progress file says), but no sampler reading of the GPU's memory backs it (is kace-sampler running?); not recorded");
+            return None;
+        }
+    }
     let mut values = [None; kace_sql::FEATURE_COUNT];
     values[kace_sql::MEMCAP] = Some(limit.mib as f64 / 1024.0);
-    let end = me.end.unwrap_or(me.start);
     let record = ObservedProfile {
         key: format!(
             "{}-oom",
@@ -392,7 +477,7 @@ fn out_of_memory(
             source: kace_sql::OOM_SOURCE.to_string(),
             values,
         },
-        samples: 0,
+        samples: used.len() as u64,
         alone_seconds: 0.0,
         oom_limit_mib: Some(limit.mib),
     };
@@ -403,6 +488,12 @@ fn out_of_memory(
     );
     spool_profile(n, &log, record, &what, "out-of-memory record")
 }
+
+/// Share of its memory limit the GPU's memory in use must have reached, in the sampler's
+/// readings while the job ran, for its out-of-memory line to raise the workload's memcap. The
+/// readings are the whole GPU's (NVML's used memory), so on a shared GPU this is necessary, not
+/// sufficient; it stops a job that claims an out-of-memory error it never came near.
+pub const OOM_BACKING_FRACTION: f64 = 0.9;
 
 /// GPU model recorded when NVML cannot tell it (as `kace profile import` records "unspecified").
 pub const UNKNOWN_GPU_MODEL: &str = "unspecified";
@@ -459,6 +550,7 @@ fn observe(
             end: seg.end,
             steps: Some(steps),
             throughput: thr,
+            user: (!env.user.is_empty()).then(|| env.user.clone()),
         };
         match write_or_park(&n.config.spool.dir, &n.config.node.progress_root, &obs) {
             Ok(Written::Spooled(_)) => out.push(obs),
@@ -486,6 +578,13 @@ fn observe(
                 kept.display()
             )),
             Err(e) => log(&format!("couldn't keep the progress file {}: {e}", path.display())),
+        }
+    } else if out.is_empty() && prog.points.iter().all(|p| p.time > end + CLOCK_SLACK_S) {
+        if let Some(first) = prog.points.first() {
+            log(&format!(
+                "its progress lines start {:.0} s after its end by this node's clock ({end:.0}): the job's clock and the epilog's disagree; no observation",
+                first.time - end
+            ));
         }
     } else if out.is_empty() && !prog.points.is_empty() {
         log("too few progress lines inside any interval; no observation");

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use kace_layout::GpuIndex;
 use kace_sql::decide::{decide, JobSpec};
-use kace_sql::spool::{release_key, write_decision, ReleaseKind, SpooledDecision};
+use kace_sql::spool::{release_key, write_or_park, ReleaseKind, SpooledDecision, Written};
 use kace_sql::{DecisionCandidate, NewDecision};
 
 use crate::slurm::{QueuedJob, Target};
@@ -419,8 +419,17 @@ pub fn fill(
         ms(timings.predict),
         ms(timings.total)
     ));
-    let spooled = match write_decision(&n.config.spool.dir, &decision) {
-        Ok(_) => Some(Box::new(decision)),
+    let spooled = match write_or_park(&n.config.spool.dir, &n.config.node.progress_root, &decision)
+    {
+        Ok(Written::Spooled(_)) => Some(Box::new(decision)),
+        Ok(Written::Parked { path, cause }) => {
+            log(&format!(
+                "couldn't spool the decision {} ({cause}); parked it as {} for a later epilog",
+                decision.key,
+                path.display()
+            ));
+            Some(Box::new(decision))
+        }
         Err(e) => {
             log(&format!("couldn't spool the decision: {e}"));
             None

@@ -117,7 +117,7 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         log(&format!("couldn't prepare the progress file: {e}"));
     }
     if n.config.mps.memory_limit {
-        match write_memory_limit(n, env, &workload) {
+        match write_memory_limit(n, env, gpu, &workload) {
             Ok(Some((limit, memcap))) => log(&format!(
                 "memory limit {}={} for its tasks (memcap {memcap:.2} GiB + {:.0} %)",
                 kace_layout::memory_limit::VAR,
@@ -190,6 +190,7 @@ fn prepare_progress(n: &Node, env: &JobEnv) -> std::result::Result<(), ProgressC
 fn write_memory_limit(
     n: &Node,
     env: &JobEnv,
+    gpu: GpuIndex,
     workload: &str,
 ) -> std::result::Result<Option<(MemoryLimit, f64)>, String> {
     let root = &n.config.node.progress_root;
@@ -209,9 +210,15 @@ fn write_memory_limit(
     let Some(memcap) = profiles.get(workload).and_then(|p| p.values[kace_sql::MEMCAP]) else {
         return Ok(None);
     };
-    let Some(limit) = MemoryLimit::of(memcap, n.config.mps.memory_limit_margin) else {
+    let Some(mut limit) = MemoryLimit::of(memcap, n.config.mps.memory_limit_margin) else {
         return Ok(None);
     };
+    // A limit above the GPU's memory guards nothing (the re-audit's M1: 39 583 MiB on a 32 GiB
+    // GPU): never more than the GPU has.
+    let (gib, _) = crate::gpu::memory_gib(n.gpus, gpu, n.config.node.gpu_memory_gib);
+    if let Some(whole) = gib.and_then(|g| MemoryLimit::of(g, 0.0)) {
+        limit.mib = limit.mib.min(whole.mib);
+    }
     kace_layout::memory_limit::write(root, env.job, Some(limit))
         .map_err(|e| format!("couldn't write {}: {e}", shown()))?;
     Ok(Some((limit, memcap)))

@@ -161,9 +161,11 @@ impl QueuedJob {
         self.in_hook_for(now).is_some_and(|t| t > window_s)
     }
 
-    /// The number of shards it asks for, when it asks for shards.
+    /// The number of shards it asks for, when it asks for at least one. `shard:0` asks for no
+    /// GPU at all: not a kace job to place (the re-audit's L3: dispatch "released" one onto a
+    /// GPU, and counted that GPU taken for the pass).
     pub fn shards(&self) -> Option<u32> {
-        gres::request_count(&self.tres_per_node, "shard")
+        gres::request_count(&self.tres_per_node, "shard").filter(|&n| n >= 1)
     }
 }
 
@@ -640,6 +642,12 @@ mod tests {
         assert_eq!((jobs[0].id, jobs[0].workload.as_str(), jobs[0].held()), (10, "lstm", false));
         assert_eq!((jobs[0].req_nodes.as_str(), jobs[0].shards()), ("n1", Some(2)));
         assert_eq!((jobs[1].id, jobs[1].held(), jobs[1].shards()), (12, true, Some(1)));
+        for (tres, want) in
+            [("gres:shard:0", None), ("gres/shard:g1:0", None), ("gres/shard", Some(1))]
+        {
+            let j = QueuedJob { tres_per_node: tres.into(), ..QueuedJob::default() };
+            assert_eq!(j.shards(), want, "{tres}");
+        }
         assert_eq!(jobs[1].submitted, Some(1_795_935_526.0));
         assert_eq!(jobs[1].req_nodes, "");
     }

@@ -176,6 +176,16 @@ impl GpuLock {
         }
     }
 
+    /// Rewrites the end of an ended record `r` to `end`: the epilog that wrote it had a clock
+    /// ahead of this one's (see `epilog`'s clock check), and a future end would make the job
+    /// every later job's partner on the GPU.
+    pub fn reend(&self, r: &JobRecord, end: f64) -> Result<()> {
+        let p = self.dir.join("ended").join(r.job.to_string());
+        let user = user_field(r.user.as_deref());
+        fs::write(&p, format!("{} {} {end} {user}\n", r.workload, r.start.min(end)))
+            .map_err(io("record job end", &p))
+    }
+
     /// Moves `job` from running to ended at `end`; returns its record, when it had one.
     /// Ended records older than [`KEEP_ENDED_S`] are dropped on the way.
     pub fn end(&self, job: u32, end: f64) -> Result<Option<JobRecord>> {

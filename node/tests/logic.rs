@@ -1360,8 +1360,26 @@ fn a_partner_out_of_memory_under_its_limit_is_recorded_and_its_next_limit_is_hig
     s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
     s.details.borrow_mut().insert(11, running_detail(11, "beta", 0, None));
     s.details.borrow_mut().insert(12, running_detail(12, "beta", 0, None));
+    s.details.borrow_mut().insert(13, running_detail(13, "beta", 0, None));
     *s.on_node.borrow_mut() = vec![10, 11];
-    let w = World::new("oom", s);
+    let mut w = World::new("oom", s);
+    // The sampler saw the GPU's memory in use reach 5.3 GiB while job 11 ran: that backs its
+    // out-of-memory line under a 5 632 MiB limit (90 % of it is 5 069 MiB).
+    w.config.sampler.dir = w.dir.join("samples");
+    std::fs::create_dir_all(&w.config.sampler.dir).unwrap();
+    let ring = kace_sampler::ring::ring_path(&w.config.sampler.dir, 0);
+    let mut r = kace_sampler::Ring::create(&ring, 600).unwrap();
+    for t in 2000..=2040 {
+        let used = if (2015..=2020).contains(&t) { 5427 << 20 } else { 2 << 30 };
+        let reading = kace_sampler::Reading {
+            time: f64::from(t),
+            sm_pct: Some(50.0),
+            mem_pct: Some(20.0),
+            used_bytes: Some(used),
+        };
+        r.push(&reading).unwrap();
+    }
+    drop(r);
     let limit_of = |job: u32| {
         let f = kace_layout::memory_limit::file(&w.config.node.progress_root, job);
         std::fs::read_to_string(f).ok()
@@ -1391,6 +1409,7 @@ fn a_partner_out_of_memory_under_its_limit_is_recorded_and_its_next_limit_is_hig
     assert_eq!(p.profile.source, kace_sql::OOM_SOURCE);
     assert_eq!(p.oom_limit_mib, Some(5632));
     assert_eq!(p.profile.values[kace_sql::MEMCAP], Some(5.5));
+    assert_eq!(p.samples, 12, "the readings from its start (2010) to its end (2021) back it");
     assert_eq!(limit_of(11), None, "the limit file goes with the job");
     assert!(w
         .logs
@@ -1415,6 +1434,67 @@ fn a_partner_out_of_memory_under_its_limit_is_recorded_and_its_next_limit_is_hig
     *w.clock.0.borrow_mut() = 2050.0;
     w.with(|n| prolog::run(n, &job_env(12, 0)));
     assert_eq!(limit_of(12).as_deref(), Some("0=6196M\n"));
+    // Never above the GPU's memory (the re-audit's M1: 39 583 MiB on a 32 GiB GPU): on a
+    // 4 GiB GPU the same memcap gets the whole GPU, no more.
+    w.config.node.gpu_memory_gib = Some(4.0);
+    *w.slurm.on_node.borrow_mut() = vec![12, 13];
+    w.with(|n| prolog::run(n, &job_env(13, 0)));
+    assert_eq!(limit_of(13).as_deref(), Some("0=4096M\n"));
+}
+
+/// The re-audit's M1: a job's own `<t> oom` line and a failed exit raised its workload's memcap
+/// for every user with nothing behind it. Now the sampler must have seen the GPU's memory near
+/// the limit, and a limit at the GPU's size already raises nothing.
+#[test]
+fn an_oom_line_that_roots_measurements_do_not_back_raises_nothing() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(11, running_detail(11, "beta", 0, None));
+    *s.on_node.borrow_mut() = vec![11];
+    let mut w = World::new("oom-forged", s);
+    w.config.sampler.dir = w.dir.join("samples");
+    let failed =
+        JobEnv { exit: Some(kace_node::env::JobExit { code: 1, signal: 0 }), ..job_env(11, 0) };
+    let forge = |w: &World| {
+        w.with(|n| prolog::run(n, &job_env(11, 0)));
+        std::fs::write(
+            w.config.node.progress_root.join("11.progress"),
+            "2000 0\n2001 4\n2002 oom\n",
+        )
+        .unwrap();
+        let out = w.with(|n| epilog::run(n, &failed));
+        let epilog::Outcome::Done { profile, .. } = out else { panic!("{out:?}") };
+        assert!(
+            profile.as_ref().is_none_or(|p| p.profile.source != kace_sql::OOM_SOURCE),
+            "{profile:?}"
+        );
+    };
+    // No sampler running: nothing backs it.
+    forge(&w);
+    assert!(w
+        .logs
+        .borrow()
+        .iter()
+        .any(|l| l.contains("couldn't read the GPU's samples to back it")));
+    // The sampler ran and saw 2 GiB in use, far under the 5 632 MiB limit.
+    std::fs::create_dir_all(&w.config.sampler.dir).unwrap();
+    let ring = kace_sampler::ring::ring_path(&w.config.sampler.dir, 0);
+    let mut r = kace_sampler::Ring::create(&ring, 600).unwrap();
+    for t in 1990..=2010 {
+        let reading = kace_sampler::Reading {
+            time: f64::from(t),
+            sm_pct: Some(50.0),
+            mem_pct: Some(20.0),
+            used_bytes: Some(2 << 30),
+        };
+        r.push(&reading).unwrap();
+    }
+    drop(r);
+    forge(&w);
+    assert!(w.logs.borrow().iter().any(|l| l.contains("saw at most 2048 MiB in use on the GPU")));
+    // A limit already the whole GPU's (5 GiB here) raises nothing, whatever the readings.
+    w.config.node.gpu_memory_gib = Some(5.0);
+    forge(&w);
+    assert!(w.logs.borrow().iter().any(|l| l.contains("a memcap never exceeds the GPU")));
 }
 
 #[test]
@@ -1583,4 +1663,104 @@ fn a_prolog_started_before_the_nodes_registered_again_leads_on_the_gpu_of_slurms
         "{:?}",
         w.logs.borrow()
     );
+}
+
+/// The re-audit's M2: one epilog whose clock was a day ahead ended its job a day in the future,
+/// and every later job on that GPU named it as a partner; one whose clock was an hour behind
+/// lost the observations with the reason "too few progress lines". Now the next epilog takes
+/// the future end back to its own clock (later jobs are alone again) and the reasons name the
+/// clock.
+#[test]
+fn a_clock_step_in_one_epilog_names_the_clock_and_poisons_no_later_observation() {
+    let s = FakeSlurm::default();
+    for j in [10, 11, 12, 13] {
+        s.details.borrow_mut().insert(j, running_detail(j, "alpha", 0, None));
+    }
+    let w = World::new("clock", s);
+    let lines = |job: u32, from: u32, to: u32| {
+        let text: String = (from..=to).map(|t| format!("{t} {}\n", (t - from) * 2)).collect();
+        std::fs::write(w.config.node.progress_root.join(format!("{job}.progress")), text).unwrap();
+    };
+    let at = |t: f64| *w.clock.0.borrow_mut() = t;
+    let observations = |job: u32| {
+        let out = w.with(|n| epilog::run(n, &job_env(job, 0)));
+        let epilog::Outcome::Done { observations, .. } = out else { panic!("{out:?}") };
+        observations
+    };
+    // Job 10 runs 2000-2030; its epilog's clock is a day ahead.
+    *w.slurm.on_node.borrow_mut() = vec![10];
+    at(2000.0);
+    w.with(|n| prolog::run(n, &job_env(10, 0)));
+    lines(10, 2000, 2030);
+    at(2030.0 + 86_400.0);
+    observations(10);
+    // Job 11 runs 2040-2070 on the real clock: job 10's end lies in its future.
+    *w.slurm.on_node.borrow_mut() = vec![11];
+    at(2040.0);
+    w.with(|n| prolog::run(n, &job_env(11, 0)));
+    lines(11, 2040, 2070);
+    at(2070.0);
+    assert!(observations(11).is_empty());
+    let logs = w.logs.borrow().join("\n");
+    assert!(
+        logs.contains("job 10's record on GPU 0 ends 86360 s after this node's clock"),
+        "{logs}"
+    );
+    assert!(logs.contains("the clock of the epilog that ended it was ahead"), "{logs}");
+    // Job 12, later: alone, no phantom partner.
+    *w.slurm.on_node.borrow_mut() = vec![12];
+    at(2080.0);
+    w.with(|n| prolog::run(n, &job_env(12, 0)));
+    lines(12, 2080, 2110);
+    at(2110.0);
+    let obs = observations(12);
+    assert!(!obs.is_empty() && obs.iter().all(|o| o.partners.is_empty()), "{obs:#?}");
+    // Each observation carries its job's user (training caps what one user alone shows).
+    assert!(obs.iter().all(|o| o.user.as_deref() == Some("alice")), "{obs:#?}");
+    // Job 13's epilog has its clock an hour behind: the reason is the clock.
+    *w.slurm.on_node.borrow_mut() = vec![13];
+    at(3000.0);
+    w.with(|n| prolog::run(n, &job_env(13, 0)));
+    lines(13, 3000, 3030);
+    at(3030.0 - 3600.0);
+    assert!(observations(13).is_empty());
+    let logs = w.logs.borrow().join("\n");
+    assert!(
+        logs.contains("before it started by its prolog's (3000): the clock stepped back"),
+        "{logs}"
+    );
+    assert!(!logs.contains("too few progress lines"), "{logs}");
+}
+
+/// The re-audit's L4: on a full or read-only spool the observations were parked but the lead's
+/// decision was lost. It is parked too, and a later epilog moves it into the spool.
+#[test]
+fn a_full_spool_loses_no_decision() {
+    let mut w = World::new("full-spool-decision", lead_slurm(None));
+    let spool = w.config.spool.dir.clone();
+    let blocked = w.dir.join("blocked-spool");
+    std::fs::write(&blocked, "").unwrap();
+    w.config.spool.dir = blocked;
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 1))), prolog::Outcome::Led { .. }));
+    let logs = w.logs.borrow().join("\n");
+    assert!(logs.contains("couldn't spool the decision"), "{logs}");
+    assert!(logs.contains("parked it as"), "{logs}");
+    let parked = |root: &std::path::Path| {
+        std::fs::read_dir(root)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".parked-decision.json"))
+            .count()
+    };
+    assert_eq!(parked(&w.config.node.progress_root), 1, "{logs}");
+    // The spool has room again: the lead's epilog moves it in, and ingest stores it.
+    w.config.spool.dir = spool;
+    *w.clock.0.borrow_mut() = 2010.0;
+    w.with(|n| epilog::run(n, &job_env(10, 1)));
+    assert_eq!(parked(&w.config.node.progress_root), 0);
+    assert_eq!(spooled_decisions(&w.config.spool.dir).unwrap().len(), 1);
+    let mut db = Db::open(&w.config.database.path).unwrap();
+    let q = w.dir.join("q");
+    let r = kace_sql::spool::ingest_decisions(&mut db, &w.config.spool.dir, &q).unwrap();
+    assert_eq!(r.inserted, 1, "{r:?}");
 }

@@ -83,6 +83,7 @@ fn build(path: &Path, observations: usize) -> Db {
             end: k as f64 + 60.0,
             steps: Some(600.0),
             throughput: 10.0 * r.next(),
+            user: None,
         });
         if batch.len() == 10_000 {
             db.insert_observations(&batch).expect("observations");

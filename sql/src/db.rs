@@ -12,11 +12,17 @@ use rusqlite::{params, params_from_iter, Connection, OpenFlags, OptionalExtensio
 use crate::error::{sql, Error, Result};
 use crate::schema::{CURRENT_VERSION, MIGRATIONS};
 use crate::types::is_observed_source;
+use crate::types::quote_untrusted;
 use crate::types::{
     feature_value_problem, implausibility, DecisionRecord, ModelRecord, NewDecision, NewModel,
     NewProfile, Observation, ObservationFilter, ObservedGroup, ObservedMember, ObservedProfile,
-    Partner, Profile, FEATURE_COLUMNS, FEATURE_COUNT, MEMCAP, OBSERVED_KEPT, OBSERVED_SOURCE,
+    Partner, Profile, EXCLUSIVE, FEATURE_COLUMNS, FEATURE_COUNT, MAX_RATIO_TO_EXCLUSIVE, MEMCAP,
+    OBSERVED_KEPT, OBSERVED_SOURCE, OOM_RAISE_INTERVAL_S, OOM_SOURCE,
 };
+
+/// Mode of a database file `kace db init` creates (before the umask): owner read-write, its
+/// group read, nobody else. SQLite gives its journal the same mode.
+pub const DB_MODE: u32 = 0o640;
 
 /// How long a connection waits for another process's lock before giving up. The nightly
 /// retrain may hold the write lock for a few seconds while prologs read.
@@ -137,8 +143,24 @@ impl Db {
         Db::open_writer(path, false)
     }
 
-    /// Creates the database if needed and brings its schema up to date (`kace db init`).
+    /// Creates the database if needed and brings its schema up to date (`kace db init`). A
+    /// new file is created mode [`DB_MODE`] (0640): it holds every user's decisions (who ran
+    /// what, beside whom), which `kace status` hides under Slurm's `PrivateData`; the readers
+    /// that need it (kace-dispatch as SlurmUser, `kace report` users) get it through the
+    /// file's group (admin guide, "What kace trusts"). An existing file keeps its mode.
     pub fn create(path: &Path) -> Result<(Db, Migration)> {
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::OpenOptions::new().write(true).create_new(true).mode(DB_MODE).open(path) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(source) => {
+                return Err(Error::Io {
+                    op: "create database".into(),
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        }
         let mut db = Db::open_writer(path, true)?;
         let m = db.migrate()?;
         Ok((db, m))
@@ -346,6 +368,7 @@ impl Db {
                 end,
                 steps: None,
                 throughput: thr,
+                user: None,
             };
             if let Some(why) = implausibility(&probe, excl) {
                 report.problems.push(format!("{why} (kace observations quarantine --key {key})"));
@@ -603,6 +626,9 @@ impl Db {
     /// it was inserted.
     pub fn insert_observed_profile(&mut self, o: &ObservedProfile) -> Result<bool> {
         o.validate()?;
+        if let Some(why) = self.observed_profile_problem(o)? {
+            return Err(Error::Invalid { reason: why });
+        }
         let path = self.path.clone();
         let tx = self.conn.transaction().map_err(sql("begin profile measurement", &path))?;
         let wid = Db::workload_id(&tx, &path, &o.profile.workload)?;
@@ -643,6 +669,46 @@ impl Db {
         .map_err(sql("prune profile measurements", &path))?;
         tx.commit().map_err(sql("commit profile measurement", &path))?;
         Ok(n == 1)
+    }
+
+    /// Why a measurement kace made from a job's run may not be stored, judged against what the
+    /// admin measured: an exclusive throughput more than [`MAX_RATIO_TO_EXCLUSIVE`] times off
+    /// the admin's (the re-audit's H1(b): one alone run at 9e8 steps/s against the admin's 12),
+    /// or a second out-of-memory raise of the workload's memcap within
+    /// [`crate::types::OOM_RAISE_INTERVAL_S`] (M1: five 5-second jobs, five raises). The same
+    /// record ingested again is not a problem (its key makes it a duplicate).
+    fn observed_profile_problem(&self, o: &ObservedProfile) -> Result<Option<String>> {
+        let p = &self.path;
+        let name = &o.profile.workload;
+        let key = quote_untrusted(&o.key);
+        if let Some(x) = o.profile.values[EXCLUSIVE] {
+            if let Some(e) = self.exclusive_throughputs()?.get(name).copied() {
+                if x > MAX_RATIO_TO_EXCLUSIVE * e || x * MAX_RATIO_TO_EXCLUSIVE < e {
+                    return Ok(Some(format!(
+                        "observed profile {key}: exclusive throughput {x} is more than \
+                         {MAX_RATIO_TO_EXCLUSIVE} times off {name}'s admin-measured {e}"
+                    )));
+                }
+            }
+        }
+        if o.profile.source == OOM_SOURCE {
+            let last: Option<f64> = self
+                .conn
+                .query_row(
+                    "SELECT max(p.created_at) FROM profiles p JOIN workloads w ON \
+                     w.id = p.workload_id WHERE w.name = ?1 AND p.source = ?2 AND p.key != ?3",
+                    params![name, OOM_SOURCE, o.key],
+                    |r| r.get(0),
+                )
+                .map_err(sql("look up out-of-memory raises", p))?;
+            if let Some(t) = last.filter(|t| (o.created_at - t).abs() < OOM_RAISE_INTERVAL_S) {
+                return Ok(Some(format!(
+                    "observed profile {key}: {name}'s memcap was raised for running out of \
+                     memory at {t:.0}, less than {OOM_RAISE_INTERVAL_S:.0} s before; one raise a day"
+                )));
+            }
+        }
+        Ok(None)
     }
 
     /// The profile measurements kace made from `job`'s runs, oldest first (for `kace explain`).
@@ -688,6 +754,22 @@ impl Db {
     /// storing nothing, when one is invalid or implausible (see [`Db::implausible`]) or when
     /// one file names a key twice with different content.
     pub fn insert_observations(&mut self, obs: &[Observation]) -> Result<InsertCount> {
+        self.insert_observations_as(obs, false)
+    }
+
+    /// [`Db::insert_observations`] for an admin's import (`kace observations import`): the rows
+    /// are trusted, part of the reference a new model is checked on (see
+    /// `kace_selector::training`). The spool's records, which any job's progress lines shape,
+    /// never come in this way. A key already stored keeps its row and its flag.
+    pub fn insert_admin_observations(&mut self, obs: &[Observation]) -> Result<InsertCount> {
+        self.insert_observations_as(obs, true)
+    }
+
+    fn insert_observations_as(
+        &mut self,
+        obs: &[Observation],
+        trusted: bool,
+    ) -> Result<InsertCount> {
         let exclusive = self.exclusive_throughputs()?;
         let mut seen: HashMap<&str, &Observation> = HashMap::new();
         for o in obs {
@@ -716,8 +798,9 @@ impl Db {
             let mut stmt = tx
                 .prepare_cached(
                     "INSERT INTO observations (key, job, workload_id, partners, node, gpu, \
-                     mps_share, start_time, end_time, steps, throughput, exclusive, ingested_at) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
+                     mps_share, start_time, end_time, steps, throughput, exclusive, ingested_at, \
+                     trusted, user) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
                      ON CONFLICT(key) DO NOTHING",
                 )
                 .map_err(sql("store observation", &path))?;
@@ -735,7 +818,9 @@ impl Db {
                     o.steps,
                     o.throughput,
                     o.exclusive(),
-                    t
+                    t,
+                    trusted,
+                    o.user
                 ])
                 .map_err(sql("store observation", &path))?;
             if n == 1 {
@@ -748,7 +833,11 @@ impl Db {
         Ok(count)
     }
 
-    /// Each profiled workload's exclusive throughput (its newest measured value).
+    /// Each workload's exclusive throughput as an admin measured it (the newest such value):
+    /// the plausibility bound of observations. Never kace's own measurements of jobs' alone runs
+    /// (sources [`OBSERVED_SOURCE`], [`OOM_SOURCE`]): a user sets those with one run, and moved
+    /// the bound with them (the re-audit's H1(b)). A workload only kace measured has none here,
+    /// so its observations get [`crate::types::MAX_UNPROFILED_THROUGHPUT`].
     pub fn exclusive_throughputs(&self) -> Result<HashMap<String, f64>> {
         let p = &self.path;
         let mut stmt = self
@@ -756,11 +845,14 @@ impl Db {
             .prepare(
                 "SELECT w.name, p.exclusive_throughput FROM profiles p \
                  JOIN workloads w ON w.id = p.workload_id \
-                 WHERE p.exclusive_throughput IS NOT NULL ORDER BY p.created_at, p.id",
+                 WHERE p.exclusive_throughput IS NOT NULL AND p.source NOT IN (?1, ?2) \
+                 ORDER BY p.created_at, p.id",
             )
             .map_err(sql("load exclusive throughputs", p))?;
         let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?)))
+            .query_map([OBSERVED_SOURCE, OOM_SOURCE], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?))
+            })
             .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
             .map_err(sql("load exclusive throughputs", p))?;
         // Later rows are newer: the last value per workload wins.
@@ -819,6 +911,19 @@ impl Db {
         rows
     }
 
+    /// Marks the stored observations `which` selects as trusted (an admin vouches for them):
+    /// the groups they form join the reference a new model is checked on. Returns how many
+    /// changed.
+    pub fn trust_observations(&mut self, which: &ObservationFilter) -> Result<usize> {
+        let (clause, binds) = filter_sql(which, 1)?;
+        self.conn
+            .execute(
+                &format!("UPDATE observations SET trusted = 1 WHERE trusted = 0 AND ({clause})"),
+                params_from_iter(binds),
+            )
+            .map_err(sql("trust observations", &self.path))
+    }
+
     /// Whether an observation with this key is stored.
     pub fn has_observation(&self, key: &str) -> Result<bool> {
         self.conn
@@ -837,18 +942,19 @@ impl Db {
 
     /// Every stored observation that is not quarantined, in key order.
     pub fn observations(&self) -> Result<Vec<Observation>> {
-        Ok(self.stored_observations()?.into_iter().map(|(_, o)| o).collect())
+        Ok(self.stored_observations()?.into_iter().map(|(_, o, _)| o).collect())
     }
 
     /// [`Db::observations`], each with its row id (what a trained model records as the newest
-    /// observation it saw).
-    fn stored_observations(&self) -> Result<Vec<(i64, Observation)>> {
+    /// observation it saw) and whether it is trusted.
+    fn stored_observations(&self) -> Result<Vec<(i64, Observation, bool)>> {
         let p = &self.path;
         let mut stmt = self
             .conn
             .prepare(
                 "SELECT o.key, o.job, w.name, o.partners, o.node, o.gpu, o.mps_share, \
-                 o.start_time, o.end_time, o.steps, o.throughput, o.id FROM observations o \
+                 o.start_time, o.end_time, o.steps, o.throughput, o.id, o.trusted, o.user \
+                 FROM observations o \
                  JOIN workloads w ON w.id = o.workload_id WHERE o.quarantined IS NULL \
                  ORDER BY o.key",
             )
@@ -856,7 +962,8 @@ impl Db {
         let mut rows = stmt.query([]).map_err(sql("load observations", p))?;
         let mut out = Vec::new();
         while let Some(r) = rows.next().map_err(sql("load observations", p))? {
-            let get = |r: &rusqlite::Row<'_>| -> rusqlite::Result<(i64, Observation, String)> {
+            type Row = (i64, Observation, String, bool);
+            let get = |r: &rusqlite::Row<'_>| -> rusqlite::Result<Row> {
                 let partners: String = r.get(3)?;
                 Ok((
                     r.get(11)?,
@@ -872,13 +979,15 @@ impl Db {
                         end: r.get(8)?,
                         steps: r.get(9)?,
                         throughput: r.get(10)?,
+                        user: r.get(13)?,
                     },
                     partners,
+                    r.get(12)?,
                 ))
             };
-            let (id, mut o, partners) = get(r).map_err(sql("load observations", p))?;
+            let (id, mut o, partners, trusted) = get(r).map_err(sql("load observations", p))?;
             o.partners = json_col(&format!("partners of observation {}", o.key), &partners)?;
-            out.push((id, o));
+            out.push((id, o, trusted));
         }
         Ok(out)
     }
@@ -889,9 +998,10 @@ impl Db {
     /// are missing or disagree are left out.
     pub fn observed_groups(&self) -> Result<Vec<ObservedGroup>> {
         let all = self.stored_observations()?;
-        let ids: HashMap<&str, i64> = all.iter().map(|(id, o)| (o.key.as_str(), *id)).collect();
+        let ids: HashMap<&str, (i64, bool)> =
+            all.iter().map(|(id, o, t)| (o.key.as_str(), (*id, *t))).collect();
         let shared: Vec<&Observation> =
-            all.iter().map(|(_, o)| o).filter(|o| !o.partners.is_empty()).collect();
+            all.iter().map(|(_, o, _)| o).filter(|o| !o.partners.is_empty()).collect();
         // Index by job so matching is linear in the number of observations.
         let mut by_job: HashMap<&str, Vec<&Observation>> = HashMap::new();
         for o in &shared {
@@ -944,6 +1054,7 @@ impl Db {
             for m in &members {
                 used.insert(&m.key);
             }
+            let row = |m: &Observation| ids.get(m.key.as_str()).copied().unwrap_or_default();
             groups.push(ObservedGroup {
                 members: members
                     .iter()
@@ -951,9 +1062,11 @@ impl Db {
                         workload: m.workload.clone(),
                         throughput: m.throughput,
                         key: m.key.clone(),
-                        id: ids.get(m.key.as_str()).copied().unwrap_or_default(),
+                        id: row(m).0,
+                        user: m.user.clone(),
                     })
                     .collect(),
+                trusted: members.iter().all(|m| row(m).1),
             });
         }
         Ok(groups)

@@ -97,6 +97,9 @@ pub struct TrainingSet {
     pub observed: Vec<ObservedGroup>,
     /// Observed groups left out because a profile was missing or incomplete.
     pub skipped: usize,
+    /// Observed groups left out because one user already had
+    /// [`crate::types::MAX_GROUPS_PER_LONE_USER`] of their workload combination.
+    pub capped: usize,
 }
 
 impl TrainingSet {
@@ -104,6 +107,12 @@ impl TrainingSet {
     /// a model as `observations_upto`, so that a later training knows which groups it has seen.
     pub fn newest_observation(&self) -> i64 {
         self.observed.iter().map(ObservedGroup::newest).max().unwrap_or(0)
+    }
+
+    /// For each group, whether it is trusted (see [`ObservedGroup::trusted`]): the reference a
+    /// new model is checked on.
+    pub fn trusted(&self) -> Vec<bool> {
+        self.observed.iter().map(|o| o.trusted).collect()
     }
 
     /// For each group, whether a model trained on observations up to row id `upto` has seen
@@ -159,11 +168,47 @@ fn missing_system_metrics(p: &crate::types::Profile) -> Vec<&'static str> {
         .collect()
 }
 
-/// Builds the training set from the database: every observed group of any size k ≥ 2.
+/// The observed groups training may use: every trusted group, and of the others at most
+/// [`crate::types::MAX_GROUPS_PER_LONE_USER`] per workload combination and user (the first in
+/// the store's order; a group of several users counts for each, an unknown user is one user).
+/// One user can thus add a few groups of a combination, never outweigh the rest with a flood
+/// (the re-audit's H1: 20 forged pairs). Returns the kept groups, in their order, and how many
+/// were left out.
+pub fn limit_lone_users(mut observed: Vec<ObservedGroup>) -> (Vec<ObservedGroup>, usize) {
+    use std::collections::BTreeMap;
+    let mut taken: BTreeMap<(Vec<String>, Option<String>), usize> = BTreeMap::new();
+    let before = observed.len();
+    observed.retain(|o| {
+        if o.trusted {
+            return true;
+        }
+        let mut combination: Vec<String> = o.members.iter().map(|m| m.workload.clone()).collect();
+        combination.sort_unstable();
+        let mut users: Vec<Option<String>> = o.members.iter().map(|m| m.user.clone()).collect();
+        users.sort_unstable();
+        users.dedup();
+        let full = users.iter().any(|u| {
+            taken.get(&(combination.clone(), u.clone())).copied().unwrap_or(0)
+                >= crate::types::MAX_GROUPS_PER_LONE_USER
+        });
+        if full {
+            return false;
+        }
+        for u in users {
+            *taken.entry((combination.clone(), u)).or_default() += 1;
+        }
+        true
+    });
+    let capped = before - observed.len();
+    (observed, capped)
+}
+
+/// Builds the training set from the database: every observed group of any size k ≥ 2, with
+/// what one user alone shows capped ([`limit_lone_users`]).
 pub fn training_set(db: &Db) -> Result<TrainingSet> {
-    let observed = db.observed_groups()?;
+    let (observed, capped) = limit_lone_users(db.observed_groups()?);
     let profiles = db.all_profiles(None)?;
-    let mut set = TrainingSet::default();
+    let mut set = TrainingSet { capped, ..TrainingSet::default() };
     for o in observed {
         let found: Option<Vec<Profile>> = o
             .members
@@ -353,6 +398,47 @@ mod tests {
     use kace_selector::{Objective, SlowdownParams};
 
     use super::*;
+
+    /// The re-audit's H1 as one user's flood: 20 forged pairs of one combination from one user
+    /// count as `MAX_GROUPS_PER_LONE_USER`; another user's, trusted ones and other combinations
+    /// count on their own.
+    #[test]
+    fn one_users_flood_is_capped_per_combination() {
+        use crate::types::{ObservedMember, MAX_GROUPS_PER_LONE_USER};
+        let group = |id: i64, a: &str, b: &str, user: Option<&str>, trusted: bool| ObservedGroup {
+            members: [a, b]
+                .iter()
+                .enumerate()
+                .map(|(k, w)| ObservedMember {
+                    workload: w.to_string(),
+                    throughput: 1.0,
+                    key: format!("c/{id}/{k}"),
+                    id: 2 * id + k as i64,
+                    user: user.map(str::to_string),
+                })
+                .collect(),
+            trusted,
+        };
+        let mut all: Vec<ObservedGroup> =
+            (0..20).map(|i| group(i, "resnet", "unet", Some("nobody"), false)).collect();
+        // The same pair the other way round is the same combination.
+        all.push(group(20, "unet", "resnet", Some("nobody"), false));
+        all.extend((21..24).map(|i| group(i, "resnet", "unet", Some("alice"), false)));
+        all.extend((24..34).map(|i| group(i, "resnet", "unet", None, true)));
+        all.push(group(34, "resnet", "bert", Some("nobody"), false));
+        let (kept, capped) = limit_lone_users(all);
+        let count = |user: Option<&str>, trusted: bool| {
+            kept.iter()
+                .filter(|g| g.trusted == trusted && g.members[0].user.as_deref() == user)
+                .count()
+        };
+        assert_eq!(count(Some("nobody"), false), MAX_GROUPS_PER_LONE_USER + 1, "5 + the bert pair");
+        assert_eq!(count(Some("alice"), false), 3);
+        assert_eq!(count(None, true), 10);
+        assert_eq!(capped, 21 - MAX_GROUPS_PER_LONE_USER);
+        // Order is kept: the first of nobody's are the ones taken.
+        assert_eq!(kept[0].members[0].key, "c/0/0");
+    }
 
     fn slowdown_model() -> Model {
         let prof = |i: usize| Profile::new(std::array::from_fn(|f| 1.0 + (i * 7 + f * 3) as f64));

@@ -21,7 +21,7 @@ pub mod schema;
 pub mod spool;
 pub mod types;
 
-pub use db::{CheckReport, Db, InsertCount, Migration};
+pub use db::{CheckReport, Db, InsertCount, Migration, DB_MODE};
 pub use error::{Error, Result};
 pub use schema::CURRENT_VERSION;
 pub use types::*;

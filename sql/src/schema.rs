@@ -105,4 +105,13 @@ ALTER TABLE profiles ADD COLUMN oom_limit_mib INTEGER;
 ALTER TABLE profiles ADD COLUMN alone_seconds REAL;
 CREATE INDEX profiles_by_job ON profiles(job);
 "#,
+    // 4: observations kace may trust (issue 31): the admin's imports, and any the admin marks
+    // (`kace observations trust`), and the job's user (what one user alone claims is capped). They are the fixed reference a new model may not get worse
+    // on; no job's progress lines set the flag. Rows from before that `observations import`
+    // stored from a pair table are recognisable by key and node.
+    r#"
+ALTER TABLE observations ADD COLUMN trusted INTEGER NOT NULL DEFAULT 0 CHECK (trusted IN (0, 1));
+ALTER TABLE observations ADD COLUMN user TEXT;
+UPDATE observations SET trusted = 1 WHERE node = 'imported' AND key LIKE 'import/%';
+"#,
 ];

@@ -192,14 +192,41 @@ pub const PARKED_SUFFIX: &str = ".parked.json";
 pub const PARKED_PROFILE_SUFFIX: &str = ".parked-profile.json";
 
 /// A record a node writes into the spool, which [`write_or_park`] parks outside it while the
-/// spool cannot take it: an observation or a profile measurement.
+/// spool cannot take it: an observation, a profile measurement or a decision.
 pub trait Parkable: serde::Serialize + serde::de::DeserializeOwned {
     /// The suffix of its parked files.
     const PARKED_SUFFIX: &'static str;
+    /// Largest parked file read back.
+    const MAX_BYTES: u64 = MAX_RECORD_BYTES;
     /// Its unique key.
     fn key(&self) -> &str;
     /// Writes it into the spool, checking it as ingest will.
     fn spool(&self, spool: &Path) -> Result<PathBuf>;
+    /// Its parked file's content.
+    fn body(&self) -> Result<Vec<u8>> {
+        serde_json::to_vec(self)
+            .map_err(|source| Error::Json { what: format!("record {}", self.key()), source })
+    }
+}
+
+/// Suffix of a decision parked outside the spool (see [`write_or_park`]).
+pub const PARKED_DECISION_SUFFIX: &str = ".parked-decision.json";
+
+/// Decisions are parked like observations (the re-audit's L4: on a full or read-only spool the
+/// observations were kept and the decisions lost).
+impl Parkable for SpooledDecision {
+    const PARKED_SUFFIX: &'static str = PARKED_DECISION_SUFFIX;
+    const MAX_BYTES: u64 = MAX_DECISION_BYTES;
+    fn key(&self) -> &str {
+        &self.key
+    }
+    fn spool(&self, spool: &Path) -> Result<PathBuf> {
+        write_decision(spool, self)
+    }
+    fn body(&self) -> Result<Vec<u8>> {
+        validate_decision(self)?;
+        compact_decision(self)
+    }
 }
 
 impl Parkable for Observation {
@@ -246,10 +273,7 @@ pub fn write_or_park<R: Parkable>(spool: &Path, park: &Path, record: &R) -> Resu
         Err(Error::Invalid { reason }) => Err(Error::Invalid { reason }),
         Err(cause) => {
             trusted(park)?;
-            let body = serde_json::to_vec(record).map_err(|source| Error::Json {
-                what: format!("record {}", record.key()),
-                source,
-            })?;
+            let body = record.body()?;
             let name = record_file_name(record.key()).replace(RECORD_SUFFIX, R::PARKED_SUFFIX);
             let path = write_atomic(park, &name, &body)?;
             Ok(Written::Parked { path, cause })
@@ -257,11 +281,13 @@ pub fn write_or_park<R: Parkable>(spool: &Path, park: &Path, record: &R) -> Resu
     }
 }
 
-/// Moves the observations and profile measurements parked in `park` into `spool`; returns how
+/// Moves the observations, profile measurements and decisions parked in `park` into `spool`; returns how
 /// many moved. Stops at the first that cannot be written (the spool is still full): the rest
 /// stay parked for the next call.
 pub fn unpark(park: &Path, spool: &Path) -> Result<usize> {
-    Ok(unpark_kind::<Observation>(park, spool)? + unpark_kind::<ObservedProfile>(park, spool)?)
+    Ok(unpark_kind::<Observation>(park, spool)?
+        + unpark_kind::<ObservedProfile>(park, spool)?
+        + unpark_kind::<SpooledDecision>(park, spool)?)
 }
 
 fn unpark_kind<R: Parkable>(park: &Path, spool: &Path) -> Result<usize> {
@@ -281,7 +307,7 @@ fn unpark_kind<R: Parkable>(park: &Path, spool: &Path) -> Result<usize> {
     parked.sort();
     let mut moved = 0;
     for p in parked {
-        let record = match read_bounded(&p, MAX_RECORD_BYTES)? {
+        let record = match read_bounded(&p, R::MAX_BYTES)? {
             None => continue,
             Some(Ok(buf)) => serde_json::from_slice::<R>(&buf).ok(),
             Some(Err(_)) => None,
@@ -483,6 +509,24 @@ pub fn spooled_profiles(spool: &Path) -> Result<Vec<ObservedProfile>> {
         }
     }
     Ok(out)
+}
+
+/// How far an observation's end may lie beyond this host's clock at ingest: more is a clock
+/// step on the node whose epilog wrote it (the re-audit's M2), not a measurement.
+pub const MAX_CLOCK_AHEAD_S: f64 = 300.0;
+
+/// Why `o` cannot be stored at time `now`: it ends in the future (`None`: it does not).
+pub fn future_end(o: &Observation, now: f64) -> Option<String> {
+    (o.end > now + MAX_CLOCK_AHEAD_S).then(|| {
+        format!(
+            "observation {}: it ends at {:.0}, {:.0} s after this host's clock ({now:.0}): the \
+             clock of node {} was ahead when its epilog ran (or this host's is behind)",
+            o.key,
+            o.end,
+            o.end - now,
+            crate::types::quote_untrusted(&o.node)
+        )
+    })
 }
 
 /// Moves the profile measurements of `<spool>/profiles/` into `db`, each key once (see
@@ -844,6 +888,10 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
             Read1::Gone => report.vanished += 1,
             Read1::Bad(reason) => report.refuse(path, reason, quarantine_dir)?,
             Read1::Record(obs) => {
+                if let Some(reason) = future_end(&obs, crate::db::now()) {
+                    report.refuse(path, reason, quarantine_dir)?;
+                    continue;
+                }
                 if let Some(reason) = implausibility(&obs, exclusive.get(&obs.workload).copied()) {
                     report.refuse(path, reason, quarantine_dir)?;
                     continue;

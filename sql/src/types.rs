@@ -29,6 +29,9 @@ pub const FIRST_SYSTEM_FEATURE: usize = 6;
 /// Index of `memcap` (peak GPU memory, GiB) in the feature order.
 pub const MEMCAP: usize = 9;
 
+/// Index of `exclusive_throughput` in [`FEATURE_COLUMNS`].
+pub const EXCLUSIVE: usize = 6;
+
 /// Longest workload name accepted (names come from users through `--kace-colocate`).
 pub const MAX_NAME_LEN: usize = kace_layout::workload_name::MAX_LEN;
 
@@ -152,6 +155,11 @@ pub const OBSERVED_KEPT: usize = 10;
 /// guard): the job needed more than the limit, so the limit is a lower bound of its memcap.
 pub const OOM_SOURCE: &str = "observed-oom";
 
+/// Seconds between two out-of-memory raises of one workload's memcap: each raises it by the
+/// memory guard's margin (10 % by default) at most, so a workload's memcap grows at most that
+/// much a day however many of its jobs fail.
+pub const OOM_RAISE_INTERVAL_S: f64 = 86_400.0;
+
 /// Whether a measurement of this source was made by kace from jobs' runs (not by an admin's
 /// `kace profile run`, `import` or `import-ncu`).
 pub fn is_observed_source(source: &str) -> bool {
@@ -273,6 +281,11 @@ impl ObservedProfile {
         if (self.profile.source == OOM_SOURCE) != self.oom_limit_mib.is_some() {
             return bad("an out-of-memory record needs its limit, and only it has one");
         }
+        // A job's own `oom` line is a claim; the epilog keeps it only when the sampler's
+        // readings back it, and says how many in `samples`.
+        if self.profile.source == OOM_SOURCE && self.samples == 0 {
+            return bad("an out-of-memory record that no sampler reading backs raises nothing");
+        }
         Ok(())
     }
 }
@@ -316,7 +329,19 @@ pub struct Observation {
     pub steps: Option<f64>,
     /// Steps per second over the interval.
     pub throughput: f64,
+    /// The job's user, as the epilog knows it (`None`: an import, or a record from before kace
+    /// recorded it). What one user alone claims is limited in training (see
+    /// [`MAX_GROUPS_PER_LONE_USER`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
+
+/// Most untrusted groups of one workload combination that training takes from one user (an
+/// unknown user counts as one): one user's 20 forged pairs (the re-audit's H1) weigh as 5,
+/// however many they write; other users' groups of the combination count on their own. An
+/// honest user's repeats beyond 5 add little: they re-measure the same pair. Trusted groups (an
+/// admin's import or marks) are neither counted nor capped.
+pub const MAX_GROUPS_PER_LONE_USER: usize = 5;
 
 /// Longest observation key and job id accepted.
 pub const MAX_KEY_LEN: usize = 256;
@@ -384,6 +409,9 @@ impl Observation {
         if !printable(&self.job) || !printable(&self.node) || !printable(&self.gpu) {
             return bad(format!("observation {}: empty or bad job, node or gpu", self.key));
         }
+        if self.user.as_deref().is_some_and(|u| !printable(u)) {
+            return bad(format!("observation {}: empty or bad user", self.key));
+        }
         validate_workload_name(&self.workload)?;
         if self.partners.len() > MAX_PARTNERS {
             return bad(format!(
@@ -447,6 +475,9 @@ pub struct ObservationFilter {
 pub struct ObservedGroup {
     /// The members, the first-stored observation first.
     pub members: Vec<ObservedMember>,
+    /// Whether every member's observation is trusted (an admin imported it or marked it): the
+    /// group is then part of the reference a new model is checked on.
+    pub trusted: bool,
 }
 
 /// One job of an [`ObservedGroup`].
@@ -461,6 +492,8 @@ pub struct ObservedMember {
     /// Row id of its observation: ids grow as observations are stored, so a model that records
     /// the newest id it was trained on tells which groups it has seen.
     pub id: i64,
+    /// The job's user, when recorded.
+    pub user: Option<String>,
 }
 
 impl ObservedGroup {
@@ -569,6 +602,13 @@ pub struct DecisionRecord {
 mod tests {
     use super::*;
 
+    /// The selector refuses to activate a model predicting beyond the bound an observation
+    /// must meet here: one number, kept in two crates (the selector knows nothing of the store).
+    #[test]
+    fn the_selectors_range_bound_is_the_stores() {
+        assert_eq!(MAX_RATIO_TO_EXCLUSIVE, kace_selector::training::MAX_RATIO_TO_EXCLUSIVE);
+    }
+
     #[test]
     fn workload_names() {
         assert!(validate_workload_name("bert-base-cased_batch2-inf").is_ok());
@@ -592,6 +632,7 @@ mod tests {
             end: 20.0,
             steps: Some(5.0),
             throughput: 0.5,
+            user: None,
         };
         assert!(o.validate().is_ok());
         assert!(o.exclusive());

@@ -27,6 +27,7 @@ fn obs(key: &str, job: &str, thr: f64) -> Observation {
         end: 110.0,
         steps: Some(10.0 * thr),
         throughput: thr,
+        user: None,
     }
 }
 

@@ -27,6 +27,7 @@ fn obs(key: &str, job: &str, wl: &str, partner: Option<(&str, &str)>, thr: f64) 
         end: 200.0,
         steps: Some(thr * 100.0),
         throughput: thr,
+        user: None,
     }
 }
 
@@ -490,7 +491,7 @@ fn observed(
             source: if oom.is_some() { OOM_SOURCE } else { OBSERVED_SOURCE }.into(),
             values,
         },
-        samples: if oom.is_some() { 0 } else { 30 },
+        samples: 30,
         alone_seconds: 30.0,
         oom_limit_mib: oom,
     }
@@ -643,4 +644,146 @@ fn spooled_profiles_are_ingested_once_and_bad_ones_quarantined() {
     let mut bad = rec.clone();
     bad.profile.values[7] = Some(f64::NAN);
     assert!(write_profile(&spool, &bad).is_err());
+}
+
+/// The trusted reference (issue 31): an admin's import is trusted, the spool's records are not,
+/// `trust_observations` marks more, a group is trusted when all its members are, and the
+/// migration marks the pair-table imports stored before it.
+#[test]
+fn admin_imports_are_trusted_and_spooled_records_are_not() {
+    let dir = TempDir::new("trusted");
+    let path = dir.path().join("k.db");
+    let (mut db, _) = Db::create(&path).unwrap();
+    let a = obs("import/t:r0:w1", "t:r0:w1", "wa", Some(("t:r0:w2", "wb")), 3.0);
+    let b = obs("import/t:r0:w2", "t:r0:w2", "wb", Some(("t:r0:w1", "wa")), 4.0);
+    db.insert_admin_observations(&[a, b]).unwrap();
+    let c = obs("c/1/0", "1", "wa", Some(("2", "wb")), 3.0);
+    let d = obs("c/2/0", "2", "wb", Some(("1", "wa")), 4.0);
+    db.insert_observations(&[c, d]).unwrap();
+    let trusted = |db: &Db| -> Vec<bool> {
+        db.observed_groups().unwrap().iter().map(|g| g.trusted).collect()
+    };
+    assert_eq!(trusted(&db), [false, true], "spooled c/… first in key order, then import/…");
+    // Half a group trusted is not a trusted group.
+    let one = kace_sql::ObservationFilter { key: Some("c/1/0".into()), job: None, node: None };
+    assert_eq!(db.trust_observations(&one).unwrap(), 1);
+    assert_eq!(trusted(&db), [false, true]);
+    let other = kace_sql::ObservationFilter { job: Some("2".into()), key: None, node: None };
+    assert_eq!(db.trust_observations(&other).unwrap(), 1);
+    assert_eq!(trusted(&db), [true, true]);
+    drop(db);
+
+    // A version-3 database: the imported rows of a pair table become trusted by migrating.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "UPDATE observations SET node = 'imported' WHERE key LIKE 'import/%'; \
+         ALTER TABLE observations DROP COLUMN trusted; ALTER TABLE observations DROP COLUMN user; \
+         PRAGMA user_version = 3;",
+    )
+    .unwrap();
+    drop(conn);
+    let mut old = Db::open_any_version(&path).unwrap();
+    assert_eq!(old.migrate().unwrap().to, CURRENT_VERSION);
+    assert_eq!(trusted(&old), [false, true]);
+}
+
+/// The re-audit's H1(b) and M1 at the store: the plausibility bound is the admin's exclusive
+/// throughput, never one a user's alone run set; a self-measured exclusive throughput far off
+/// the admin's is refused; an out-of-memory raise needs sampler readings and comes once a day.
+#[test]
+fn bounds_come_from_the_admin_and_memcap_raises_are_backed_and_rationed() {
+    let dir = TempDir::new("bounds");
+    let (mut db, _) = Db::create(&dir.path().join("k.db")).unwrap();
+    let mut admin = [None; FEATURE_COUNT];
+    admin[6] = Some(12.0);
+    admin[9] = Some(24.0);
+    let admin = NewProfile {
+        workload: "resnet".into(),
+        gpu_model: "V100".into(),
+        source: "file:profiles.csv".into(),
+        values: admin,
+    };
+    db.insert_profiles(&[admin]).unwrap();
+    // One alone run at 9e8 steps/s (under the 1e9 cap for unknown workloads) is refused...
+    let fast = observed("c/35/1/n1/profile", "35", "resnet", 10.0, [9e8, 40.0, 20.0, 3.0], None);
+    let e = db.insert_observed_profile(&fast).unwrap_err().to_string();
+    assert!(e.contains("more than 4 times off resnet's admin-measured 12"), "{e}");
+    // ...and so is a slow one that would move the bound down; one within 4× is stored.
+    let slow = observed("c/36/1/n1/profile", "36", "resnet", 11.0, [2.0, 40.0, 20.0, 3.0], None);
+    assert!(db.insert_observed_profile(&slow).is_err());
+    let fair = observed("c/37/1/n1/profile", "37", "resnet", 12.0, [40.0, 40.0, 20.0, 3.0], None);
+    assert!(db.insert_observed_profile(&fair).unwrap());
+    // The bound stays the admin's 12 although kace's newest measurement says 40.
+    assert_eq!(db.exclusive_throughputs().unwrap().get("resnet"), Some(&12.0));
+    let forged = obs("c/38/0", "38", "resnet", Some(("39", "bert")), 3.5e9);
+    assert!(db.implausible(&forged).unwrap().is_some());
+    assert!(db
+        .implausible(&obs("c/38/0", "38", "resnet", Some(("39", "b")), 46.0))
+        .unwrap()
+        .is_none());
+    // A workload only kace measured has no bound of its own (the 1e9 cap applies).
+    let new = observed("c/40/1/n1/profile", "40", "evilnew", 13.0, [9e8, 40.0, 20.0, 3.0], None);
+    assert!(db.insert_observed_profile(&new).unwrap());
+    assert_eq!(db.exclusive_throughputs().unwrap().get("evilnew"), None);
+
+    // Out of memory: no sampler reading backs it, refused.
+    let mut unbacked =
+        observed("c/50/1/n1/profile", "50", "resnet", 1e5, [-1.0, -1.0, -1.0, 26.4], Some(27034));
+    unbacked.samples = 0;
+    let e = db.insert_observed_profile(&unbacked).unwrap_err().to_string();
+    assert!(e.contains("no sampler reading backs"), "{e}");
+    // Backed: the first raise is stored, the next within a day refused, one a day later stored.
+    let oom = |job: u32, at: f64, gib: f64| {
+        let key = format!("c/{job}/1/n1/profile-oom");
+        observed(&key, &job.to_string(), "resnet", at, [-1.0, -1.0, -1.0, gib], Some(27034))
+    };
+    assert!(db.insert_observed_profile(&oom(51, 1e5, 26.4)).unwrap());
+    let e = db.insert_observed_profile(&oom(52, 1e5 + 5.0, 29.0)).unwrap_err().to_string();
+    assert!(e.contains("one raise a day"), "{e}");
+    assert!(
+        !db.insert_observed_profile(&oom(51, 1e5, 26.4)).unwrap(),
+        "a re-ingest is a duplicate"
+    );
+    assert!(db.insert_observed_profile(&oom(53, 1e5 + 86_400.0, 29.0)).unwrap());
+    assert_eq!(db.profiles(&["resnet"], None).unwrap()["resnet"].values[9], Some(29.0));
+}
+
+/// The re-audit's M2 at ingest: an observation that ends in the future is a clock step on its
+/// node; it is quarantined with a reason that says so.
+#[test]
+fn an_observation_ending_in_the_future_is_refused_naming_the_clock() {
+    let dir = TempDir::new("future");
+    let (mut db, _) = Db::create(&dir.path().join("k.db")).unwrap();
+    let spool = dir.path().join("spool");
+    let q = dir.path().join("q");
+    fs::create_dir_all(&spool).unwrap();
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let mut ahead = obs("c/682/0", "682", "wa", None, 3.0);
+    (ahead.start, ahead.end) = (now - 10.0, now + 86_400.0);
+    let mut fine = obs("c/683/0", "683", "wa", None, 3.0);
+    (fine.start, fine.end) = (now - 10.0, now);
+    write_record(&spool, &ahead).unwrap();
+    write_record(&spool, &fine).unwrap();
+    let r = ingest(&mut db, &spool, &q).unwrap();
+    assert_eq!((r.inserted, r.quarantined.len()), (1, 1));
+    let reason = &r.quarantined[0].1;
+    assert!(reason.contains("s after this host's clock"), "{reason}");
+    assert!(reason.contains("clock of node \"n1\" was ahead"), "{reason}");
+}
+
+/// The re-audit's L9: the database was world-readable (0644), so any user read every decision
+/// with sqlite3. `Db::create` makes it 0640; an existing file keeps its mode.
+#[test]
+fn a_new_database_is_not_world_readable() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("mode");
+    let path = dir.path().join("k.db");
+    Db::create(&path).unwrap();
+    let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode & 0o007, 0, "{mode:o}");
+    assert_eq!(mode & 0o600, 0o600, "{mode:o}");
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+    Db::create(&path).unwrap();
+    assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
 }

@@ -316,7 +316,8 @@ fn only_root_releases_a_kace_job() {
 }
 
 /// What kace cannot pair is refused at submission with a one-line reason, and nothing is queued:
-/// a job array, a heterogeneous job, a job without a shard, and the user's own `--hold`.
+/// a job array, a heterogeneous job, a job without a shard or with `shard:0`, and the user's own
+/// `--hold`.
 #[test]
 #[ignore = "needs root and Slurm"]
 fn the_gate_refuses_what_kace_cannot_pair() {
@@ -324,7 +325,7 @@ fn the_gate_refuses_what_kace_cannot_pair() {
     let het = c.dir().join("work/het.sh");
     std::fs::write(&het, "#!/bin/bash\ntrue\n").unwrap();
     let het = het.display().to_string();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["--kace-colocate=bert", "--gres=shard:1", "--array=1-2", "--wrap", "true"],
             "couldn't accept --kace-colocate on a job array",
@@ -340,6 +341,11 @@ fn the_gate_refuses_what_kace_cannot_pair() {
         (
             &["--kace-colocate=bert", "--gres=shard:1", "--hold", "--wrap", "true"],
             "couldn't accept --hold with --kace-colocate",
+        ),
+        // The re-audit's L3: shard:0 was accepted, and dispatch "released" it onto a GPU.
+        (
+            &["--kace-colocate=bert", "--gres=shard:0", "--wrap", "true"],
+            "couldn't accept --kace-colocate with --gres=shard:0",
         ),
     ];
     for (i, (args, reason)) in cases.into_iter().enumerate() {
