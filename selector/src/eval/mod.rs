@@ -5,6 +5,7 @@ pub mod chart;
 pub mod colocations;
 pub mod paper;
 pub mod run;
+pub mod splits;
 
 pub use crate::tuning::Folds;
 pub use run::{EvalOptions, ModelChoice, Protocol, KACE};
