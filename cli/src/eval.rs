@@ -177,6 +177,14 @@ struct SplitsArgs {
     /// absolute.
     #[arg(long, value_name = "FILE.csv", default_value = splits_eval::DEFAULT_PROFILES)]
     profiles: PathBuf,
+    /// Each workload's exclusive sweep (throughput alone at 10…100 %), relative to --data
+    /// unless absolute: offers the chooser each member's throughput alone at its share as
+    /// features (inner cross-validation decides whether to use them).
+    #[arg(long, value_name = "FILE.csv", default_value = splits_eval::DEFAULT_EXCLUSIVE)]
+    exclusive: PathBuf,
+    /// Offer the chooser only the system profiles, not the exclusive sweeps.
+    #[arg(long)]
+    system_only: bool,
     /// Seeds of the held-out-pair splits; `A-B` is every seed from A to B.
     #[arg(long, value_delimiter = ',', value_parser = parse_seed_range, default_value = "1-10")]
     seeds: Vec<SeedRange>,
@@ -216,6 +224,7 @@ pub fn run(args: EvalArgs, format: Format) -> Result<()> {
             let input = splits_eval::Input {
                 sweeps: resolve(&a.sweeps),
                 profiles: resolve(&a.profiles),
+                exclusive: (!a.system_only).then(|| resolve(&a.exclusive)),
                 seeds,
                 test_fraction: a.test_fraction,
             };

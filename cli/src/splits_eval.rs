@@ -6,7 +6,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use kace_selector::dataset::{read_mps_sweeps, read_system_profiles};
+use kace_selector::dataset::{read_exclusive_sweeps, read_mps_sweeps, read_system_profiles};
 use kace_selector::eval::splits::{
     evaluate, PolicyScore, SplitProtocol, SplitReport, CHOOSER, POLICIES,
 };
@@ -21,6 +21,9 @@ pub const DEFAULT_SWEEPS: &str = "raw_mps_sweeps/merged0505_0617_0520_0520_share
 /// The system profiles, inside the artifact folder.
 pub const DEFAULT_PROFILES: &str = "workload_profiles/baseline_labels.csv";
 
+/// Each workload's exclusive sweep (throughput alone at 10…100 %), inside the artifact folder.
+pub const DEFAULT_EXCLUSIVE: &str = "raw_mps_sweeps/baseline_steps_stage2.csv";
+
 /// The goal on the mean: within 2 % of the best split.
 pub const GOAL_CHOSEN_VS_BEST: f64 = 0.98;
 
@@ -30,6 +33,8 @@ pub struct Input {
     pub sweeps: PathBuf,
     /// The profile table.
     pub profiles: PathBuf,
+    /// The exclusive sweeps, when the alone-at-share features may be used.
+    pub exclusive: Option<PathBuf>,
     /// Seeds of the held-out-pair splits.
     pub seeds: Vec<u32>,
     /// Share of unordered pairs held out per seed.
@@ -49,7 +54,11 @@ pub fn run(input: &Input, format: Format) -> Result<String> {
     let profiles =
         read_system_profiles(&input.profiles.display().to_string(), open(&input.profiles)?)?;
     let candidates = artifact_candidates();
-    let (ex, dropped) = examples(&rows, &profiles, &candidates);
+    let exclusive = match &input.exclusive {
+        Some(p) => Some(read_exclusive_sweeps(&p.display().to_string(), open(p)?)?),
+        None => None,
+    };
+    let (ex, dropped) = examples(&rows, &profiles, exclusive.as_ref(), &candidates);
     if ex.len() < 10 {
         bail!(
             "couldn't evaluate: only {} pair(s) of {} were measured at every split with both \
@@ -101,6 +110,29 @@ fn goals(s: &PolicyScore) -> Value {
     })
 }
 
+/// Every test pair for which the chooser gave less than the goal's share of 100/100: what the
+/// worst-case figure is made of.
+fn losses(r: &SplitReport) -> Value {
+    let mut out = Vec::new();
+    for run in &r.runs {
+        for p in &run.pairs {
+            let Some(&(vs_best, vs_default)) = p.ratios.get(CHOOSER) else { continue };
+            if vs_default < 1.0 - MAX_LOSS_VS_DEFAULT {
+                out.push(json!({
+                    "seed": run.seed,
+                    "heldout": run.heldout,
+                    "workloads": p.workloads,
+                    "chosen": p.chosen.to_string(),
+                    "best": p.best.to_string(),
+                    "chosen_vs_best": vs_best,
+                    "chosen_vs_default": vs_default,
+                }));
+            }
+        }
+    }
+    Value::Array(out)
+}
+
 fn report_json(r: &SplitReport) -> Value {
     let policies: serde_json::Map<String, Value> =
         POLICIES.iter().filter_map(|p| Some((p.to_string(), score_json(&r.score(p)?)))).collect();
@@ -111,6 +143,7 @@ fn report_json(r: &SplitReport) -> Value {
         "moved_share": r.moved_share(),
         "chosen_settings": r.chosen_settings(),
         "policies": policies,
+        "losses": losses(r),
     });
     if let Some(s) = r.score(CHOOSER) {
         v["chosen_vs_best"] = json!(s.chosen_vs_best);
@@ -119,6 +152,11 @@ fn report_json(r: &SplitReport) -> Value {
         v["goals"] = goals(&s);
     }
     v
+}
+
+/// Examples that carry the alone-at-share features.
+fn ex_alone(r: &SplitReport) -> usize {
+    r.alone_examples
 }
 
 fn document(
@@ -145,6 +183,8 @@ fn document(
     doc["data"] = json!({
         "sweeps": input.sweeps.display().to_string(),
         "profiles": input.profiles.display().to_string(),
+        "exclusive_sweeps": input.exclusive.as_ref().map(|p| p.display().to_string()),
+        "with_alone_features": ex_alone(pairs),
         "rows": rows,
         "examples": pairs.examples,
         "dropped": {

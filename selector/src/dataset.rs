@@ -116,8 +116,14 @@ struct Table {
 
 impl Table {
     fn read<R: Read>(source: &str, reader: R) -> Result<Table, DataError> {
+        Table::read_with(source, reader, false)
+    }
+
+    /// With `flexible`, rows may have fewer or more fields than the header (the caller decides
+    /// what such a row means).
+    fn read_with<R: Read>(source: &str, reader: R, flexible: bool) -> Result<Table, DataError> {
         let mut rdr =
-            csv::ReaderBuilder::new().has_headers(true).flexible(false).from_reader(reader);
+            csv::ReaderBuilder::new().has_headers(true).flexible(flexible).from_reader(reader);
         let header: Vec<String> = rdr
             .headers()
             .map_err(|e| csv_error(source, e))?
@@ -496,6 +502,40 @@ pub fn read_system_profiles<R: Read>(
     Ok(out)
 }
 
+/// Reads an exclusive MPS sweep (`raw_mps_sweeps/baseline_steps_stage2.csv`): a `workload`
+/// column and one column per `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (`10`, `20`, …, `100`), each
+/// the workload's throughput running alone at that percentage (steps/s). Empty cells are runs
+/// not made and are left out; a workload listed twice keeps its first row. A row with fewer
+/// fields than the header (the artifact's file has three, `workload,value`) cannot say which
+/// percentage its values belong to, so it is skipped rather than guessed.
+pub fn read_exclusive_sweeps<R: Read>(
+    source: &str,
+    reader: R,
+) -> Result<HashMap<String, HashMap<u8, f64>>, DataError> {
+    let t = Table::read_with(source, reader, true)?;
+    let name = t.column("workload")?;
+    let cols: Vec<(usize, u8)> = t
+        .header
+        .iter()
+        .enumerate()
+        .filter_map(|(i, h)| h.parse::<u8>().ok().filter(|p| (1..=100).contains(p)).map(|p| (i, p)))
+        .collect();
+    if !cols.iter().any(|(_, p)| *p == 100) {
+        return Err(DataError::new(source, Some(1), Some("100"), "missing column".into()));
+    }
+    let mut out = HashMap::new();
+    for rec in t.records.iter().filter(|r| r.1.len() == t.header.len()) {
+        let mut sweep = HashMap::new();
+        for &(c, p) in &cols {
+            if !t.text(rec, c).is_empty() {
+                sweep.insert(p, t.number(rec, c)?);
+            }
+        }
+        out.entry(t.name(rec, name)?).or_insert(sweep);
+    }
+    Ok(out)
+}
+
 fn split_kind(t: &Table, rec: &(u64, csv::StringRecord), col: usize) -> Result<bool, DataError> {
     match t.text(rec, col) {
         "train" => Ok(true),
@@ -652,5 +692,13 @@ mod tests {
         assert_eq!((p["x"].exclusive_throughput(), p["x"].memcap()), (10.0, 3.5));
         let err = read_system_profiles("b.csv", "Type,sm%\nx,1\n".as_bytes()).unwrap_err();
         assert_eq!(err.column.as_deref(), Some("Exclusive100"));
+
+        let text = "workload,10,50,100\nx,1.5,,4\ny,3\n";
+        let s = read_exclusive_sweeps("e.csv", text.as_bytes()).unwrap();
+        assert_eq!(s["x"], [(10, 1.5), (100, 4.0)].into());
+        assert!(!s.contains_key("y"), "a short row is skipped, not guessed");
+        let err = read_exclusive_sweeps("e.csv", "workload,10\nx,1\n".as_bytes()).unwrap_err();
+        assert_eq!(err.column.as_deref(), Some("100"));
+        assert!(read_exclusive_sweeps("e.csv", "workload,100\nx,fast\n".as_bytes()).is_err());
     }
 }

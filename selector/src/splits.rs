@@ -31,6 +31,7 @@ use crate::linear::ridge_with_intercept;
 use crate::numpy_rng::permutation;
 use crate::tuning::{FOLD_SEED, GROUP_FOLDS};
 use crate::zscore::ZScore;
+use nalgebra::DMatrix;
 
 /// A job measured above this many times its exclusive throughput is a broken measurement, not
 /// interference: the same plausibility bound `kace_sql` applies to observations before
@@ -39,6 +40,10 @@ pub const MAX_RATIO_TO_EXCLUSIVE: f64 = 4.0;
 
 /// Ridge strengths tried.
 pub const ALPHAS: [f64; 4] = [0.3, 1.0, 3.0, 10.0];
+
+/// Doubt weights `κ` tried, smallest first: a split's predicted gain is discounted by `κ` times
+/// its doubt ([`SplitModel::doubts`]) before it is compared with the margin.
+pub const DOUBT_WEIGHTS: [f64; 6] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0];
 
 /// Margins tried, in log-gain units (0.01 ≈ a 1 % predicted gain), smallest first.
 pub const MARGINS: [f64; 9] = [0.0, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3, 0.5];
@@ -74,13 +79,24 @@ pub fn pair_features(profiles: &[Profile; 2]) -> [f64; PAIR_FEATURES] {
     out
 }
 
+/// What is known about an ordered pair before it runs: its members' profiles and, where
+/// measured, how each member runs alone at each candidate's share.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PairInput {
+    /// The members' profiles (only the system features are read).
+    pub profiles: [Profile; 2],
+    /// Per candidate, each member's throughput running alone at its share of that split over
+    /// its throughput alone at 100 % (1 at 100/100); `None` without an exclusive sweep.
+    pub alone: Option<Vec<[f64; 2]>>,
+}
+
 /// One ordered pair measured at every candidate split.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SplitExample {
     /// The two workloads: the first gets [`ThreadSplit::first`].
     pub workloads: [String; 2],
-    /// Their profiles (only the system features are read).
-    pub profiles: [Profile; 2],
+    /// What the chooser sees.
+    pub input: PairInput,
     /// Normalised throughput (Σ colocated / exclusive) at each candidate, in candidate order.
     pub normalised: Vec<f64>,
 }
@@ -113,11 +129,22 @@ pub struct Dropped {
     pub implausible: usize,
 }
 
+/// A workload's throughput running alone at `percent` over its throughput alone at 100 %, from
+/// its exclusive sweep (percentage → steps/s); `None` when either was not measured.
+pub fn alone_ratio(sweep: &HashMap<u8, f64>, percent: u8) -> Option<f64> {
+    let full = *sweep.get(&100)?;
+    let at = *sweep.get(&percent)?;
+    (full > 0.0 && at.is_finite()).then(|| at / full)
+}
+
 /// Turns sweep rows into examples over `candidates`: rows measured at every candidate, with
-/// both workloads profiled and every ratio plausible.
+/// both workloads profiled and every ratio plausible. With `exclusive_sweeps` (workload →
+/// percentage → steps/s alone), each example also carries [`PairInput::alone`] where both
+/// members' sweeps cover every share (otherwise `None`; the row is kept).
 pub fn examples(
     rows: &[SweepRow],
     profiles: &HashMap<String, Profile>,
+    exclusive_sweeps: Option<&HashMap<String, HashMap<u8, f64>>>,
     candidates: &[ThreadSplit],
 ) -> (Vec<SplitExample>, Dropped) {
     let mut out = Vec::new();
@@ -144,13 +171,90 @@ pub fn examples(
             dropped.implausible += 1;
             continue;
         }
+        let alone = exclusive_sweeps.and_then(|sw| {
+            let (sa, sb) = (sw.get(&r.workloads[0])?, sw.get(&r.workloads[1])?);
+            candidates
+                .iter()
+                .map(|s| Some([alone_ratio(sa, s.first)?, alone_ratio(sb, s.second)?]))
+                .collect::<Option<Vec<[f64; 2]>>>()
+        });
         out.push(SplitExample {
             workloads: r.workloads.clone(),
-            profiles: [*a, *b],
+            input: PairInput { profiles: [*a, *b], alone },
             normalised: ratios.iter().map(|r| r[0] + r[1]).collect(),
         });
     }
     (out, dropped)
+}
+
+/// Which features the per-split regressions use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FeatureSet {
+    /// The eight [`pair_features`] of the system profiles.
+    System,
+    /// Those, plus each member's throughput alone at its share of the split over alone at
+    /// 100 % ([`PairInput::alone`]): how much the member needs the SM share it would lose.
+    /// Needs each workload's exclusive sweep (nine short runs alone), which kace's profiles
+    /// do not have yet.
+    SystemAndAlone,
+}
+
+impl FeatureSet {
+    /// A short stable name for reports.
+    pub fn key(self) -> &'static str {
+        match self {
+            FeatureSet::System => "system",
+            FeatureSet::SystemAndAlone => "system+alone",
+        }
+    }
+
+    /// The raw feature row of `input` for candidate `s`; `None` when a feature is missing.
+    fn row(self, input: &PairInput, s: usize) -> Option<Vec<f64>> {
+        let mut x = pair_features(&input.profiles).to_vec();
+        if self == FeatureSet::SystemAndAlone {
+            x.extend_from_slice(input.alone.as_ref()?.get(s)?);
+        }
+        Some(x)
+    }
+}
+
+/// One candidate's regression: the normalisation of its feature rows, its ridge terms, and
+/// what its doubt is computed from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SplitTerm {
+    /// Normalisation of the feature rows, from the training pairs.
+    pub scale: ZScore,
+    /// Intercept of the predicted log gain.
+    pub intercept: f64,
+    /// Coefficients, one per z-scored feature.
+    pub coefficients: Vec<f64>,
+    /// Standard deviation of the training residuals (n − p − 1 degrees of freedom, at least 1).
+    pub sigma: f64,
+    /// `(ZᵀZ + αI)⁻¹` of the z-scored training rows, row-major: how far a new pair's features
+    /// are from what the regression saw.
+    pub inverse: Vec<f64>,
+    /// Training pairs.
+    pub n: usize,
+}
+
+impl SplitTerm {
+    fn predict(&self, z: &[f64]) -> f64 {
+        self.intercept + self.coefficients.iter().zip(z).map(|(c, v)| c * v).sum::<f64>()
+    }
+
+    /// The prediction's doubt: `σ · √(1 + 1/n + zᵀ(ZᵀZ + αI)⁻¹z)`, the ridge analogue of a
+    /// prediction interval's half-width per unit of `t`; larger for a pair unlike the training
+    /// pairs.
+    fn doubt(&self, z: &[f64]) -> f64 {
+        let p = z.len();
+        let mut q = 0.0;
+        for i in 0..p {
+            for j in 0..p {
+                q += z[i] * self.inverse.get(i * p + j).copied().unwrap_or(0.0) * z[j];
+            }
+        }
+        self.sigma * (1.0 + 1.0 / self.n.max(1) as f64 + q.max(0.0)).sqrt()
+    }
 }
 
 /// The split chooser: per-split ridge regressions of the log gain over 100/100, and the
@@ -159,15 +263,17 @@ pub fn examples(
 pub struct SplitModel {
     /// The candidates, 100/100 among them.
     pub candidates: Vec<ThreadSplit>,
-    /// Normalisation of [`pair_features`], from the training pairs.
-    pub scale: ZScore,
-    /// Per candidate, (intercept, coefficients) of the predicted log gain; `None` for 100/100.
-    pub terms: Vec<Option<(f64, Vec<f64>)>>,
+    /// The features used.
+    pub features: FeatureSet,
+    /// Per candidate, its regression; `None` for 100/100 (predicted at 0).
+    pub terms: Vec<Option<SplitTerm>>,
     /// The ridge strength.
     pub alpha: f64,
-    /// The least predicted log gain for which a split other than 100/100 is chosen; `None`:
-    /// never (cross-validation found no margin safe enough).
+    /// The least predicted log gain, less `doubt_weight` times its doubt, for which a split
+    /// other than 100/100 is chosen; `None`: never (cross-validation found nothing safe enough).
     pub margin: Option<f64>,
+    /// `κ`, how many doubts a predicted gain is discounted by.
+    pub doubt_weight: f64,
 }
 
 /// Position of 100/100 among `candidates`.
@@ -178,13 +284,25 @@ fn default_index(candidates: &[ThreadSplit]) -> Result<usize, SelectorError> {
         .ok_or_else(|| SelectorError::Invalid("the candidate splits must include 100/100".into()))
 }
 
+/// The settings of one fit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SplitSettings {
+    /// The features.
+    pub features: FeatureSet,
+    /// The ridge strength.
+    pub alpha: f64,
+    /// The fallback margin (`None`: never leave 100/100).
+    pub margin: Option<f64>,
+    /// The doubt weight `κ`.
+    pub doubt_weight: f64,
+}
+
 impl SplitModel {
     /// Fits the per-split regressions on `examples` (normalised values in `candidates` order).
     pub fn fit(
         examples: &[&SplitExample],
         candidates: &[ThreadSplit],
-        alpha: f64,
-        margin: Option<f64>,
+        settings: SplitSettings,
     ) -> Result<SplitModel, SelectorError> {
         let d = default_index(candidates)?;
         if examples.is_empty() {
@@ -196,54 +314,121 @@ impl SplitModel {
                 found: e.normalised.len(),
             });
         }
-        let raw: Vec<[f64; PAIR_FEATURES]> =
-            examples.iter().map(|e| pair_features(&e.profiles)).collect();
-        let scale = ZScore::fit(&raw, PAIR_FEATURES, 1);
-        let x: Vec<Vec<f64>> = raw.iter().map(|r| scale.apply(r)).collect();
         let mut terms = Vec::with_capacity(candidates.len());
         for s in 0..candidates.len() {
             if s == d {
                 terms.push(None);
                 continue;
             }
+            let raw: Vec<Vec<f64>> = examples
+                .iter()
+                .map(|e| settings.features.row(&e.input, s))
+                .collect::<Option<_>>()
+                .ok_or_else(|| {
+                    SelectorError::Invalid(format!(
+                        "features '{}' need every training pair's exclusive sweeps",
+                        settings.features.key()
+                    ))
+                })?;
+            let width = raw[0].len();
+            let scale = ZScore::fit(&raw, width, 1);
+            let x: Vec<Vec<f64>> = raw.iter().map(|r| scale.apply(r)).collect();
             // A non-positive measurement has no log; such a split is simply a large loss.
             let y: Vec<f64> = examples
                 .iter()
                 .map(|e| (e.normalised[s].max(1e-6) / e.normalised[d].max(1e-6)).ln())
                 .collect();
-            terms.push(Some(ridge_with_intercept(&x, &y, alpha)?));
+            let (intercept, coefficients) = ridge_with_intercept(&x, &y, settings.alpha)?;
+            let n = x.len();
+            let zt = DMatrix::from_fn(n, width, |i, j| x[i][j]);
+            let a = zt.tr_mul(&zt) + DMatrix::identity(width, width) * settings.alpha;
+            let inv = a
+                .try_inverse()
+                .ok_or_else(|| SelectorError::Numerical("ridge system is not invertible".into()))?;
+            let inverse: Vec<f64> = (0..width)
+                .flat_map(|i| (0..width).map(move |j| (i, j)))
+                .map(|(i, j)| inv[(i, j)])
+                .collect();
+            let sse: f64 = x
+                .iter()
+                .zip(&y)
+                .map(|(r, v)| {
+                    let f = intercept + coefficients.iter().zip(r).map(|(c, z)| c * z).sum::<f64>();
+                    (v - f) * (v - f)
+                })
+                .sum();
+            let dof = (n as f64 - width as f64 - 1.0).max(1.0);
+            let sigma = (sse / dof).sqrt();
+            terms.push(Some(SplitTerm { scale, intercept, coefficients, sigma, inverse, n }));
         }
-        Ok(SplitModel { candidates: candidates.to_vec(), scale, terms, alpha, margin })
+        Ok(SplitModel {
+            candidates: candidates.to_vec(),
+            features: settings.features,
+            terms,
+            alpha: settings.alpha,
+            margin: settings.margin,
+            doubt_weight: settings.doubt_weight,
+        })
     }
 
-    /// Predicted log gain over 100/100 at each candidate (0 at 100/100).
-    pub fn predicted_gains(&self, profiles: &[Profile; 2]) -> Vec<f64> {
-        let z = self.scale.apply(&pair_features(profiles));
+    /// Predicted log gain over 100/100 at each candidate (0 at 100/100); `None` when the pair
+    /// lacks a feature the model uses.
+    pub fn predicted_gains(&self, input: &PairInput) -> Option<Vec<f64>> {
         self.terms
             .iter()
-            .map(|t| match t {
-                None => 0.0,
-                Some((b, w)) => b + w.iter().zip(&z).map(|(c, v)| c * v).sum::<f64>(),
+            .enumerate()
+            .map(|(s, t)| match t {
+                None => Some(0.0),
+                Some(t) => {
+                    let x = self.features.row(input, s)?;
+                    Some(t.predict(&t.scale.apply(&x)))
+                }
             })
             .collect()
     }
 
-    /// The candidate with the highest predicted gain, without the fallback rule (ties: the
-    /// earlier candidate).
-    pub fn best_predicted(&self, profiles: &[Profile; 2]) -> usize {
-        argmax(&self.predicted_gains(profiles))
+    /// Each candidate's doubt (0 at 100/100, known exactly); `None` when the pair lacks a
+    /// feature the model uses.
+    pub fn doubts(&self, input: &PairInput) -> Option<Vec<f64>> {
+        self.terms
+            .iter()
+            .enumerate()
+            .map(|(s, t)| match t {
+                None => Some(0.0),
+                Some(t) => Some(t.doubt(&t.scale.apply(&self.features.row(input, s)?))),
+            })
+            .collect()
     }
 
-    /// The split chosen: the best predicted when its predicted gain exceeds the margin,
-    /// otherwise 100/100. Returns its index in [`SplitModel::candidates`].
-    pub fn choose(&self, profiles: &[Profile; 2]) -> usize {
-        let gains = self.predicted_gains(profiles);
-        let best = argmax(&gains);
-        let d = self.terms.iter().position(Option::is_none).unwrap_or(best);
-        match self.margin {
-            Some(m) if gains[best] > m => best,
+    fn default_index(&self) -> usize {
+        self.terms.iter().position(Option::is_none).unwrap_or(0)
+    }
+
+    /// The candidate with the highest predicted gain, without the fallback rule (ties: the
+    /// earlier candidate; 100/100 when a feature is missing).
+    pub fn best_predicted(&self, input: &PairInput) -> usize {
+        self.predicted_gains(input).map_or(self.default_index(), |g| argmax(&g))
+    }
+
+    /// The split chosen: the one whose predicted gain less `κ` times its doubt is highest,
+    /// when that exceeds the margin; otherwise 100/100 (also when a feature is missing:
+    /// nothing to go on). Returns its index in [`SplitModel::candidates`].
+    pub fn choose(&self, input: &PairInput) -> usize {
+        let d = self.default_index();
+        match (self.predicted_gains(input), self.doubts(input)) {
+            (Some(g), Some(u)) => pick(&g, &u, self.doubt_weight, self.margin, d),
             _ => d,
         }
+    }
+}
+
+/// The fallback rule on predicted gains `g` and doubts `u`.
+fn pick(g: &[f64], u: &[f64], kappa: f64, margin: Option<f64>, default: usize) -> usize {
+    let lower: Vec<f64> = g.iter().zip(u).map(|(g, u)| g - kappa * u).collect();
+    let b = argmax(&lower);
+    match margin {
+        Some(m) if lower.get(b).is_some_and(|v| *v > m) => b,
+        _ => default,
     }
 }
 
@@ -260,10 +445,8 @@ fn argmax(v: &[f64]) -> usize {
 /// What [`tune`] chose, and how its choices fared out of fold.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SplitTuned {
-    /// The ridge strength.
-    pub alpha: f64,
-    /// The margin; `None`: no margin tried met the safety target, so 100/100 always.
-    pub margin: Option<f64>,
+    /// The settings chosen.
+    pub settings: SplitSettings,
     /// Out of fold, the mean ratio of the chosen split's normalised throughput to the best's.
     pub cv_chosen_vs_best: f64,
     /// Out of fold, the smallest ratio of the chosen split's to 100/100's.
@@ -290,12 +473,22 @@ pub fn pair_folds(examples: &[&SplitExample], folds: usize, seed: u32) -> Vec<Ve
     out
 }
 
-/// Chooses the ridge strength and the margin by cross-validation on `examples` only: 5 seeded
-/// folds of pairs ([`pair_folds`]); for each strength, every example's split predicted by the
-/// model fitted without its fold; for each margin, the choices those predictions make. Of the
-/// (strength, margin) settings whose worst out-of-fold choice is at least
-/// `1 − MAX_LOSS_VS_DEFAULT` of 100/100, the one with the highest mean ratio to the best split
-/// wins (ties: the earlier, smaller strength and margin); with none, the margin is `None`.
+/// The feature sets `examples` support, simplest first.
+pub fn feature_sets(examples: &[&SplitExample]) -> Vec<FeatureSet> {
+    let mut out = vec![FeatureSet::System];
+    if !examples.is_empty() && examples.iter().all(|e| e.input.alone.is_some()) {
+        out.push(FeatureSet::SystemAndAlone);
+    }
+    out
+}
+
+/// Chooses the features, the ridge strength and the margin by cross-validation on `examples`
+/// only: 5 seeded folds of pairs ([`pair_folds`]); for each feature set ([`feature_sets`]) and
+/// strength, every example's gains predicted by the model fitted without its fold; for each
+/// margin, the choices those predictions make. Of the settings whose worst out-of-fold choice
+/// is at least `1 − MAX_LOSS_VS_DEFAULT` of 100/100, the one with the highest mean ratio to the
+/// best split wins (ties: the earlier — simpler features, smaller strength and margin); with
+/// none, the margin is `None` (never leave 100/100).
 pub fn tune(
     examples: &[&SplitExample],
     candidates: &[ThreadSplit],
@@ -310,39 +503,51 @@ pub fn tune(
     }
     let mut best: Option<SplitTuned> = None;
     let mut unsafe_best: Option<SplitTuned> = None;
-    for alpha in ALPHAS {
-        let mut gains: Vec<Vec<f64>> = vec![Vec::new(); examples.len()];
-        for held in &folds {
-            let fit: Vec<&SplitExample> =
-                (0..examples.len()).filter(|i| !held.contains(i)).map(|i| examples[i]).collect();
-            let m = SplitModel::fit(&fit, candidates, alpha, None)?;
-            for &i in held {
-                gains[i] = m.predicted_gains(&examples[i].profiles);
-            }
-        }
-        for margin in MARGINS {
-            let (mut sum, mut worst) = (0.0, f64::INFINITY);
-            for (e, g) in examples.iter().zip(&gains) {
-                let b = argmax(g);
-                let pick = if g[b] > margin { b } else { d };
-                sum += e.normalised[pick] / e.best();
-                worst = worst.min(e.normalised[pick] / e.normalised[d]);
-            }
-            let t = SplitTuned {
-                alpha,
-                margin: Some(margin),
-                cv_chosen_vs_best: sum / examples.len() as f64,
-                cv_worst_vs_default: worst,
-            };
-            let better = |b: &Option<SplitTuned>| {
-                b.as_ref().is_none_or(|b| t.cv_chosen_vs_best > b.cv_chosen_vs_best)
-            };
-            if worst >= 1.0 - MAX_LOSS_VS_DEFAULT {
-                if better(&best) {
-                    best = Some(t);
+    for features in feature_sets(examples) {
+        for alpha in ALPHAS {
+            let settings = SplitSettings { features, alpha, margin: None, doubt_weight: 0.0 };
+            let mut gains: Vec<Vec<f64>> = vec![Vec::new(); examples.len()];
+            let mut doubts: Vec<Vec<f64>> = vec![Vec::new(); examples.len()];
+            for held in &folds {
+                let fit: Vec<&SplitExample> = (0..examples.len())
+                    .filter(|i| !held.contains(i))
+                    .map(|i| examples[i])
+                    .collect();
+                let m = SplitModel::fit(&fit, candidates, settings)?;
+                for &i in held {
+                    // Every example has the features here (feature_sets checked).
+                    gains[i] = m.predicted_gains(&examples[i].input).unwrap_or_default();
+                    doubts[i] = m.doubts(&examples[i].input).unwrap_or_default();
                 }
-            } else if better(&unsafe_best) {
-                unsafe_best = Some(t);
+            }
+            for (kappa, margin) in
+                DOUBT_WEIGHTS.into_iter().flat_map(|k| MARGINS.into_iter().map(move |m| (k, m)))
+            {
+                let (mut sum, mut worst) = (0.0, f64::INFINITY);
+                for ((e, g), u) in examples.iter().zip(&gains).zip(&doubts) {
+                    let p = if g.is_empty() { d } else { pick(g, u, kappa, Some(margin), d) };
+                    sum += e.normalised[p] / e.best();
+                    worst = worst.min(e.normalised[p] / e.normalised[d]);
+                }
+                let t = SplitTuned {
+                    settings: SplitSettings {
+                        margin: Some(margin),
+                        doubt_weight: kappa,
+                        ..settings
+                    },
+                    cv_chosen_vs_best: sum / examples.len() as f64,
+                    cv_worst_vs_default: worst,
+                };
+                let better = |b: &Option<SplitTuned>| {
+                    b.as_ref().is_none_or(|b| t.cv_chosen_vs_best > b.cv_chosen_vs_best)
+                };
+                if worst >= 1.0 - MAX_LOSS_VS_DEFAULT {
+                    if better(&best) {
+                        best = Some(t);
+                    }
+                } else if better(&unsafe_best) {
+                    unsafe_best = Some(t);
+                }
             }
         }
     }
@@ -350,11 +555,18 @@ pub fn tune(
         return Ok(b);
     }
     // Nothing safe: never leave 100/100, out of fold exactly what 100/100 scores.
-    let alpha = unsafe_best.map_or(ALPHAS[0], |u| u.alpha);
+    let settings = unsafe_best.map_or(
+        SplitSettings {
+            features: FeatureSet::System,
+            alpha: ALPHAS[0],
+            margin: None,
+            doubt_weight: 0.0,
+        },
+        |u| SplitSettings { margin: None, ..u.settings },
+    );
     let cv = examples.iter().map(|e| e.normalised[d] / e.best()).sum::<f64>();
     Ok(SplitTuned {
-        alpha,
-        margin: None,
+        settings,
         cv_chosen_vs_best: cv / examples.len() as f64,
         cv_worst_vs_default: 1.0,
     })
@@ -366,7 +578,7 @@ pub fn fit_tuned(
     candidates: &[ThreadSplit],
 ) -> Result<(SplitModel, SplitTuned), SelectorError> {
     let t = tune(examples, candidates)?;
-    Ok((SplitModel::fit(examples, candidates, t.alpha, t.margin)?, t))
+    Ok((SplitModel::fit(examples, candidates, t.settings)?, t))
 }
 
 #[cfg(test)]
@@ -418,7 +630,7 @@ pub(crate) mod tests {
                     .collect();
                 out.push(SplitExample {
                     workloads: [a.0.clone(), b.0.clone()],
-                    profiles: [a.1, b.1],
+                    input: PairInput { profiles: [a.1, b.1], alone: None },
                     normalised,
                 });
             }
@@ -431,18 +643,18 @@ pub(crate) mod tests {
         let (ex, c) = synthetic(0.1, 0.0);
         let refs: Vec<&SplitExample> = ex.iter().collect();
         let (m, t) = fit_tuned(&refs, &c).unwrap();
-        assert!(t.margin.is_some(), "{t:?}");
+        assert!(t.settings.margin.is_some(), "{t:?}");
         assert!(t.cv_worst_vs_default >= 1.0 - MAX_LOSS_VS_DEFAULT);
-        let mean = ex.iter().map(|e| e.normalised[m.choose(&e.profiles)] / e.best()).sum::<f64>()
+        let mean = ex.iter().map(|e| e.normalised[m.choose(&e.input)] / e.best()).sum::<f64>()
             / ex.len() as f64;
         assert!(mean > 0.99, "chosen/best {mean}");
         // Every pair's best split is one other than 100/100 here. A linear model of a quadratic
         // optimum is not exact, so a few pairs whose predicted gain stays under the margin keep
         // 100/100; never one that loses to it.
         let d = c.len() - 1;
-        let kept = ex.iter().filter(|e| m.choose(&e.profiles) == d).count();
+        let kept = ex.iter().filter(|e| m.choose(&e.input) == d).count();
         assert!(kept * 10 <= ex.len(), "kept 100/100 for {kept} of {}", ex.len());
-        assert!(ex.iter().all(|e| e.normalised[m.choose(&e.profiles)] >= e.normalised[d] * 0.99));
+        assert!(ex.iter().all(|e| e.normalised[m.choose(&e.input)] >= e.normalised[d] * 0.99));
     }
 
     #[test]
@@ -461,7 +673,7 @@ pub(crate) mod tests {
         let refs: Vec<&SplitExample> = flat.iter().collect();
         let (m, t) = fit_tuned(&refs, &c).unwrap();
         let d = c.len() - 1;
-        let left = flat.iter().filter(|e| m.choose(&e.profiles) != d).count();
+        let left = flat.iter().filter(|e| m.choose(&e.input) != d).count();
         assert!(left * 20 <= flat.len(), "left 100/100 for {left} of {} pairs ({t:?})", flat.len());
         assert!(t.cv_worst_vs_default >= 1.0 - MAX_LOSS_VS_DEFAULT);
     }
@@ -498,13 +710,29 @@ pub(crate) mod tests {
             row("a", "z", Some([5.0, 10.0]), [6.0, 12.0]),
             row("a", "b", Some([50.0, 10.0]), [6.0, 12.0]),
         ];
-        let (ex, dropped) = examples(&rows, &profiles, &c);
+        let (ex, dropped) = examples(&rows, &profiles, None, &c);
         assert_eq!(dropped, Dropped { unmeasured: 1, unprofiled: 1, implausible: 1 });
         assert_eq!(ex.len(), 1);
         assert!(
             (ex[0].normalised[0] - 1.0).abs() < 1e-12 && (ex[0].normalised[1] - 1.2).abs() < 1e-12
         );
-        assert!(SplitModel::fit(&[&ex[0]], &c[..1], 1.0, None).is_err(), "no 100/100");
+        let system = SplitSettings {
+            features: FeatureSet::System,
+            alpha: 1.0,
+            margin: None,
+            doubt_weight: 0.0,
+        };
+        assert!(SplitModel::fit(&[&ex[0]], &c[..1], system).is_err(), "no 100/100");
+        let alone = SplitSettings { features: FeatureSet::SystemAndAlone, ..system };
+        assert!(SplitModel::fit(&[&ex[0]], &c, alone).is_err(), "no exclusive sweeps");
+        // With exclusive sweeps, each member's share alone over 100 % alone.
+        let sweeps: HashMap<String, HashMap<u8, f64>> = [
+            ("a".to_string(), [(50, 6.0), (100, 10.0)].into()),
+            ("b".to_string(), [(50, 15.0), (100, 20.0)].into()),
+        ]
+        .into();
+        let (ex, _) = examples(&rows, &profiles, Some(&sweeps), &c);
+        assert_eq!(ex[0].input.alone, Some(vec![[0.6, 0.75], [1.0, 1.0]]));
         assert!(tune(&[&ex[0]], &c).is_err(), "one pair cannot be cross-validated");
     }
 }

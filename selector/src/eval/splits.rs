@@ -109,6 +109,8 @@ pub struct SplitReport {
     pub candidates: Vec<ThreadSplit>,
     /// Examples evaluated (ordered pairs).
     pub examples: usize,
+    /// Of them, those with the alone-at-share features.
+    pub alone_examples: usize,
     /// One entry per seed or held-out workload.
     pub runs: Vec<SplitRun>,
 }
@@ -170,8 +172,15 @@ impl SplitReport {
     pub fn chosen_settings(&self) -> BTreeMap<String, usize> {
         let mut out = BTreeMap::new();
         for r in &self.runs {
-            let margin = r.tuned.margin.map_or("never".to_string(), |m| m.to_string());
-            *out.entry(format!("alpha={} margin={margin}", r.tuned.alpha)).or_insert(0) += 1;
+            let t = r.tuned.settings;
+            let margin = t.margin.map_or("never".to_string(), |m| m.to_string());
+            let key = format!(
+                "features={} alpha={} doubt_weight={} margin={margin}",
+                t.features.key(),
+                t.alpha,
+                t.doubt_weight
+            );
+            *out.entry(key).or_insert(0) += 1;
         }
         out
     }
@@ -216,7 +225,13 @@ pub fn evaluate(
             }
         }
     }
-    Ok(SplitReport { protocol, candidates: candidates.to_vec(), examples: examples.len(), runs })
+    Ok(SplitReport {
+        protocol,
+        candidates: candidates.to_vec(),
+        examples: examples.len(),
+        alone_examples: examples.iter().filter(|e| e.input.alone.is_some()).count(),
+        runs,
+    })
 }
 
 fn one_run(
@@ -238,7 +253,7 @@ fn one_run(
     let pairs = test
         .iter()
         .map(|e| {
-            let chosen = model.choose(&e.profiles);
+            let chosen = model.choose(&e.input);
             let best = (0..candidates.len()).fold(d, |b, s| {
                 if e.normalised[s] > e.normalised[b] {
                     s
@@ -249,7 +264,7 @@ fn one_run(
             let ratio = |s: usize| (e.normalised[s] / e.best(), e.normalised[s] / e.normalised[d]);
             let ratios = BTreeMap::from([
                 (CHOOSER, ratio(chosen)),
-                (NO_FALLBACK, ratio(model.best_predicted(&e.profiles))),
+                (NO_FALLBACK, ratio(model.best_predicted(&e.input))),
                 (BEST_FIXED, ratio(fixed)),
                 (DEFAULT, ratio(d)),
                 (ORACLE, ratio(best)),
