@@ -3,19 +3,24 @@
 //!
 //! **The model's form.** For each candidate split `s` other than 100/100, a ridge regression
 //! predicts the log gain of the pair's normalised throughput (Σ colocated / exclusive) at `s`
-//! over 100/100, `ln(N_s / N_100/100)`, from eight z-scored pair features in slot order
+//! over 100/100, `ln(N_s / N_100/100)`, from z-scored pair features in slot order
 //! ([`pair_features`]: log exclusive throughput, SM %, memory %, memcap, of the first member
-//! then the second; the system profile an exclusive run sampled by NVML gives, so a workload
-//! without a kernel profile still gets a split). One regression per split, one shared ridge
+//! then the second: the system profile an exclusive run sampled by NVML gives, so a workload
+//! without a kernel profile still gets a split). Where each workload's exclusive sweep is known
+//! (its throughput alone at 10…100 %), the two members' throughput alone at their share of `s`
+//! may be added ([`FeatureSet::SystemAndAlone`]). One regression per split, one shared ridge
 //! strength; 100/100 is predicted at 0 by construction. Slot order matters: the first member
 //! gets the first percentage, so (a, b) and (b, a) are different questions.
 //!
-//! **The fallback rule.** The chooser keeps 100/100 unless the best predicted log gain exceeds
-//! a margin: a split the model is unsure of is not worth the risk of slowing the pair below
-//! what MPS gives unasked. The margin and the ridge strength are chosen by cross-validation
-//! inside the training pairs only ([`tune`]): of the settings whose out-of-fold choices never
-//! fall more than [`MAX_LOSS_VS_DEFAULT`] below 100/100, the one whose choices come closest to
-//! the best split on average; when none is that safe, the chooser never leaves 100/100.
+//! **The fallback rule.** Each split's predicted gain is discounted by `κ` times its doubt (the
+//! regression's residual spread, widened for a pair unlike the training pairs:
+//! [`SplitModel::doubts`]); the chooser takes the split with the highest discounted gain when
+//! that exceeds a margin, and keeps 100/100 otherwise: a split the model is unsure of is not
+//! worth the risk of slowing the pair below what MPS gives unasked. The features, the ridge
+//! strength, `κ` and the margin are chosen by cross-validation inside the training pairs only
+//! ([`tune`]): of the settings whose out-of-fold choices never fall more than
+//! [`MAX_LOSS_VS_DEFAULT`] below 100/100, the one whose choices come closest to the best split
+//! on average; when none is that safe, the chooser never leaves 100/100.
 //!
 //! Pure: sweeps and profiles are read by [`crate::dataset`]'s readers and passed in.
 //!
@@ -676,6 +681,28 @@ pub(crate) mod tests {
         let left = flat.iter().filter(|e| m.choose(&e.input) != d).count();
         assert!(left * 20 <= flat.len(), "left 100/100 for {left} of {} pairs ({t:?})", flat.len());
         assert!(t.cv_worst_vs_default >= 1.0 - MAX_LOSS_VS_DEFAULT);
+    }
+
+    #[test]
+    fn doubt_grows_for_a_pair_unlike_the_training_pairs() {
+        let (ex, c) = synthetic(0.1, 0.05);
+        let refs: Vec<&SplitExample> = ex.iter().collect();
+        let settings = SplitSettings {
+            features: FeatureSet::System,
+            alpha: 1.0,
+            margin: Some(0.0),
+            doubt_weight: 1.0,
+        };
+        let m = SplitModel::fit(&refs, &c, settings).unwrap();
+        let seen = m.doubts(&ex[0].input).unwrap();
+        let far = PairInput { profiles: [profile(500.0, 400.0), profile(0.5, 1.0)], alone: None };
+        let unseen = m.doubts(&far).unwrap();
+        assert_eq!((seen[9], unseen[9]), (0.0, 0.0), "100/100 is known exactly");
+        assert!(seen[..9].iter().zip(&unseen[..9]).all(|(s, u)| u > s && *s > 0.0));
+        // A huge doubt weight leaves 100/100 for every pair; none leaves it where gains are seen.
+        let timid = SplitModel { doubt_weight: 1e6, ..m.clone() };
+        assert!(ex.iter().all(|e| timid.choose(&e.input) == 9));
+        assert!(ex.iter().any(|e| m.choose(&e.input) != 9));
     }
 
     #[test]
