@@ -191,6 +191,10 @@ struct SplitsArgs {
     /// Share of the pairs held out per seed.
     #[arg(long, value_name = "F", default_value_t = 0.2)]
     test_fraction: f64,
+    /// The fallback rule's margin alone, without discounting each predicted gain by its doubt
+    /// (the first rule tried; docs/models.md, *The SM split*).
+    #[arg(long)]
+    no_doubt: bool,
 }
 
 /// The two protocols' reports of one evaluation; `native` is the one the command is about.
@@ -227,6 +231,7 @@ pub fn run(args: EvalArgs, format: Format) -> Result<()> {
                 exclusive: (!a.system_only).then(|| resolve(&a.exclusive)),
                 seeds,
                 test_fraction: a.test_fraction,
+                no_doubt: a.no_doubt,
             };
             print!("{}", splits_eval::run(&input, format)?);
             return Ok(());

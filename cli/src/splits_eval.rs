@@ -11,7 +11,9 @@ use kace_selector::eval::splits::{
     evaluate, PolicyScore, SplitProtocol, SplitReport, CHOOSER, POLICIES,
 };
 use kace_selector::eval::Spread;
-use kace_selector::splits::{artifact_candidates, examples, Dropped, MAX_LOSS_VS_DEFAULT};
+use kace_selector::splits::{
+    artifact_candidates, examples, Dropped, DOUBT_WEIGHTS, MAX_LOSS_VS_DEFAULT,
+};
 use serde_json::{json, Value};
 
 use crate::output::{table, Format};
@@ -39,6 +41,8 @@ pub struct Input {
     pub seeds: Vec<u32>,
     /// Share of unordered pairs held out per seed.
     pub test_fraction: f64,
+    /// The fallback rule without the doubt term (κ = 0): the margin alone.
+    pub no_doubt: bool,
 }
 
 fn open(path: &Path) -> Result<File> {
@@ -68,8 +72,10 @@ pub fn run(input: &Input, format: Format) -> Result<String> {
         );
     }
     let held = SplitProtocol::HeldOutPairs { test_fraction: input.test_fraction };
-    let pairs = evaluate(&ex, &candidates, held, &input.seeds).context("couldn't evaluate")?;
-    let lowo = evaluate(&ex, &candidates, SplitProtocol::LeaveOneWorkloadOut, &[])
+    let weights: &[f64] = if input.no_doubt { &[0.0] } else { &DOUBT_WEIGHTS };
+    let pairs =
+        evaluate(&ex, &candidates, held, &input.seeds, weights).context("couldn't evaluate")?;
+    let lowo = evaluate(&ex, &candidates, SplitProtocol::LeaveOneWorkloadOut, &[], weights)
         .context("couldn't evaluate")?;
     Ok(match format {
         Format::Json => {
@@ -169,6 +175,7 @@ fn document(
     let mut doc = report_json(pairs);
     doc["seeds"] = json!(input.seeds);
     doc["test_fraction"] = json!(input.test_fraction);
+    doc["fallback"] = json!(if input.no_doubt { "margin" } else { "doubt-weighted margin" });
     doc["protocol"] = json!(format!(
         "nested; outer: held-out pairs ({} of the unordered pairs per seed, both orders \
          together); inner: 5 folds of the training pairs choose the ridge strength and the \

@@ -487,8 +487,8 @@ pub fn feature_sets(examples: &[&SplitExample]) -> Vec<FeatureSet> {
     out
 }
 
-/// Chooses the features, the ridge strength and the margin by cross-validation on `examples`
-/// only: 5 seeded folds of pairs ([`pair_folds`]); for each feature set ([`feature_sets`]) and
+/// Chooses the features, the ridge strength, the doubt weight (from `doubt_weights`) and the
+/// margin by cross-validation on `examples` only: 5 seeded folds of pairs ([`pair_folds`]); for each feature set ([`feature_sets`]) and
 /// strength, every example's gains predicted by the model fitted without its fold; for each
 /// margin, the choices those predictions make. Of the settings whose worst out-of-fold choice
 /// is at least `1 − MAX_LOSS_VS_DEFAULT` of 100/100, the one with the highest mean ratio to the
@@ -497,6 +497,7 @@ pub fn feature_sets(examples: &[&SplitExample]) -> Vec<FeatureSet> {
 pub fn tune(
     examples: &[&SplitExample],
     candidates: &[ThreadSplit],
+    doubt_weights: &[f64],
 ) -> Result<SplitTuned, SelectorError> {
     let d = default_index(candidates)?;
     let folds = pair_folds(examples, GROUP_FOLDS, FOLD_SEED);
@@ -526,7 +527,7 @@ pub fn tune(
                 }
             }
             for (kappa, margin) in
-                DOUBT_WEIGHTS.into_iter().flat_map(|k| MARGINS.into_iter().map(move |m| (k, m)))
+                doubt_weights.iter().flat_map(|&k| MARGINS.into_iter().map(move |m| (k, m)))
             {
                 let (mut sum, mut worst) = (0.0, f64::INFINITY);
                 for ((e, g), u) in examples.iter().zip(&gains).zip(&doubts) {
@@ -577,12 +578,14 @@ pub fn tune(
     })
 }
 
-/// Tunes on `examples` and fits the chosen setting on all of them.
+/// Tunes on `examples` (doubt weights from `doubt_weights`: [`DOUBT_WEIGHTS`], or `[0.0]` for
+/// the margin alone) and fits the chosen setting on all of them.
 pub fn fit_tuned(
     examples: &[&SplitExample],
     candidates: &[ThreadSplit],
+    doubt_weights: &[f64],
 ) -> Result<(SplitModel, SplitTuned), SelectorError> {
-    let t = tune(examples, candidates)?;
+    let t = tune(examples, candidates, doubt_weights)?;
     Ok((SplitModel::fit(examples, candidates, t.settings)?, t))
 }
 
@@ -647,7 +650,7 @@ pub(crate) mod tests {
     fn a_learnable_best_split_is_chosen() {
         let (ex, c) = synthetic(0.1, 0.0);
         let refs: Vec<&SplitExample> = ex.iter().collect();
-        let (m, t) = fit_tuned(&refs, &c).unwrap();
+        let (m, t) = fit_tuned(&refs, &c, &DOUBT_WEIGHTS).unwrap();
         assert!(t.settings.margin.is_some(), "{t:?}");
         assert!(t.cv_worst_vs_default >= 1.0 - MAX_LOSS_VS_DEFAULT);
         let mean = ex.iter().map(|e| e.normalised[m.choose(&e.input)] / e.best()).sum::<f64>()
@@ -676,7 +679,7 @@ pub(crate) mod tests {
             })
             .collect();
         let refs: Vec<&SplitExample> = flat.iter().collect();
-        let (m, t) = fit_tuned(&refs, &c).unwrap();
+        let (m, t) = fit_tuned(&refs, &c, &DOUBT_WEIGHTS).unwrap();
         let d = c.len() - 1;
         let left = flat.iter().filter(|e| m.choose(&e.input) != d).count();
         assert!(left * 20 <= flat.len(), "left 100/100 for {left} of {} pairs ({t:?})", flat.len());
@@ -760,6 +763,6 @@ pub(crate) mod tests {
         .into();
         let (ex, _) = examples(&rows, &profiles, Some(&sweeps), &c);
         assert_eq!(ex[0].input.alone, Some(vec![[0.6, 0.75], [1.0, 1.0]]));
-        assert!(tune(&[&ex[0]], &c).is_err(), "one pair cannot be cross-validated");
+        assert!(tune(&[&ex[0]], &c, &DOUBT_WEIGHTS).is_err(), "one pair cannot be cross-validated");
     }
 }

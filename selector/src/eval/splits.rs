@@ -186,12 +186,15 @@ impl SplitReport {
     }
 }
 
-/// Evaluates under `protocol`; `seeds` matter only for held-out pairs.
+/// Evaluates under `protocol`; `seeds` matter only for held-out pairs. The inner search tries
+/// the doubt weights `doubt_weights` ([`crate::splits::DOUBT_WEIGHTS`]; `[0.0]`: the margin
+/// alone).
 pub fn evaluate(
     examples: &[SplitExample],
     candidates: &[ThreadSplit],
     protocol: SplitProtocol,
     seeds: &[u32],
+    doubt_weights: &[f64],
 ) -> Result<SplitReport, SelectorError> {
     let mut runs = Vec::new();
     match protocol {
@@ -210,7 +213,7 @@ pub fn evaluate(
                 let held: Vec<(&str, &str)> = perm[..n_test].iter().map(|&i| keys[i]).collect();
                 let (test, train): (Vec<&SplitExample>, Vec<&SplitExample>) =
                     examples.iter().partition(|e| held.contains(&e.unordered()));
-                runs.push(one_run(&train, &test, candidates, seed, None)?);
+                runs.push(one_run(&train, &test, candidates, seed, None, doubt_weights)?);
             }
         }
         SplitProtocol::LeaveOneWorkloadOut => {
@@ -221,7 +224,14 @@ pub fn evaluate(
             for w in names {
                 let (test, train): (Vec<&SplitExample>, Vec<&SplitExample>) =
                     examples.iter().partition(|e| e.workloads.iter().any(|x| x == w));
-                runs.push(one_run(&train, &test, candidates, 0, Some(w.to_string()))?);
+                runs.push(one_run(
+                    &train,
+                    &test,
+                    candidates,
+                    0,
+                    Some(w.to_string()),
+                    doubt_weights,
+                )?);
             }
         }
     }
@@ -240,8 +250,9 @@ fn one_run(
     candidates: &[ThreadSplit],
     seed: u32,
     heldout: Option<String>,
+    doubt_weights: &[f64],
 ) -> Result<SplitRun, SelectorError> {
-    let (model, tuned) = fit_tuned(train, candidates)?;
+    let (model, tuned) = fit_tuned(train, candidates, doubt_weights)?;
     let d = candidates.iter().position(|s| s.is_default()).ok_or_else(|| {
         SelectorError::Invalid("the candidate splits must include 100/100".into())
     })?;
@@ -284,12 +295,19 @@ fn one_run(
 mod tests {
     use super::*;
     use crate::splits::tests::synthetic;
+    use crate::splits::DOUBT_WEIGHTS;
 
     #[test]
     fn held_out_pairs_are_scored_against_best_and_default() {
         let (ex, c) = synthetic(0.1, 0.0);
-        let r = evaluate(&ex, &c, SplitProtocol::HeldOutPairs { test_fraction: 0.2 }, &[1, 2, 3])
-            .unwrap();
+        let r = evaluate(
+            &ex,
+            &c,
+            SplitProtocol::HeldOutPairs { test_fraction: 0.2 },
+            &[1, 2, 3],
+            &DOUBT_WEIGHTS,
+        )
+        .unwrap();
         assert_eq!(r.runs.len(), 3);
         // 66 unordered pairs: 14 held out, both orders each.
         assert!(r.runs.iter().all(|run| run.pairs.len() == 28 && run.train == 132 - 28));
@@ -304,15 +322,20 @@ mod tests {
         assert!(r.moved_share() > 0.9);
         assert_eq!(r.chosen_settings().values().sum::<usize>(), 3);
 
-        let w = evaluate(&ex, &c, SplitProtocol::LeaveOneWorkloadOut, &[]).unwrap();
+        let w = evaluate(&ex, &c, SplitProtocol::LeaveOneWorkloadOut, &[], &DOUBT_WEIGHTS).unwrap();
         assert_eq!(w.runs.len(), 12);
         assert!(
             w.runs.iter().all(|run| run.pairs.len() == 22),
             "each workload in 22 ordered pairs"
         );
         assert!(w.score(CHOOSER).unwrap().worst_vs_default > 0.0);
-        assert!(
-            evaluate(&ex, &c, SplitProtocol::HeldOutPairs { test_fraction: 1.0 }, &[1]).is_err()
-        );
+        assert!(evaluate(
+            &ex,
+            &c,
+            SplitProtocol::HeldOutPairs { test_fraction: 1.0 },
+            &[1],
+            &DOUBT_WEIGHTS
+        )
+        .is_err());
     }
 }
