@@ -148,6 +148,7 @@ fn report_json(r: &SplitReport) -> Value {
         "scored_pairs": r.scored_pairs(),
         "moved_share": r.moved_share(),
         "chosen_settings": r.chosen_settings(),
+        "chosen_doubt_weights": r.chosen_doubt_weights(),
         "policies": policies,
         "losses": losses(r),
     });
@@ -205,6 +206,14 @@ fn document(
     doc
 }
 
+/// The three settings the inner search chose most often, with how many runs chose each.
+fn most_common(r: &SplitReport) -> String {
+    let mut v: Vec<(String, usize)> = r.chosen_settings().into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let shown: Vec<String> = v.iter().take(3).map(|(k, n)| format!("{k} ({n})")).collect();
+    shown.join("; ")
+}
+
 fn text(
     input: &Input,
     rows: usize,
@@ -252,12 +261,15 @@ fn text(
             let yes = |b: bool| if b { "met" } else { "not met" };
             out.push_str(&format!(
                 "goals: chosen/best ≥ {GOAL_CHOSEN_VS_BEST} {}; worst/100-100 ≥ {} {}; the \
-                 chooser left 100/100 for {:.1} % of pairs; settings chosen: {:?}\n\n",
+                 chooser left 100/100 for {:.1} % of pairs\nsettings chosen most often (of {} \
+                 runs): {}; doubt weight κ chosen: {:?}\n\n",
                 yes(s.chosen_vs_best >= GOAL_CHOSEN_VS_BEST),
                 1.0 - MAX_LOSS_VS_DEFAULT,
                 yes(s.worst_vs_default >= 1.0 - MAX_LOSS_VS_DEFAULT),
                 100.0 * r.moved_share(),
-                r.chosen_settings()
+                r.runs.len(),
+                most_common(r),
+                r.chosen_doubt_weights()
             ));
         }
     }

@@ -281,6 +281,20 @@ pub struct SplitModel {
     pub doubt_weight: f64,
 }
 
+/// Every example has one normalised value per candidate (what indexing by candidate relies on).
+pub fn check_widths(
+    examples: &[&SplitExample],
+    candidates: &[ThreadSplit],
+) -> Result<(), SelectorError> {
+    match examples.iter().find(|e| e.normalised.len() != candidates.len()) {
+        Some(e) => Err(SelectorError::DimensionMismatch {
+            expected: candidates.len(),
+            found: e.normalised.len(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Position of 100/100 among `candidates`.
 fn default_index(candidates: &[ThreadSplit]) -> Result<usize, SelectorError> {
     candidates
@@ -313,12 +327,7 @@ impl SplitModel {
         if examples.is_empty() {
             return Err(SelectorError::EmptyTrainingSet);
         }
-        if let Some(e) = examples.iter().find(|e| e.normalised.len() != candidates.len()) {
-            return Err(SelectorError::DimensionMismatch {
-                expected: candidates.len(),
-                found: e.normalised.len(),
-            });
-        }
+        check_widths(examples, candidates)?;
         let mut terms = Vec::with_capacity(candidates.len());
         for s in 0..candidates.len() {
             if s == d {
@@ -500,6 +509,7 @@ pub fn tune(
     doubt_weights: &[f64],
 ) -> Result<SplitTuned, SelectorError> {
     let d = default_index(candidates)?;
+    check_widths(examples, candidates)?;
     let folds = pair_folds(examples, GROUP_FOLDS, FOLD_SEED);
     if folds.len() < 2 {
         return Err(SelectorError::Invalid(format!(

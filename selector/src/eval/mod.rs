@@ -1,5 +1,6 @@
 //! Scoring choices against the oracle: per-target results, their means, and fit quality.
-//! The two protocols live in [`paper`] (the artifact's, exactly) and [`colocations`] (any data).
+//! The two protocols live in [`paper`] (the artifact's, exactly) and [`colocations`] (any data);
+//! [`splits`] evaluates the SM split chooser on raw MPS sweeps.
 
 pub mod chart;
 pub mod colocations;

@@ -17,7 +17,7 @@ use super::Spread;
 use crate::dataset::ThreadSplit;
 use crate::error::SelectorError;
 use crate::numpy_rng::permutation;
-use crate::splits::{fit_tuned, SplitExample, SplitTuned};
+use crate::splits::{check_widths, fit_tuned, SplitExample, SplitTuned};
 
 /// Report key of kace's chooser (model and fallback rule).
 pub const CHOOSER: &str = "kace-split";
@@ -168,6 +168,17 @@ impl SplitReport {
         moved.count() as f64 / self.scored_pairs().max(1) as f64
     }
 
+    /// Doubt weight κ → runs that chose it (`never`: no setting was safe, 100/100 always).
+    pub fn chosen_doubt_weights(&self) -> BTreeMap<String, usize> {
+        let mut out = BTreeMap::new();
+        for r in &self.runs {
+            let t = r.tuned.settings;
+            let k = if t.margin.is_some() { t.doubt_weight.to_string() } else { "never".into() };
+            *out.entry(k).or_insert(0) += 1;
+        }
+        out
+    }
+
     /// (ridge strength, margin) → runs that chose it.
     pub fn chosen_settings(&self) -> BTreeMap<String, usize> {
         let mut out = BTreeMap::new();
@@ -196,6 +207,8 @@ pub fn evaluate(
     seeds: &[u32],
     doubt_weights: &[f64],
 ) -> Result<SplitReport, SelectorError> {
+    let all: Vec<&SplitExample> = examples.iter().collect();
+    check_widths(&all, candidates)?;
     let mut runs = Vec::new();
     match protocol {
         SplitProtocol::HeldOutPairs { test_fraction } => {
@@ -321,6 +334,7 @@ mod tests {
         assert!(k.chosen_vs_best_runs.min <= k.chosen_vs_best_runs.max);
         assert!(r.moved_share() > 0.9);
         assert_eq!(r.chosen_settings().values().sum::<usize>(), 3);
+        assert_eq!(r.chosen_doubt_weights().values().sum::<usize>(), 3);
 
         let w = evaluate(&ex, &c, SplitProtocol::LeaveOneWorkloadOut, &[], &DOUBT_WEIGHTS).unwrap();
         assert_eq!(w.runs.len(), 12);
