@@ -21,6 +21,7 @@ use kace_selector::Objective;
 use serde_json::{json, Value};
 
 use crate::output::{table, Format};
+use crate::splits_eval;
 
 /// `kace eval …`
 #[derive(Debug, Args)]
@@ -35,6 +36,9 @@ enum EvalCommand {
     Paper(PaperArgs),
     /// Evaluate on any colocation table in the `wN_` scheme (any group size k).
     Colocations(ColocationArgs),
+    /// Evaluate the SM split chooser (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` per member) on the
+    /// artifact's raw MPS sweeps, nested. Not used by the product yet.
+    Splits(SplitsArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -160,6 +164,39 @@ struct ColocationArgs {
     common: Common,
 }
 
+#[derive(Debug, Args)]
+struct SplitsArgs {
+    /// The artifact folder (with raw_mps_sweeps/ and workload_profiles/).
+    #[arg(long, value_name = "DIR")]
+    data: PathBuf,
+    /// The sweep file, relative to --data unless absolute: the merged campaigns, which have the
+    /// most pairs measured at all nine splits and at 100/100.
+    #[arg(long, value_name = "FILE.csv", default_value = splits_eval::DEFAULT_SWEEPS)]
+    sweeps: PathBuf,
+    /// The system profiles (exclusive throughput, sm%, mem%, memcap), relative to --data unless
+    /// absolute.
+    #[arg(long, value_name = "FILE.csv", default_value = splits_eval::DEFAULT_PROFILES)]
+    profiles: PathBuf,
+    /// Each workload's exclusive sweep (throughput alone at 10…100 %), relative to --data
+    /// unless absolute: offers the chooser each member's throughput alone at its share as
+    /// features (inner cross-validation decides whether to use them).
+    #[arg(long, value_name = "FILE.csv", default_value = splits_eval::DEFAULT_EXCLUSIVE)]
+    exclusive: PathBuf,
+    /// Offer the chooser only the system profiles, not the exclusive sweeps.
+    #[arg(long)]
+    system_only: bool,
+    /// Seeds of the held-out-pair splits; `A-B` is every seed from A to B.
+    #[arg(long, value_delimiter = ',', value_parser = parse_seed_range, default_value = "1-10")]
+    seeds: Vec<SeedRange>,
+    /// Share of the pairs held out per seed.
+    #[arg(long, value_name = "F", default_value_t = 0.2)]
+    test_fraction: f64,
+    /// The fallback rule's margin alone, without discounting each predicted gain by its doubt
+    /// (the first rule tried; docs/models.md, *The SM split*).
+    #[arg(long)]
+    no_doubt: bool,
+}
+
 /// The two protocols' reports of one evaluation; `native` is the one the command is about.
 struct Evaluation {
     title: String,
@@ -180,6 +217,25 @@ pub fn run(args: EvalArgs, format: Format) -> Result<()> {
     let (eval, common) = match args.command {
         EvalCommand::Paper(a) => (eval_paper(&a)?, a.common),
         EvalCommand::Colocations(a) => (eval_colocations(&a)?, a.common),
+        EvalCommand::Splits(a) => {
+            let seeds: Vec<u32> = {
+                let mut v: Vec<u32> = a.seeds.iter().flat_map(|r| r.0..=r.1).collect();
+                v.sort_unstable();
+                v.dedup();
+                v
+            };
+            let resolve = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { a.data.join(p) };
+            let input = splits_eval::Input {
+                sweeps: resolve(&a.sweeps),
+                profiles: resolve(&a.profiles),
+                exclusive: (!a.system_only).then(|| resolve(&a.exclusive)),
+                seeds,
+                test_fraction: a.test_fraction,
+                no_doubt: a.no_doubt,
+            };
+            print!("{}", splits_eval::run(&input, format)?);
+            return Ok(());
+        }
     };
     if eval.native().targets.is_empty() {
         bail!("couldn't evaluate: no target workload had two or more candidates in the test data");

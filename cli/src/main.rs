@@ -21,6 +21,7 @@ mod report;
 mod retrain;
 mod select;
 mod simulate;
+mod splits_eval;
 mod status;
 mod train;
 

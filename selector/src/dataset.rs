@@ -116,8 +116,14 @@ struct Table {
 
 impl Table {
     fn read<R: Read>(source: &str, reader: R) -> Result<Table, DataError> {
+        Table::read_with(source, reader, false)
+    }
+
+    /// With `flexible`, rows may have fewer or more fields than the header (the caller decides
+    /// what such a row means).
+    fn read_with<R: Read>(source: &str, reader: R, flexible: bool) -> Result<Table, DataError> {
         let mut rdr =
-            csv::ReaderBuilder::new().has_headers(true).flexible(false).from_reader(reader);
+            csv::ReaderBuilder::new().has_headers(true).flexible(flexible).from_reader(reader);
         let header: Vec<String> = rdr
             .headers()
             .map_err(|e| csv_error(source, e))?
@@ -347,6 +353,189 @@ pub fn read_unseen_splits<R: Read>(
     Ok(out)
 }
 
+/// A `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` setting for the two members of a pair: the first
+/// (the artifact's "LS", latency-sensitive, slot `workload1`) and the second ("BE", best
+/// effort, `workload2`). The default, no percentage set, is 100/100.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ThreadSplit {
+    /// The first member's active-thread percentage (1…100).
+    pub first: u8,
+    /// The second member's.
+    pub second: u8,
+}
+
+impl ThreadSplit {
+    /// 100/100: no percentage set, what MPS does by default.
+    pub const DEFAULT: ThreadSplit = ThreadSplit { first: 100, second: 100 };
+
+    /// Whether this is [`ThreadSplit::DEFAULT`].
+    pub fn is_default(self) -> bool {
+        self == ThreadSplit::DEFAULT
+    }
+
+    /// Parses the artifact's column name, `(LS10, BE90)`.
+    pub fn from_column(name: &str) -> Option<ThreadSplit> {
+        let inner = name.trim().strip_prefix('(')?.strip_suffix(')')?;
+        let (ls, be) = inner.split_once(',')?;
+        let pct = |v: &str, prefix: &str| -> Option<u8> {
+            let n: u8 = v.trim().strip_prefix(prefix)?.parse().ok()?;
+            (1..=100).contains(&n).then_some(n)
+        };
+        Some(ThreadSplit { first: pct(ls, "LS")?, second: pct(be, "BE")? })
+    }
+}
+
+impl std::fmt::Display for ThreadSplit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.first, self.second)
+    }
+}
+
+/// One row of a raw MPS sweep (`raw_mps_sweeps/*.csv`, 2-way): a pair of workloads and what
+/// each achieved at every split measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepRow {
+    /// The two workloads: the first gets [`ThreadSplit::first`], the second
+    /// [`ThreadSplit::second`].
+    pub workloads: [String; 2],
+    /// Per split, in column order: the two throughputs (steps/s), or `None` where the cell is
+    /// `(None, None)` or empty (a run the artifact did not make or that failed).
+    pub cells: Vec<(ThreadSplit, Option<[f64; 2]>)>,
+}
+
+impl SweepRow {
+    /// The throughputs at `split`, when measured.
+    pub fn at(&self, split: ThreadSplit) -> Option<[f64; 2]> {
+        self.cells.iter().find(|(s, _)| *s == split).and_then(|(_, v)| *v)
+    }
+}
+
+/// Reads a 2-way raw MPS sweep: columns `workload1`, `workload2` and one `(LSa, BEb)` column per
+/// split (found by name; other columns are ignored). A cell is the tuple string `(thr1, thr2)`,
+/// or `(None, None)` / empty for a run that is missing; anything else is an error naming the
+/// line and column.
+pub fn read_mps_sweeps<R: Read>(source: &str, reader: R) -> Result<Vec<SweepRow>, DataError> {
+    let t = Table::read(source, reader)?;
+    let (c1, c2) = (t.column("workload1")?, t.column("workload2")?);
+    let splits: Vec<(usize, ThreadSplit)> = t
+        .header
+        .iter()
+        .enumerate()
+        .filter_map(|(i, h)| ThreadSplit::from_column(h).map(|s| (i, s)))
+        .collect();
+    if splits.is_empty() {
+        return Err(DataError::new(
+            source,
+            Some(1),
+            None,
+            "no split columns such as '(LS10, BE90)'".into(),
+        ));
+    }
+    let mut out = Vec::with_capacity(t.records.len());
+    for rec in &t.records {
+        let mut cells = Vec::with_capacity(splits.len());
+        for &(col, split) in &splits {
+            cells.push((split, sweep_cell(&t, rec, col)?));
+        }
+        out.push(SweepRow { workloads: [t.name(rec, c1)?, t.name(rec, c2)?], cells });
+    }
+    Ok(out)
+}
+
+fn sweep_cell(
+    t: &Table,
+    rec: &(u64, csv::StringRecord),
+    col: usize,
+) -> Result<Option<[f64; 2]>, DataError> {
+    let raw = t.text(rec, col);
+    let bad = || {
+        DataError::new(
+            &t.source,
+            Some(rec.0),
+            Some(&t.header[col]),
+            format!("expected '(thr1, thr2)' or '(None, None)', found '{}'", truncate(raw)),
+        )
+    };
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    let inner = raw.strip_prefix('(').and_then(|r| r.strip_suffix(')')).ok_or_else(bad)?;
+    let (a, b) = inner.split_once(',').ok_or_else(bad)?;
+    let (a, b) = (a.trim(), b.trim());
+    if a == "None" || b == "None" {
+        return Ok(None);
+    }
+    match (a.parse::<f64>(), b.parse::<f64>()) {
+        (Ok(x), Ok(y)) if x.is_finite() && y.is_finite() && x >= 0.0 && y >= 0.0 => {
+            Ok(Some([x, y]))
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// Reads per-workload system profiles from the artifact's `baseline_labels.csv` scheme: the
+/// workload in `Type` (or `workload`), and `Exclusive100`, `sm%`, `mem%`, `memcap`. The result
+/// has no kernel metrics ([`Profile::has_kernel_metrics`] false): what an exclusive run sampled
+/// by NVML gives, which is all the split model uses. A workload listed twice keeps its first row.
+pub fn read_system_profiles<R: Read>(
+    source: &str,
+    reader: R,
+) -> Result<HashMap<String, Profile>, DataError> {
+    let t = Table::read(source, reader)?;
+    let name = if t.has("Type") { t.column("Type")? } else { t.column("workload")? };
+    let cols = [
+        (Feature::ExclusiveThroughput, t.column("Exclusive100")?),
+        (Feature::SmUtil, t.column("sm%")?),
+        (Feature::MemUtil, t.column("mem%")?),
+        (Feature::Memcap, t.column("memcap")?),
+    ];
+    let mut out = HashMap::new();
+    for rec in &t.records {
+        let mut values = [None; FEATURE_COUNT];
+        for (f, c) in cols {
+            values[f.index()] = Some(t.number(rec, c)?);
+        }
+        if let Some(p) = Profile::from_measured(values) {
+            out.entry(t.name(rec, name)?).or_insert(p);
+        }
+    }
+    Ok(out)
+}
+
+/// Reads an exclusive MPS sweep (`raw_mps_sweeps/baseline_steps_stage2.csv`): a `workload`
+/// column and one column per `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (`10`, `20`, …, `100`), each
+/// the workload's throughput running alone at that percentage (steps/s). Empty cells are runs
+/// not made and are left out; a workload listed twice keeps its first row. A row with fewer
+/// fields than the header (the artifact's file has three, `workload,value`) cannot say which
+/// percentage its values belong to, so it is skipped rather than guessed.
+pub fn read_exclusive_sweeps<R: Read>(
+    source: &str,
+    reader: R,
+) -> Result<HashMap<String, HashMap<u8, f64>>, DataError> {
+    let t = Table::read_with(source, reader, true)?;
+    let name = t.column("workload")?;
+    let cols: Vec<(usize, u8)> = t
+        .header
+        .iter()
+        .enumerate()
+        .filter_map(|(i, h)| h.parse::<u8>().ok().filter(|p| (1..=100).contains(p)).map(|p| (i, p)))
+        .collect();
+    if !cols.iter().any(|(_, p)| *p == 100) {
+        return Err(DataError::new(source, Some(1), Some("100"), "missing column".into()));
+    }
+    let mut out = HashMap::new();
+    for rec in t.records.iter().filter(|r| r.1.len() == t.header.len()) {
+        let mut sweep = HashMap::new();
+        for &(c, p) in &cols {
+            if !t.text(rec, c).is_empty() {
+                sweep.insert(p, t.number(rec, c)?);
+            }
+        }
+        out.entry(t.name(rec, name)?).or_insert(sweep);
+    }
+    Ok(out)
+}
+
 fn split_kind(t: &Table, rec: &(u64, csv::StringRecord), col: usize) -> Result<bool, DataError> {
     match t.text(rec, col) {
         "train" => Ok(true),
@@ -473,5 +662,43 @@ mod tests {
         let text = "heldout_workload,split,row_in_file,workload1,workload2\nx,test,0,a,x\n";
         let rows = read_unseen_splits("u.csv", text.as_bytes()).unwrap();
         assert_eq!(rows[0].heldout, "x");
+    }
+
+    #[test]
+    fn reads_mps_sweeps_and_system_profiles() {
+        let text = "workload1,workload2,\"(LS10, BE90)\",\"(LS100, BE100)\"\n\
+                    a,b,\"(1.5, 2.5)\",\"(None, None)\"\n\
+                    b,a,,\"(3, 4)\"\n";
+        let rows = read_mps_sweeps("s.csv", text.as_bytes()).unwrap();
+        assert_eq!(rows.len(), 2);
+        let s10 = ThreadSplit { first: 10, second: 90 };
+        assert_eq!(rows[0].cells[0], (s10, Some([1.5, 2.5])));
+        assert_eq!(rows[0].at(ThreadSplit::DEFAULT), None);
+        assert_eq!(rows[1].at(s10), None);
+        assert_eq!(rows[1].at(ThreadSplit::DEFAULT), Some([3.0, 4.0]));
+        assert!(ThreadSplit::DEFAULT.is_default() && !s10.is_default());
+        assert_eq!(ThreadSplit::from_column("(LS0, BE90)"), None);
+        assert_eq!(s10.to_string(), "10/90");
+        let bad = text.replace("(1.5, 2.5)", "(1.5; 2.5)");
+        let err = read_mps_sweeps("s.csv", bad.as_bytes()).unwrap_err();
+        assert_eq!((err.line, err.column.as_deref()), (Some(2), Some("(LS10, BE90)")));
+        assert!(read_mps_sweeps("s.csv", "workload1,workload2\na,b\n".as_bytes()).is_err());
+
+        let text =
+            "Type,Exclusive100,sm%,mem%,memcap,Exclusive50\nx,10,50,20,3.5,6\nx,11,1,1,1,1\n";
+        let p = read_system_profiles("b.csv", text.as_bytes()).unwrap();
+        assert_eq!(p.len(), 1);
+        assert!(!p["x"].has_kernel_metrics);
+        assert_eq!((p["x"].exclusive_throughput(), p["x"].memcap()), (10.0, 3.5));
+        let err = read_system_profiles("b.csv", "Type,sm%\nx,1\n".as_bytes()).unwrap_err();
+        assert_eq!(err.column.as_deref(), Some("Exclusive100"));
+
+        let text = "workload,10,50,100\nx,1.5,,4\ny,3\n";
+        let s = read_exclusive_sweeps("e.csv", text.as_bytes()).unwrap();
+        assert_eq!(s["x"], [(10, 1.5), (100, 4.0)].into());
+        assert!(!s.contains_key("y"), "a short row is skipped, not guessed");
+        let err = read_exclusive_sweeps("e.csv", "workload,10\nx,1\n".as_bytes()).unwrap_err();
+        assert_eq!(err.column.as_deref(), Some("100"));
+        assert!(read_exclusive_sweeps("e.csv", "workload,100\nx,fast\n".as_bytes()).is_err());
     }
 }

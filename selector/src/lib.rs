@@ -11,6 +11,7 @@
 //! - [`slowdown`], [`model`]: kace's per-job slowdown model, and the deployable [`Model`].
 //! - [`selection`]: the filters and the choice among candidates.
 //! - [`decision`]: the one decision for a GPU (job limit, users), which every caller makes.
+//! - [`splits`]: the SM split (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) chooser, evaluated only.
 //! - [`tuning`]: settings chosen by cross-validation inside the training data.
 //! - [`training`]: the fit / validate / activate policy of `kace train`.
 //! - [`dataset`]: the artifact's `wN_` tables and split files.
@@ -30,6 +31,7 @@ pub mod numpy_rng;
 pub mod policy;
 pub mod selection;
 pub mod slowdown;
+pub mod splits;
 pub mod training;
 pub mod tuning;
 pub mod zscore;

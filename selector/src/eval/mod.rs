@@ -1,10 +1,12 @@
 //! Scoring choices against the oracle: per-target results, their means, and fit quality.
-//! The two protocols live in [`paper`] (the artifact's, exactly) and [`colocations`] (any data).
+//! The two protocols live in [`paper`] (the artifact's, exactly) and [`colocations`] (any data);
+//! [`splits`] evaluates the SM split chooser on raw MPS sweeps.
 
 pub mod chart;
 pub mod colocations;
 pub mod paper;
 pub mod run;
+pub mod splits;
 
 pub use crate::tuning::Folds;
 pub use run::{EvalOptions, ModelChoice, Protocol, KACE};
