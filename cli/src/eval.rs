@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
+use kace_plot::bars::{per_target_bars, policy_bars};
 use kace_selector::dataset::{
     read_colocations, read_n_occur_splits, read_unseen_splits, ColocationData,
 };
-use kace_selector::eval::chart::{per_target_bars, policy_bars};
 use kace_selector::eval::paper::PAPER_SEEDS;
 use kace_selector::eval::{
     colocations, paper, EvalOptions, EvalReport, ModelChoice, Protocol, BEST_RULE, KACE,

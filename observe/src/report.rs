@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
+use kace_plot::{close, escape, nice, open, Panel, PALETTE};
 use kace_selector::Objective;
 use kace_sql::{Db, Observation};
 use serde::Serialize;
@@ -254,88 +255,6 @@ pub fn build(db: &Db, objective: Objective, since: f64, now: f64) -> Result<Repo
     Ok(Report { since, until: now, objective: objective.key(), groups, days, totals })
 }
 
-const PALETTE: [&str; 8] =
-    ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
-}
-
-/// A "nice" upper bound for an axis.
-fn nice(max: f64) -> f64 {
-    if !(max.is_finite() && max > 0.0) {
-        return 1.0;
-    }
-    let p = 10f64.powf(max.log10().floor());
-    for m in [1.0, 2.0, 2.5, 5.0, 10.0] {
-        if m * p >= max {
-            return m * p;
-        }
-    }
-    10.0 * p
-}
-
-/// A tick label with as many decimals as the axis's step needs, the same for every tick.
-fn fmt_tick(v: f64, step: f64) -> String {
-    let decimals = if step.fract() == 0.0 {
-        0
-    } else if (step * 10.0).fract().abs() < 1e-9 {
-        1
-    } else {
-        2
-    };
-    format!("{v:.decimals$}")
-}
-
-/// Axes with ticks in a panel at (x, y) of size (w, h), ranges [0, xmax] × [0, ymax].
-fn axes(
-    s: &mut String,
-    (x, y, w, h): (f64, f64, f64, f64),
-    xmax: f64,
-    ymax: f64,
-    xl: &str,
-    yl: &str,
-) {
-    let _ = writeln!(
-        s,
-        r##"<rect x="{x}" y="{y}" width="{w}" height="{h}" fill="none" stroke="#444"/>"##
-    );
-    for i in 0..=4 {
-        let f = f64::from(i) / 4.0;
-        let (tx, ty) = (x + f * w, y + h - f * h);
-        let _ = writeln!(
-            s,
-            r##"<line x1="{x}" y1="{ty:.1}" x2="{:.1}" y2="{ty:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            x + w,
-            x - 4.0,
-            ty + 4.0,
-            fmt_tick(f * ymax, ymax / 4.0)
-        );
-        if xmax > 0.0 {
-            let _ = writeln!(
-                s,
-                r##"<text x="{tx:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
-                y + h + 14.0,
-                fmt_tick(f * xmax, xmax / 4.0)
-            );
-        }
-    }
-    let _ = writeln!(
-        s,
-        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
-        x + w / 2.0,
-        y + h + 30.0,
-        escape(xl)
-    );
-    let _ = writeln!(
-        s,
-        r##"<text transform="translate({:.1},{:.1}) rotate(-90)" text-anchor="middle">{}</text>"##,
-        x - 38.0,
-        y + h / 2.0,
-        escape(yl)
-    );
-}
-
 /// The report as an SVG: predicted against observed (identity line, colour by model version),
 /// the share of GPU time shared per day, and the gain over running alone per day.
 pub fn svg(r: &Report) -> String {
@@ -343,11 +262,7 @@ pub fn svg(r: &Report) -> String {
     let lefts = [70.0, 450.0, 830.0];
     let width = 1170.0;
     let height = top + ph + 50.0;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">"##
-    );
+    let mut s = open(width, height, 12);
     let _ = writeln!(s, r##"<rect width="100%" height="100%" fill="white"/>"##);
     let t = &r.totals;
     let _ = writeln!(
@@ -383,7 +298,7 @@ pub fn svg(r: &Report) -> String {
         top - 8.0,
         r.objective
     );
-    axes(&mut s, (x0, y0, pw, ph), m, m, "observed", "predicted");
+    Panel { x: x0, y: y0, w: pw, h: ph }.axes(&mut s, m, m, "observed", "predicted");
     let _ = writeln!(
         s,
         r##"<line x1="{x0}" y1="{:.1}" x2="{:.1}" y2="{y0}" stroke="#999" stroke-dasharray="4,3"/>"##,
@@ -440,7 +355,7 @@ pub fn svg(r: &Report) -> String {
             top - 8.0,
             escape(title)
         );
-        axes(s, (x0, top, pw, ph), 0.0, ymax, "day (UTC)", yl);
+        Panel { x: x0, y: top, w: pw, h: ph }.axes(s, 0.0, ymax, "day (UTC)", yl);
         let n = vals.len().max(1) as f64;
         let slot = pw / n;
         let bw = (slot * 0.7).min(40.0);
@@ -488,7 +403,7 @@ pub fn svg(r: &Report) -> String {
         gmax,
         Some(1.0),
     );
-    s.push_str("</svg>\n");
+    close(&mut s);
     s
 }
 
@@ -508,18 +423,7 @@ mod tests {
     }
 
     #[test]
-    fn tick_labels_share_their_decimals() {
-        assert_eq!((fmt_tick(0.0, 0.5), fmt_tick(1.5, 0.5)), ("0.0".into(), "1.5".into()));
-        assert_eq!(fmt_tick(37.5, 12.5), "37.5");
-        assert_eq!(fmt_tick(50.0, 25.0), "50");
-        assert_eq!(fmt_tick(0.25, 0.25), "0.25");
-    }
-
-    #[test]
-    fn nice_bounds_and_median() {
-        assert_eq!(nice(37.0), 50.0);
-        assert_eq!(nice(0.8), 1.0);
-        assert_eq!(nice(0.0), 1.0);
+    fn medians() {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
         assert_eq!(median(vec![]), None);

@@ -2,7 +2,6 @@
 //! The two protocols live in [`paper`] (the artifact's, exactly) and [`colocations`] (any data);
 //! [`splits`] evaluates the SM split chooser on raw MPS sweeps.
 
-pub mod chart;
 pub mod colocations;
 pub mod paper;
 pub mod run;

@@ -1,27 +1,18 @@
-//! SVG bar charts of evaluation results: one bar per policy (the paper's Fig. 4) and grouped bars
-//! per target workload (its Fig. 5). Pure string building; the caller writes the file.
+//! Bar charts of evaluation results (`kace eval … --plot`): one bar per policy (the paper's
+//! Fig. 4) and grouped bars per target workload (its Fig. 5), on a 0…1 axis of normalised
+//! throughput.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-const PALETTE: [&str; 8] =
-    ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
-}
+use crate::{close, escape, legend, open, text, PALETTE};
 
 /// A bar chart of `values` (label, value in 0…1), in the given order.
 pub fn policy_bars(title: &str, values: &[(String, f64)]) -> String {
     let (bar, gap, left, top, height) = (46.0, 18.0, 60.0, 40.0, 260.0);
     let width = left + values.len() as f64 * (bar + gap) + 20.0;
-    let mut s = String::new();
-    let total_h = top + height + 110.0;
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{total_h:.0}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(s, r#"<text x="{left}" y="22" font-size="15">{}</text>"#, escape(title));
+    let mut s = open(width, top + height + 110.0, 12);
+    text(&mut s, left, 22.0, 15, title);
     axis(&mut s, left, top, height, width - 20.0);
     for (i, (label, v)) in values.iter().enumerate() {
         let x = left + gap / 2.0 + i as f64 * (bar + gap);
@@ -46,7 +37,7 @@ pub fn policy_bars(title: &str, values: &[(String, f64)]) -> String {
             escape(label)
         );
     }
-    s.push_str("</svg>\n");
+    close(&mut s);
     s
 }
 
@@ -59,22 +50,11 @@ pub fn per_target_bars(
     let (bar, gap, left, top, height) = (10.0, 14.0, 60.0, 60.0, 260.0);
     let group_w = series.len() as f64 * bar + gap;
     let width = left + per_target.len() as f64 * group_w + 20.0;
-    let total_h = top + height + 190.0;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{total_h:.0}" font-family="sans-serif" font-size="11">"#
-    );
-    let _ = writeln!(s, r#"<text x="{left}" y="20" font-size="15">{}</text>"#, escape(title));
+    let mut s = open(width, top + height + 190.0, 11);
+    text(&mut s, left, 20.0, 15, title);
     for (j, name) in series.iter().enumerate() {
         let x = left + j as f64 * 110.0;
-        let colour = PALETTE[j % PALETTE.len()];
-        let _ = writeln!(
-            s,
-            r#"<rect x="{x:.0}" y="32" width="10" height="10" fill="{colour}"/><text x="{:.0}" y="41">{}</text>"#,
-            x + 14.0,
-            escape(name)
-        );
+        legend(&mut s, (x, 32.0), (10.0, 10.0), PALETTE[j % PALETTE.len()], name);
     }
     axis(&mut s, left, top, height, width - 20.0);
     for (i, (target, values)) in per_target.iter().enumerate() {
@@ -99,7 +79,7 @@ pub fn per_target_bars(
             escape(target)
         );
     }
-    s.push_str("</svg>\n");
+    close(&mut s);
     s
 }
 
