@@ -14,8 +14,9 @@ use clap::Args;
 use kace_sql::spool;
 use serde_json::json;
 
+use kace_sql::training::Outcome;
+
 use crate::context::{num, Ctx};
-use crate::train::{NotEnoughGroups, Trained, UnchangedData};
 use crate::{ingest, train};
 
 /// `kace retrain`
@@ -29,13 +30,6 @@ pub struct RetrainArgs {
     /// (0: prune nothing).
     #[arg(long, value_name = "DAYS", default_value_t = 30)]
     keep_days: u64,
-}
-
-/// What became of the model this run.
-enum ModelOutcome {
-    Trained(Box<Trained>),
-    NotEnough(NotEnoughGroups),
-    Unchanged(UnchangedData),
 }
 
 /// Runs `kace retrain`.
@@ -52,14 +46,9 @@ pub fn run(args: RetrainArgs, ctx: &Ctx) -> Result<()> {
     let decisions =
         spool::ingest_decisions(&mut db, &spool_dir, &qdir).context("ingest decisions")?;
     ingest::warn(&decisions);
-    let model = match train::train(&args.train, ctx, &mut db) {
-        Ok(t) => ModelOutcome::Trained(Box::new(t)),
-        Err(e) => match (e.downcast_ref::<NotEnoughGroups>(), e.downcast_ref::<UnchangedData>()) {
-            (Some(n), _) => ModelOutcome::NotEnough(*n),
-            (_, Some(u)) => ModelOutcome::Unchanged(*u),
-            _ => return Err(e.context("train")),
-        },
-    };
+    // Too few groups (a young installation) and unchanged data are nightly outcomes, not
+    // failures: they are in the summary.
+    let model = train::train(&args.train, ctx, &mut db).context("train")?;
     let pruned = if args.keep_days == 0 {
         spool::PruneReport::default()
     } else {
@@ -83,7 +72,7 @@ pub fn run(args: RetrainArgs, ctx: &Ctx) -> Result<()> {
 
 fn summary_line(
     i: &spool::IngestReport,
-    model: &ModelOutcome,
+    model: &Outcome,
     p: &spool::PruneReport,
     keep_days: u64,
 ) -> String {
@@ -94,9 +83,9 @@ fn summary_line(
         i.quarantined.len()
     );
     let model = match model {
-        ModelOutcome::Trained(t) => {
-            let previous = match t.previous {
-                Some(c) => format!("; {}", c.describe()),
+        Outcome::Stored(t) => {
+            let previous = match &t.previous {
+                Some(c) => format!("; {}", train::describe(c)),
                 None => " (no active model to compare)".to_string(),
             };
             let verdict = match t.refusal {
@@ -107,14 +96,16 @@ fn summary_line(
                 "model version {} ({}) fitted on all {} groups, held-out MSE {}{previous}: {verdict}",
                 t.version,
                 t.kind.key(),
-                t.fit_groups,
+                t.record.fit_groups,
                 num(t.quality.mse),
             )
         }
-        ModelOutcome::NotEnough(n) => {
-            format!("model unchanged: {} usable observed group(s), {} needed", n.usable, n.needed)
+        Outcome::NotEnoughGroups { usable, needed, .. } => {
+            format!("model unchanged: {usable} usable observed group(s), {needed} needed")
         }
-        ModelOutcome::Unchanged(u) => format!("model unchanged: {u}"),
+        Outcome::Unchanged { version } => format!(
+            "model unchanged: the training data are unchanged since model version {version}"
+        ),
     };
     let prune = match (keep_days, p.failed.len()) {
         (0, _) => "pruning off".to_string(),
@@ -129,25 +120,25 @@ fn summary_line(
 
 fn summary_json(
     i: &spool::IngestReport,
-    model: &ModelOutcome,
+    model: &Outcome,
     p: &spool::PruneReport,
 ) -> serde_json::Value {
     let model = match model {
-        ModelOutcome::Trained(t) => json!({
+        Outcome::Stored(t) => json!({
             "version": t.version,
             "activated": t.activated,
-            "metrics": t.metrics,
+            "metrics": t.record,
         }),
-        ModelOutcome::NotEnough(n) => json!({
+        Outcome::NotEnoughGroups { usable, needed, .. } => json!({
             "version": null,
             "activated": false,
-            "usable_pairs": n.usable,
-            "needed_pairs": n.needed,
+            "usable_pairs": usable,
+            "needed_pairs": needed,
         }),
-        ModelOutcome::Unchanged(u) => json!({
+        Outcome::Unchanged { version } => json!({
             "version": null,
             "activated": false,
-            "unchanged_since": u.version,
+            "unchanged_since": version,
         }),
     };
     json!({

@@ -246,8 +246,8 @@ pub fn render(db: &Db, objective: Objective, live: &Live, now: f64) -> Result<St
         "gauge",
         "Held-out mean squared error of the active model, in the objective's units squared (NaN: not recorded).",
         active
-            .and_then(|m| m.model.metrics.get("holdout_mse").and_then(|v| v.as_f64()))
-            .unwrap_or(f64::NAN),
+            .and_then(|m| kace_sql::training::stored_record(&m.model.metrics))
+            .map_or(f64::NAN, |r| r.holdout_mse),
     );
     o.one(
         "kace_model_training_groups",

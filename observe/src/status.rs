@@ -177,7 +177,9 @@ pub fn active_model(db: &Db) -> Result<Option<(ModelSummary, Model)>> {
         kind: rec.model.kind.clone(),
         trained_at: rec.created_at,
         groups: rec.model.training_size,
-        holdout_mse: rec.model.metrics.get("holdout_mse").and_then(|v| v.as_f64()),
+        holdout_mse: kace_sql::training::stored_record(&rec.model.metrics)
+            .map(|r| r.holdout_mse)
+            .filter(|m| m.is_finite()),
     };
     Ok(Some((summary, model)))
 }

@@ -28,6 +28,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+pub mod record;
+
+pub use record::{DataFacts, TrainingRecord, TunedRecord};
+
 use crate::dataset::Group;
 use crate::error::SelectorError;
 use crate::eval::FitQuality;

@@ -107,6 +107,8 @@ pub enum Error {
     /// A spool or quarantine directory is not one only root can change, so root refuses to
     /// create, rename or remove files in it.
     UntrustedDir(kace_layout::trusted_dir::UntrustedDir),
+    /// The training policy failed (a bad setting, or the fit itself).
+    Training(kace_selector::training::TrainingError),
 }
 
 /// Shorthand for results in this crate.
@@ -171,6 +173,7 @@ impl fmt::Display for Error {
                 write!(f, "couldn't {op} {}: {source}", path.display())
             }
             Error::UntrustedDir(e) => write!(f, "couldn't use a spool directory: {e}"),
+            Error::Training(e) => write!(f, "couldn't train a model: {e}"),
         }
     }
 }

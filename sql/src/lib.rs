@@ -19,6 +19,7 @@ pub mod error;
 pub mod profile_table;
 pub mod schema;
 pub mod spool;
+pub mod training;
 pub mod types;
 
 pub use db::{CheckReport, Db, InsertCount, Migration, DB_MODE};
