@@ -372,13 +372,25 @@ fn drill_newline_in_an_unrelated_admin_comment_stops_neither_dispatch_nor_max_ho
     // max_hold: with 1 s every held kace job is released by the next dispatch.
     e.conf_line("dispatch", "max_hold_s = 1");
     std::thread::sleep(Duration::from_millis(1100));
-    let out = kace(&e.c, &["dispatch"]);
-    let still: Vec<u32> = held
-        .iter()
-        .copied()
-        .filter(|id| field(&e.c.job(*id).unwrap(), "Reason") == "JobHeldUser")
-        .collect();
-    assert!(still.is_empty(), "still held after max_hold: {still:?}\n{out}");
+    // A dispatch pass waits while a kace job is still starting or completing (the lead's end
+    // on a loaded machine): max_hold is kept by the next passes, as the timer runs them.
+    let still_held = || -> Vec<u32> {
+        held.iter()
+            .copied()
+            .filter(|id| field(&e.c.job(*id).unwrap(), "Reason") == "JobHeldUser")
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut out = String::new();
+    let mut still = held.clone();
+    while !still.is_empty() && Instant::now() < deadline {
+        out.push_str(&kace(&e.c, &["dispatch"]));
+        still = still_held();
+        if !still.is_empty() {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    assert!(still.is_empty(), "still held 15 s after max_hold: {still:?}\n{out}");
     assert!(out.contains("held longer than 1 s"), "{out}");
     e.cancel(&held);
     e.cancel(&[other]);
