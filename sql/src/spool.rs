@@ -607,23 +607,30 @@ impl IngestReport {
     }
 }
 
-/// Reads at most [`MAX_RECORD_BYTES`] of a regular file without following a symlink. `None`
-/// when it vanished; `Some(Err)` when it is not something to read.
+/// The one bounded reader of spool records: at most `limit` bytes of a regular file, opened
+/// without following a symlink. `None` when it vanished; `Some(Err)` when it is not something
+/// to read.
 fn read_bounded(path: &Path, limit: u64) -> Result<Option<std::result::Result<Vec<u8>, String>>> {
-    let meta = match fs::symlink_metadata(path) {
-        Ok(m) => m,
+    // Opened without following a symlink and without blocking on a FIFO, then checked by the
+    // descriptor: nothing can be swapped in between a check by path and the open.
+    let mut f = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => f,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_err("inspect spool record", path)(e)),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Ok(Some(Err("not a regular file (a symlink)".into())))
+        }
+        Err(e) => return Err(io_err("open spool record", path)(e)),
     };
+    let meta = f.metadata().map_err(io_err("inspect spool record", path))?;
     if !meta.file_type().is_file() {
         return Ok(Some(Err("not a regular file".into())));
     }
-    let mut f = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_err("open spool record", path)(e)),
-    };
     let mut buf = Vec::new();
+    // Reading one byte past the limit tells "too large" from "exactly at the limit".
     Read::by_ref(&mut f)
         .take(limit + 1)
         .read_to_end(&mut buf)
@@ -689,20 +696,11 @@ enum Read1 {
 }
 
 fn read_record(path: &Path) -> Result<Read1> {
-    let mut f = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Read1::Gone),
-        Err(e) => return Err(io_err("open spool record", path)(e)),
+    let buf = match read_bounded(path, MAX_RECORD_BYTES)? {
+        None => return Ok(Read1::Gone),
+        Some(Err(why)) => return Ok(Read1::Bad(why)),
+        Some(Ok(buf)) => buf,
     };
-    let mut buf = Vec::new();
-    // Reading one byte past the limit tells "too large" from "exactly at the limit".
-    Read::by_ref(&mut f)
-        .take(MAX_RECORD_BYTES + 1)
-        .read_to_end(&mut buf)
-        .map_err(io_err("read spool record", path))?;
-    if buf.len() as u64 > MAX_RECORD_BYTES {
-        return Ok(Read1::Bad(format!("larger than {MAX_RECORD_BYTES} bytes")));
-    }
     let obs: Observation = match serde_json::from_slice(&buf) {
         Ok(o) => o,
         Err(e) => return Ok(Read1::Bad(format!("not a valid observation record: {e}"))),
@@ -1034,5 +1032,34 @@ mod prune_tests {
     fn missing_directories_have_nothing_to_prune() {
         let none = Path::new("/nonexistent/kace-prune");
         assert_eq!(prune(none, none, DAY, SystemTime::now()), PruneReport::default());
+    }
+}
+
+#[cfg(test)]
+mod read_tests {
+    use super::*;
+
+    /// Every record kind goes through this one reader: a symlink or a FIFO is refused by the
+    /// descriptor (no check by path it could race), a file over the limit is named, a vanished
+    /// one is gone, and exactly the limit is read.
+    #[test]
+    fn the_bounded_reader_refuses_links_fifos_and_oversized_files() {
+        let d = kace_test_support::TempDir::new("spool-read");
+        fs::write(d.join("ok.json"), "12345").unwrap();
+        assert_eq!(read_bounded(&d.join("ok.json"), 5).unwrap(), Some(Ok(b"12345".to_vec())));
+        let over = read_bounded(&d.join("ok.json"), 4).unwrap();
+        assert_eq!(over, Some(Err("larger than 4 bytes".to_string())));
+        assert_eq!(read_bounded(&d.join("gone.json"), 5).unwrap(), None);
+        std::os::unix::fs::symlink(d.join("ok.json"), d.join("link.json")).unwrap();
+        let link = read_bounded(&d.join("link.json"), 5).unwrap();
+        assert_eq!(link, Some(Err("not a regular file (a symlink)".to_string())));
+        let fifo = std::ffi::CString::new(d.join("fifo.json").to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let fifo = read_bounded(&d.join("fifo.json"), 5).unwrap();
+        assert_eq!(fifo, Some(Err("not a regular file".to_string())));
+        // The observation reader is the same reader.
+        assert!(matches!(read_record(&d.join("link.json")).unwrap(), Read1::Bad(_)));
+        assert!(matches!(read_record(&d.join("gone.json")).unwrap(), Read1::Gone));
     }
 }
