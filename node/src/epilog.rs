@@ -316,11 +316,10 @@ fn measure_profile(
         log("never ran alone on its GPU; no profile measurement");
         return None;
     }
-    let ring = kace_sampler::ring::ring_path(&n.config.sampler.dir, gpu.0);
-    let readings = match kace_sampler::Ring::open(&ring).and_then(|r| r.readings(me.start, end)) {
+    let readings = match readings_while_it_ran(n, gpu, me) {
         Ok(r) => r,
         Err(e) => {
-            // Without the sampler the progress lines still give the exclusive throughput.
+            // Then fewer than profile.min_samples readings: the log below says nothing is stored.
             log(&format!("couldn't read the GPU's samples (is kace-sampler running?): {e}"));
             Vec::new()
         }
@@ -434,8 +433,7 @@ fn out_of_memory(
         return None;
     }
     let end = me.end.unwrap_or(me.start);
-    let ring = kace_sampler::ring::ring_path(&n.config.sampler.dir, gpu.0);
-    let readings = match kace_sampler::Ring::open(&ring).and_then(|r| r.readings(me.start, end)) {
+    let readings = match readings_while_it_ran(n, gpu, me) {
         Ok(r) => r,
         Err(e) => {
             log(&format!(
@@ -487,6 +485,16 @@ fn out_of_memory(
         env.exit.map_or("exit status unknown".to_string(), |x| format!("exit {}:{}", x.code, x.signal))
     );
     spool_profile(n, &log, record, &what, "out-of-memory record")
+}
+
+/// kace-sampler's readings of the job's GPU from the job's start to its end.
+fn readings_while_it_ran(
+    n: &Node,
+    gpu: GpuIndex,
+    me: &JobRecord,
+) -> std::result::Result<Vec<kace_sampler::Reading>, kace_sampler::RingError> {
+    let ring = kace_sampler::ring::ring_path(&n.config.sampler.dir, gpu.0);
+    kace_sampler::Ring::open(&ring).and_then(|r| r.readings(me.start, me.end.unwrap_or(me.start)))
 }
 
 /// Share of its memory limit the GPU's memory in use must have reached, in the sampler's
