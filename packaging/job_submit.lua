@@ -39,6 +39,18 @@ local function tell_user_held(workload)
 end
 -- ---- end of kace's version and user line ----------------------------------------------------
 
+-- The file kace's decider watches (dispatch.submitted in kace.conf): rewriting it wakes the
+-- decider for a new kace job without any Slurm RPC. A failure (no decider, no permission for
+-- SlurmUser: packaging/kace.tmpfiles) only leaves the job to the decider's backstop pass.
+local SUBMITTED = "/run/kace/submitted"
+
+local function mark_submitted()
+  local f = io.open(SUBMITTED, "w")
+  if f ~= nil then
+    f:close()
+  end
+end
+
 -- Uids allowed to release a held kace job (root; add SlurmUser's uid if it is not root).
 local RELEASERS = { [0] = true }
 
@@ -162,6 +174,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   job_desc.priority = 0
   slurm.log_verbose("kace: gate: holding a job of uid %u as workload %s", submit_uid, workload)
   tell_user_held(workload)
+  mark_submitted()
   return slurm.SUCCESS
 end
 

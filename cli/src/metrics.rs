@@ -35,6 +35,15 @@ pub fn run(args: MetricsArgs, ctx: &Ctx) -> Result<()> {
         quarantined_files: count_records(&ctx.config.spool.quarantine),
         ..Live::default()
     };
+    // The decider's own counts, where it runs (the controller).
+    match kace_node::decider_state::DeciderState::peek(&ctx.config.dispatch.state_dir) {
+        Ok(Some(state)) => {
+            live.decider_rpcs_last_minute = state.rpcs_last_minute(now).or(Some(0));
+            live.decider_commands = Some(state.commands_total);
+        }
+        Ok(None) => {}
+        Err(e) => eprintln!("kace: metrics: couldn't read the decider's state: {e}; left out"),
+    }
     if !args.no_slurm {
         match ctx.slurm(BUDGET).kace_queue() {
             Ok(q) => {

@@ -169,7 +169,7 @@ fn dispatch_without_slurm_fails_clearly_and_one_runs_at_a_time() {
     let out = e.run(&["dispatch"]);
     drop(lock);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("another dispatch holds"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("another decider holds"));
 }
 
 /// The audit's terminal-escape injection: a user's `--comment` reached a decision's rejection

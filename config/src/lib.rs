@@ -61,6 +61,11 @@
 //! [dispatch]
 //! max_hold_s = 600
 //! lock = "/run/kace/dispatch.lock"
+//! socket = "/run/kace/dispatch.sock"
+//! submitted = "/run/kace/submitted"
+//! state_dir = "/run/kace/decider"
+//! backstop_s = 10
+//! rpc_budget_per_min = 600
 //!
 //! [log]
 //! syslog_socket = "/dev/log"   # "" logs to stderr only
@@ -373,13 +378,41 @@ pub struct Dispatch {
     /// A kace job held longer than this many seconds is released wherever Slurm puts it, so
     /// that nothing waits forever for a partner. Default 600 (10 minutes).
     pub max_hold_s: u64,
-    /// Lock file that keeps one `kace dispatch` running at a time.
+    /// Lock file that keeps one decider at a time: the `kace dispatch --watch` service holds
+    /// it for its life; a `kace dispatch` pass while no service runs holds it for the pass.
+    /// Default `/run/kace/dispatch.lock`.
     pub lock: PathBuf,
+    /// The root-only Unix socket the service listens on; `kace-dispatch` (PrologSlurmctld,
+    /// EpilogSlurmctld) sends it a nudge and returns. Default `/run/kace/dispatch.sock`.
+    pub socket: PathBuf,
+    /// The file the gate (job_submit.lua) rewrites on each kace submission, so that the
+    /// service passes at once without asking Slurm (it looks at the file's time ten times a
+    /// second). It must be writable by SlurmUser (packaging/kace.tmpfiles). Default
+    /// `/run/kace/submitted`.
+    pub submitted: PathBuf,
+    /// Where the decider keeps what it learnt and what it began: the GPUs of running kace
+    /// jobs (read once per job) and releases begun but not finished. Default
+    /// `/run/kace/decider`.
+    pub state_dir: PathBuf,
+    /// The service passes at least this often when nothing wakes it (lost nudges, a Slurm
+    /// without the gate's file). At least 5. Default 10.
+    pub backstop_s: u64,
+    /// `kace doctor --controller` warns when kace ran more Slurm RPCs than this in a minute.
+    /// Default 600.
+    pub rpc_budget_per_min: u64,
 }
 
 impl Default for Dispatch {
     fn default() -> Self {
-        Dispatch { max_hold_s: 600, lock: PathBuf::from("/run/kace/dispatch.lock") }
+        Dispatch {
+            max_hold_s: 600,
+            lock: PathBuf::from("/run/kace/dispatch.lock"),
+            socket: PathBuf::from("/run/kace/dispatch.sock"),
+            submitted: PathBuf::from("/run/kace/submitted"),
+            state_dir: PathBuf::from("/run/kace/decider"),
+            backstop_s: 10,
+            rpc_budget_per_min: 600,
+        }
     }
 }
 
@@ -579,6 +612,9 @@ impl Config {
             ("node.progress_root", &n.progress_root),
             ("node.state_dir", &n.state_dir),
             ("dispatch.lock", &self.dispatch.lock),
+            ("dispatch.socket", &self.dispatch.socket),
+            ("dispatch.submitted", &self.dispatch.submitted),
+            ("dispatch.state_dir", &self.dispatch.state_dir),
         ] {
             if !p.is_absolute() {
                 return Err(format!("{key} = {:?}: must be an absolute path", p.display()));
@@ -602,6 +638,23 @@ impl Config {
         }
         if self.dispatch.max_hold_s == 0 {
             return Err("dispatch.max_hold_s must be at least 1".into());
+        }
+        if self.dispatch.backstop_s < 5 {
+            return Err(format!(
+                "dispatch.backstop_s = {}: must be at least 5 (nudges wake the decider; the \
+                 backstop only covers lost ones)",
+                self.dispatch.backstop_s
+            ));
+        }
+        // sun_path holds 108 bytes with its terminating NUL.
+        if self.dispatch.socket.as_os_str().len() > 100 {
+            return Err(
+                "dispatch.socket is longer than 100 bytes (a Unix socket path must fit sun_path)"
+                    .into(),
+            );
+        }
+        if self.dispatch.rpc_budget_per_min == 0 {
+            return Err("dispatch.rpc_budget_per_min must be at least 1".into());
         }
         if let Some(s) = self.log.socket() {
             if !s.is_absolute() {

@@ -1,44 +1,96 @@
-//! `kace dispatch`'s logic, on the controller (a watching loop, `EpilogSlurmctld=` and a
-//! backstop timer; one pass at a time). One pass, in this order:
+//! The decider: the one process that moves kace jobs (ARCHITECTURE.md, "one decider"). It runs
+//! on the controller, as the `kace dispatch --watch` service (which holds the dispatch lock for
+//! its life and passes when nudged, [`crate::nudge`]) or, while no service runs, as one pass of
+//! `kace dispatch` / `kace-dispatch` under the same lock. One pass, in this order:
+//! 0. releases a pass began and did not finish (pinned, not released) are finished;
 //! 1. jobs held longer than `max_hold` are placed where their group fits: a free GPU (they run
-//!    alone), or an open GPU whose memory and job limit allow them; otherwise they stay held
-//!    for the next free GPU, oldest first. Never onto a full GPU.
-//! 2. held jobs are offered to OPEN GPUs (kace jobs below `selection.max_jobs_per_gpu`,
-//!    nothing starting, ending or on its way there): the one decision chooses among them.
+//!    alone), or an open GPU whose memory and job limit allow them; otherwise they wait for the
+//!    next free GPU, oldest first. Without the nodes' list they go to Slurm unpinned;
+//! 2. held jobs are offered to OPEN GPUs (kace jobs starting or running, fewer than
+//!    `selection.max_jobs_per_gpu`, nothing on its way there): the one decision
+//!    ([`kace_sql::decide::decide`] → `kace_selector::decision::decide`) chooses among them;
+//!    a lead that starts (PrologSlurmctld's nudge) gets its partner here, a GPU left by an
+//!    ending job (EpilogSlurmctld's) its refill;
 //! 3. the oldest held jobs are released as leads onto FREE GPUs (no kace job), one each.
 //!
-//! A GPU counts as taken by any kace job running, starting or completing on it (its
-//! allocation says which GPU), and by a released kace job that has not started yet (pinned to
-//! its node; to its GPU type when typed). A GPU whose kace job is starting or completing is
-//! left to that job's prolog or epilog, which fills it under the GPU's lock. While such a hook
-//! may be choosing (for [`crate::slurm::hook_window_s`] from its job's start or end) the pass
-//! releases nothing; a job Slurm shows starting for longer is reported, not waited for. Every
-//! release re-reads the job as held just before moving it.
+//! What it reads from Slurm: one `squeue -O` listing of kace jobs per pass (nothing more when
+//! none is held), one `sinfo` when some are, and the GPUs of each kace job that started since
+//! (one job each, remembered in [`DeciderState`]). Never the whole queue as JSON.
 //!
-//! Every release is recorded in the decision spool ([`kace_sql::spool`], kinds
-//! [`ReleaseKind::LateArrival`], [`ReleaseKind::MaxHold`] and [`ReleaseKind::LeadRelease`]):
-//! which job went where, over which candidates, and how long it had been held.
+//! Every release is recorded in the decision spool before it is made, and noted as begun in the
+//! decider's state; a failed release withdraws its record. So a decider that dies mid-pass
+//! neither moves a job twice (a released job is not held any more) nor loses what it did (the
+//! next pass finishes a begun one).
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kace_config::Config;
+use kace_layout::GpuIndex;
 use kace_log::Logger;
 use kace_selector::decision::Policy;
 use kace_sql::decide::{decide, JobSpec};
-use kace_sql::spool::{release_key, write_decision, ReleaseKind, SpooledDecision};
+use kace_sql::spool::{
+    release_key, unpark, withdraw_decision, write_or_park, ReleaseKind, SpooledDecision, Written,
+};
 use kace_sql::{DecisionCandidate, NewDecision};
 
+use crate::decider_state::{Begun, DeciderState};
 use crate::error::{io, Result};
-use crate::fill::{candidate_record, in_flight_to, GpuAt};
 use crate::slurm::{Commands, QueuedJob, Slurm, Target};
 
-/// How long one configured dispatch may take in all, so that a hanging Slurm command cannot
-/// pile up timer runs.
+/// How long one pass may take in all, so that a hanging Slurm command cannot pile up passes.
 pub const BUDGET: Duration = Duration::from_secs(60);
 
-/// What a dispatch pass needs besides Slurm.
+/// At most this many candidates are tried for one open GPU when the chosen one cannot be
+/// released (cancelled meanwhile).
+const RELEASE_TRIES: usize = 3;
+
+/// A GPU: its node, its index there and its type when typed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuAt {
+    /// Its node.
+    pub node: String,
+    /// Its index on the node.
+    pub index: GpuIndex,
+    /// Its type, when the node's GPUs are typed (jobs are pinned to it).
+    pub kind: Option<String>,
+}
+
+/// Whether a released (pending, not held) job is on its way to `gpu`: pinned to its node, and
+/// to its type when typed (an untyped pin counts against every GPU of the node).
+pub fn in_flight_to(j: &QueuedJob, gpu: &GpuAt) -> bool {
+    if !j.pending() || j.held() || j.req_nodes != gpu.node {
+        return false;
+    }
+    let pinned_kind = j.tres_per_node.split(',').find_map(|e| {
+        let e = e.trim();
+        let e = e.strip_prefix("gres:").or_else(|| e.strip_prefix("gres/")).unwrap_or(e);
+        match e.split(':').collect::<Vec<_>>().as_slice() {
+            ["shard", kind, _] => Some(kind.to_string()),
+            _ => None,
+        }
+    });
+    match (pinned_kind, &gpu.kind) {
+        (Some(theirs), Some(ours)) => theirs == *ours,
+        _ => true,
+    }
+}
+
+/// A held job as a decision record lists it, before the decision's verdict: its id, workload
+/// and how long it has been held at `now`.
+pub fn candidate_record(j: &QueuedJob, now: f64) -> DecisionCandidate {
+    DecisionCandidate {
+        job: Some(j.id.to_string()),
+        workload: j.workload.clone(),
+        prediction: None,
+        rejected: None,
+        held_s: j.hold_started().map(|t| (now - t).max(0.0)),
+    }
+}
+
+/// What a pass needs besides Slurm.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings<'a> {
     /// `dispatch.max_hold_s`.
@@ -48,18 +100,20 @@ pub struct Settings<'a> {
     /// The database (read-only), for decisions on open GPUs.
     pub database: &'a Path,
     /// GPU memory in GiB (`node.gpu_memory_gib`): the controller has no NVML of the nodes'
-    /// GPUs, so without it no job is added to an open GPU by dispatch.
+    /// GPUs, so without it no job is added to an open GPU.
     pub gpu_memory_gib: Option<f64>,
-    /// `selection.refill`: offer held jobs to open GPUs.
+    /// `selection.refill`: offer held jobs to open GPUs beyond a starting lead's first partner.
     pub fill_open: bool,
     /// `spool.dir`: where each release's record goes.
     pub spool: &'a Path,
-    /// The cluster's name in the records' keys (`SLURM_CLUSTER_NAME` where Slurm sets it, as
-    /// for the hooks; `cluster` otherwise).
+    /// The cluster's name in the records' keys (`SLURM_CLUSTER_NAME` where Slurm sets it;
+    /// `cluster` otherwise).
     pub cluster: String,
-    /// How long after its job's start or end a kace hook may still be choosing
-    /// ([`crate::slurm::hook_window_s`]); dispatch waits for no hook longer.
-    pub hook_window_s: f64,
+    /// `dispatch.state_dir`: where begun releases are noted before each one.
+    pub state_dir: &'a Path,
+    /// After how long starting or completing a kace job counts as stuck
+    /// ([`crate::slurm::stuck_after_s`]).
+    pub stuck_after_s: f64,
 }
 
 impl<'a> Settings<'a> {
@@ -76,42 +130,211 @@ impl<'a> Settings<'a> {
                 .ok()
                 .filter(|c| !c.is_empty())
                 .unwrap_or_else(|| "cluster".into()),
-            hook_window_s: crate::slurm::hook_window_s(&config.node),
+            state_dir: &config.dispatch.state_dir,
+            stuck_after_s: crate::slurm::stuck_after_s(&config.node),
         }
     }
 }
 
-/// One dispatch pass as configured (real Slurm commands), under the dispatch lock. `Ok(None)`
-/// when another dispatch holds the lock: it does the work.
-pub fn run_configured(config: &Config, now: f64, logger: &Logger) -> Result<Option<Report>> {
-    let lock_path = &config.dispatch.lock;
-    if let Some(dir) = lock_path.parent() {
-        std::fs::create_dir_all(dir).map_err(io("create the directory of", lock_path))?;
-    }
-    let Some(_lock) = crate::state::try_lock_file(lock_path)? else { return Ok(None) };
-    let slurm = Commands::configured(&config.node, Some(Instant::now() + BUDGET), logger.clone());
-    run(&slurm, &Settings::of(config), now).map(Some)
+/// The decider while it holds the dispatch lock: its state and its Slurm commands' counter.
+pub struct Decider {
+    _lock: std::fs::File,
+    /// What it remembers.
+    pub state: DeciderState,
+    counts: crate::slurm::CommandCounts,
 }
 
-/// What one dispatch pass did.
+impl Decider {
+    /// Takes the dispatch lock and loads the state; `Ok(None)` when another decider holds the
+    /// lock. A note about an unreadable state file goes to `logger`.
+    pub fn try_start(config: &Config, logger: &Logger) -> Result<Option<Decider>> {
+        let lock_path = &config.dispatch.lock;
+        if let Some(dir) = lock_path.parent() {
+            std::fs::create_dir_all(dir).map_err(io("create the directory of", lock_path))?;
+        }
+        let Some(lock) = crate::state::try_lock_file(lock_path)? else { return Ok(None) };
+        let (state, note) = DeciderState::load(&config.dispatch.state_dir);
+        if let Some(n) = note {
+            logger.line(&format!("kace: dispatch: {n}"));
+        }
+        Ok(Some(Decider { _lock: lock, state, counts: Default::default() }))
+    }
+
+    /// One pass at `now` with the real Slurm commands; the state is saved after it.
+    pub fn pass(&mut self, config: &Config, now: f64, logger: &Logger) -> Result<Report> {
+        let mut slurm =
+            Commands::configured(&config.node, Some(Instant::now() + BUDGET), logger.clone());
+        slurm.counts = self.counts.clone();
+        let before = self.counts.snapshot();
+        let settings = Settings::of(config);
+        let r = run(&slurm, &settings, &mut self.state, now);
+        self.state.count(now, &before, &self.counts.snapshot());
+        if let Err(e) = self.state.save(settings.state_dir) {
+            logger.line(&format!("kace: dispatch: couldn't save the decider's state: {e}"));
+        }
+        r
+    }
+}
+
+/// One pass as configured, under the dispatch lock. `Ok(None)` when another decider holds the
+/// lock (the service, or another pass): it does the work.
+pub fn run_configured(config: &Config, now: f64, logger: &Logger) -> Result<Option<Report>> {
+    let Some(mut d) = Decider::try_start(config, logger)? else { return Ok(None) };
+    d.pass(config, now, logger).map(Some)
+}
+
+/// The kace jobs on GPUs (starting, running, completing) in `queue` with their GPUs, for
+/// `kace status`: from the decider's memory where it knows them, read singly for at most
+/// `max_reads` others, and without GPUs beyond that (so that a view costs Slurm a bounded
+/// number of RPCs however many jobs run).
+pub fn running_jobs(
+    slurm: &dyn Slurm,
+    queue: &[QueuedJob],
+    state: &DeciderState,
+    max_reads: usize,
+) -> Vec<crate::slurm::RunningJob> {
+    let mut reads = 0;
+    queue
+        .iter()
+        .filter(|j| (j.on_gpu() || j.completing()) && !j.node.is_empty())
+        .map(|j| {
+            let gpus = match state.gpus.get(&j.id) {
+                Some((node, g)) if *node == j.node => g.clone(),
+                _ if reads < max_reads => {
+                    reads += 1;
+                    slurm.job_gpus(j.id, &j.node).unwrap_or_default()
+                }
+                _ => Vec::new(),
+            };
+            let state = match j.state.as_str() {
+                "CF" => "CF",
+                "CG" => "CG",
+                _ => "R",
+            };
+            crate::slurm::RunningJob {
+                id: j.id,
+                node: j.node.clone(),
+                gpus,
+                state: state.into(),
+                user: j.user.clone(),
+                workload: j.workload.clone(),
+                started: j.started,
+            }
+        })
+        .collect()
+}
+
+/// What `kace-dispatch` did for slurmctld's event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// Not a kace job's start or end: nothing to do.
+    NotKace,
+    /// The service was nudged.
+    Nudged,
+    /// No service listens: this process passed once (`None`: another pass was already
+    /// waiting to run after the current one, and sees this event's state).
+    Passed(Option<Box<Report>>),
+}
+
+/// What `kace-dispatch` does when slurmctld runs it as `PrologSlurmctld=` or
+/// `EpilogSlurmctld=` (or an admin or timer runs it): `kace_job` says whether the event is a
+/// kace job's (`SPANK_KACE_COLOCATE` in the script's environment; a forged one only makes the
+/// decider pass sooner). It nudges the service and returns; without a service it runs one pass
+/// itself, after the one running now if any (at most one waits: the next lock), so that no
+/// event is lost.
+pub fn on_event(config: &Config, kace_job: bool, now: f64, logger: &Logger) -> Result<Event> {
+    if !kace_job {
+        return Ok(Event::NotKace);
+    }
+    if crate::nudge::nudge(&config.dispatch.socket).is_ok() {
+        return Ok(Event::Nudged);
+    }
+    if let Some(mut d) = Decider::try_start(config, logger)? {
+        return Ok(Event::Passed(Some(Box::new(d.pass(config, now, logger)?))));
+    }
+    let mut next = config.dispatch.lock.clone().into_os_string();
+    next.push(".next");
+    let Some(_next) = crate::state::try_lock_file(Path::new(&next))? else {
+        return Ok(Event::Passed(None));
+    };
+    let lock = crate::state::lock_file(&config.dispatch.lock, Instant::now() + BUDGET)?;
+    drop(_next);
+    let (state, note) = DeciderState::load(&config.dispatch.state_dir);
+    if let Some(n) = note {
+        logger.line(&format!("kace: dispatch: {n}"));
+    }
+    let mut d = Decider { _lock: lock, state, counts: Default::default() };
+    let now = crate::Clock::now(&crate::SystemClock).max(now);
+    Ok(Event::Passed(Some(Box::new(d.pass(config, now, logger)?))))
+}
+
+/// The `kace dispatch --watch` service: holds the dispatch lock for its life (waiting while a
+/// one-off pass holds it), listens for nudges, and passes when nudged, when the gate marks a
+/// submission, when a held job's `max_hold` expires and at least every
+/// `dispatch.backstop_s`. `each` gets every pass's report (or error); it never returns but on
+/// a failure to start.
+pub fn serve(config: &Config, logger: &Logger, each: &mut dyn FnMut(Result<Report>)) -> Result<()> {
+    let mut d = loop {
+        if let Some(d) = Decider::try_start(config, logger)? {
+            break d;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let mut listener =
+        crate::nudge::Listener::bind(&config.dispatch.socket, &config.dispatch.submitted)?;
+    let backstop = Duration::from_secs(config.dispatch.backstop_s);
+    // The gate marks a submission before slurmctld has the job: a pass soon after looks again.
+    let mut again: Option<Instant> = None;
+    loop {
+        let now = crate::Clock::now(&crate::SystemClock);
+        let r = d.pass(config, now, logger);
+        let mut until = Instant::now() + backstop;
+        if let Some(t) = again.take() {
+            until = until.min(t);
+        }
+        if let Ok(r) = &r {
+            if let Some(t) = r.next_expiry {
+                let wait =
+                    Duration::from_secs_f64((t - now + 0.05).clamp(0.0, backstop.as_secs_f64()));
+                until = until.min(Instant::now() + wait);
+            }
+        }
+        each(r);
+        if listener.wait(until) == crate::nudge::Wake::Submitted {
+            std::thread::sleep(SUBMIT_SETTLE);
+            again = Some(Instant::now() + SUBMIT_RECHECK);
+        }
+    }
+}
+
+/// How long after the gate's mark the service passes: slurmctld records the job just after its
+/// job_submit plugin returns.
+const SUBMIT_SETTLE: Duration = Duration::from_millis(30);
+
+/// When the service looks again after a submission's pass, for a job slurmctld recorded late.
+const SUBMIT_RECHECK: Duration = Duration::from_millis(500);
+
+/// What one pass did.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Report {
     /// Jobs released as leads onto free GPUs: (job, node, GPU index).
     pub leads: Vec<(u32, String, u32)>,
     /// Jobs released to join open GPUs: (job, node, GPU index).
     pub joiners: Vec<(u32, String, u32)>,
-    /// Jobs released because they were held longer than `max_hold`: (job, node, GPU index).
+    /// Jobs released because they were held longer than `max_hold`: (job, node, GPU index);
+    /// node empty when released unpinned.
     pub expired: Vec<(u32, String, u32)>,
     /// Jobs held longer than `max_hold` that fit nowhere yet: they wait for a free GPU.
     pub waiting_expired: Vec<u32>,
-    /// Whether kace jobs are still held after the pass (the watch loop then passes again
-    /// within a second).
+    /// Releases an earlier pass began (pinned, not released) and this one finished.
+    pub resumed: Vec<u32>,
+    /// Whether kace jobs are still held after the pass.
     pub still_held: bool,
-    /// Why the pass released nothing, when it waited for a prolog or epilog that is choosing.
-    pub deferred: Option<String>,
-    /// Kace jobs Slurm shows starting or completing for longer than any kace hook runs:
-    /// (job, seconds, "starting" or "completing"). Dispatch does not wait for them; a batch job
-    /// whose slurmd restarted during its prolog stays so until an admin requeues it.
+    /// When the next held job's `max_hold` expires (Unix seconds): the service passes then.
+    pub next_expiry: Option<f64>,
+    /// Kace jobs Slurm shows starting or completing for longer than
+    /// [`Settings::stuck_after_s`]: (job, seconds, "starting" or "completing"). Nothing waits
+    /// for them; their GPUs are left alone.
     pub stuck: Vec<(u32, f64, &'static str)>,
     /// Problems met (each already a full message); the pass went on past them.
     pub problems: Vec<String>,
@@ -123,10 +346,18 @@ impl Report {
     /// What the pass did, one line each (the same words in the CLI and `kace-dispatch`).
     pub fn lines(&self, max_hold_s: u64) -> Vec<String> {
         let mut out = Vec::new();
+        for job in &self.resumed {
+            out.push(format!("finished the release of job {job} an earlier pass began"));
+        }
         for (job, n, g) in &self.expired {
-            out.push(format!(
-                "released job {job} onto {n} GPU {g}: held longer than {max_hold_s} s"
-            ));
+            out.push(match n.as_str() {
+                "" => format!(
+                    "released job {job} wherever Slurm places it: held longer than {max_hold_s} s"
+                ),
+                _ => {
+                    format!("released job {job} onto {n} GPU {g}: held longer than {max_hold_s} s")
+                }
+            });
         }
         for (job, n, g) in &self.joiners {
             out.push(format!("released job {job} to join the kace jobs on {n} GPU {g}"));
@@ -141,27 +372,22 @@ impl Report {
         }
         out
     }
-}
 
-impl Report {
-    /// One line per job Slurm shows starting or completing for longer than a kace hook runs
-    /// (in [`report_lines`]; the watching loop says each job once).
+    /// One line per job Slurm shows starting or completing for too long.
     pub fn stuck_lines(&self) -> Vec<String> {
         self.stuck
             .iter()
             .map(|(job, secs, what)| {
                 format!(
-                    "job {job} has been {what} for {secs:.0} s, longer than any kace prolog or \
-                     epilog runs: not waiting for its hook; Slurm leaves a batch job whose slurmd \
-                     restarted during its prolog so until it is requeued (scontrol requeue {job})"
+                    "job {job} has been {what} for {secs:.0} s: Slurm leaves a batch job whose \
+                     slurmd restarted during its prolog so until it is requeued (scontrol requeue {job})"
                 )
             })
             .collect()
     }
 }
 
-/// The log lines of one dispatch pass, one per event and problem, as `kace-dispatch` and
-/// `kace dispatch` send them to the log.
+/// The log lines of one pass, one per event and problem.
 pub fn report_lines(r: &Report, max_hold_s: u64) -> Vec<String> {
     r.lines(max_hold_s)
         .into_iter()
@@ -171,24 +397,58 @@ pub fn report_lines(r: &Report, max_hold_s: u64) -> Vec<String> {
         .collect()
 }
 
-/// A GPU as dispatch sees it.
+/// A kace job on a GPU, as a slot lists it.
+#[derive(Debug, Clone)]
+struct Member {
+    id: u32,
+    workload: String,
+    user: String,
+    starting: bool,
+}
+
+/// A GPU as the pass sees it.
 #[derive(Debug, Clone)]
 struct Slot {
     at: GpuAt,
-    /// Kace jobs on it: (job, workload, user).
-    jobs: Vec<(u32, String, String)>,
-    /// A kace job on it is starting or completing: its prolog or epilog fills it.
-    busy: bool,
+    /// Kace jobs starting or running on it.
+    jobs: Vec<Member>,
+    /// Left alone this pass: a kace job on its node holds GPUs the pass could not learn, or a
+    /// kace job on it is stuck starting.
+    unknown: bool,
+    /// Kace jobs completing on it (leaving).
+    leaving: Vec<u32>,
     /// Released jobs on their way to it.
     coming: usize,
 }
 
 impl Slot {
     fn free(&self) -> bool {
-        self.jobs.is_empty() && !self.busy && self.coming == 0
+        self.jobs.is_empty() && !self.unknown && self.coming == 0
     }
     fn open(&self, limit: usize) -> bool {
-        !self.jobs.is_empty() && self.jobs.len() < limit && !self.busy && self.coming == 0
+        !self.jobs.is_empty() && self.jobs.len() < limit && !self.unknown && self.coming == 0
+    }
+    /// The kind of a joiner's record: the decision of a job that starts there (a lead's
+    /// partner, or the next place a joiner leaves room for), a refill, or a late arrival.
+    fn join_kind(&self) -> ReleaseKind {
+        if !self.leaving.is_empty() {
+            ReleaseKind::Refill
+        } else if self.jobs.iter().any(|m| m.starting) {
+            ReleaseKind::Lead
+        } else {
+            ReleaseKind::LateArrival
+        }
+    }
+
+    /// The job a joiner's record is keyed by: the starting job whose decision it is, the job
+    /// whose end made room, or the joiner itself (as their hooks keyed them when hooks decided).
+    fn key_job(&self, kind: ReleaseKind, joiner: u32) -> u32 {
+        let starting = self.jobs.iter().rev().find(|m| m.starting).map(|m| m.id);
+        match kind {
+            ReleaseKind::Lead => starting.unwrap_or(joiner),
+            ReleaseKind::Refill => self.leaving.first().copied().unwrap_or(joiner),
+            _ => joiner,
+        }
     }
 }
 
@@ -203,53 +463,73 @@ struct Chosen {
     model_version: Option<i64>,
 }
 
-/// One dispatch pass at time `now` (Unix seconds).
-pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
+/// One pass at time `now` (Unix seconds), with `state` the decider's memory.
+pub fn run(
+    slurm: &dyn Slurm,
+    s: &Settings<'_>,
+    state: &mut DeciderState,
+    now: f64,
+) -> Result<Report> {
     let mut report = Report::default();
     let queue = slurm.kace_queue()?;
-    let window = s.hook_window_s;
     report.stuck = queue
         .iter()
-        .filter(|j| j.stuck(now, window))
+        .filter(|j| j.stuck(now, s.stuck_after_s))
         .map(|j| {
             let what = if j.completing() { "completing" } else { "starting" };
             (j.id, j.in_hook_for(now).unwrap_or(0.0), what)
         })
         .collect();
+    // An allocation does not change while its job is on a GPU; once off, its GPUs are forgotten.
+    let on_a_gpu: BTreeSet<u32> =
+        queue.iter().filter(|j| j.on_gpu() || j.completing()).map(|j| j.id).collect();
+    state.gpus.retain(|id, _| on_a_gpu.contains(id));
+
+    // 0. What an earlier pass began, and the records it parked while the spool was full.
+    finish_begun(slurm, s, state, &queue, &mut report);
+    if park_dir(s).is_dir() {
+        if let Err(e) = unpark(&park_dir(s), s.spool) {
+            report.problems.push(format!("couldn't move parked decisions into the spool: {e}"));
+        }
+    }
+
     // A job Slurm would not start yet (unmet dependency, --begin ahead) is neither offered nor
     // released for max_hold: its hold counts from when it may start.
     let held: Vec<&QueuedJob> = queue
         .iter()
         .filter(|j| j.held() && j.shards().is_some() && j.blocked(now).is_none())
+        .filter(|j| !report.resumed.contains(&j.id))
         .collect();
     if held.is_empty() {
         return Ok(report);
     }
-    // A prolog or epilog choosing now sees the same held jobs; Slurm cannot claim one. Node-side
-    // deciders split the queue among themselves, so dispatch waits for them (the watch loop
-    // passes again within a second), but only as long as a hook can run: a job Slurm left
-    // starting (its slurmd restarted during its prolog) must not hold every kace job.
-    if let Some(j) = queue.iter().find(|j| j.deciding(now, window)) {
-        report.deferred = Some(format!("kace job {} is starting or ending", j.id));
-        report.still_held = true;
-        return Ok(report);
-    }
-    let user_of: BTreeMap<u32, &str> = queue.iter().map(|j| (j.id, j.user.as_str())).collect();
-    let starting: Vec<u32> = queue.iter().filter(|j| j.starting()).map(|j| j.id).collect();
+    let max_hold = s.max_hold_s as f64;
+    let expired: Vec<usize> = (0..held.len())
+        .filter(|&i| held[i].hold_started().is_some_and(|t| now - t >= max_hold))
+        .collect();
 
-    // Every GPU of every usable node, with its kace jobs.
-    let nodes = slurm.nodes()?;
+    let nodes = match slurm.nodes() {
+        Ok(n) => n,
+        Err(e) => {
+            // max_hold is the gate's promise to the user: it does not depend on this read.
+            report.problems.push(format!(
+                "couldn't list the nodes ({e}); jobs held longer than max_hold go to Slurm unpinned"
+            ));
+            for &i in &expired {
+                release_unpinned(slurm, s, held[i], now, &mut report);
+            }
+            report.still_held = held.len() > report.expired.len();
+            return Ok(report);
+        }
+    };
     let mut slots: Vec<Slot> = Vec::new();
     for n in nodes.iter().filter(|n| n.usable) {
         for (i, kind) in n.gpus.iter().enumerate() {
             slots.push(Slot {
-                at: GpuAt {
-                    node: n.name.clone(),
-                    index: kace_layout::GpuIndex(i as u32),
-                    kind: kind.clone(),
-                },
+                at: GpuAt { node: n.name.clone(), index: GpuIndex(i as u32), kind: kind.clone() },
                 jobs: Vec::new(),
-                busy: false,
+                unknown: false,
+                leaving: Vec::new(),
                 coming: 0,
             });
         }
@@ -257,42 +537,58 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
     let slot_of = |slots: &[Slot], node: &str, index: u32| {
         slots.iter().position(|x| x.at.node == node && x.at.index.0 == index)
     };
-    // What each node ran at the listing: an open GPU is filled only if its node still runs the
-    // same kace jobs in the same states just before the release (see `unchanged`).
-    let mut seen: BTreeMap<String, Vec<(u32, String)>> = BTreeMap::new();
-    let running = slurm.running_kace_jobs()?;
-    for r in &running {
-        seen.entry(r.node.clone()).or_default().push((r.id, r.state.clone()));
-    }
-    let workload_of: BTreeMap<u32, &str> =
-        queue.iter().map(|j| (j.id, j.workload.as_str())).collect();
-    for r in running {
-        let settled = r.state == "R" && !starting.contains(&r.id);
-        if !settled && r.gpus.is_empty() {
-            // A starting or completing job's hook may be filling its GPU, and Slurm does not
-            // say which GPU that is: its whole node is left alone this pass.
-            for slot in slots.iter_mut().filter(|x| x.at.node == r.node) {
-                slot.busy = true;
+    for j in queue.iter().filter(|j| (j.on_gpu() || j.completing()) && !j.node.is_empty()) {
+        let known = match state.gpus.get(&j.id) {
+            Some((node, gpus)) if *node == j.node => Some(gpus.clone()),
+            _ => None,
+        };
+        let gpus = match known {
+            Some(g) => g,
+            // A completing job not seen running leaves anyway: not worth a read.
+            None if j.completing() => continue,
+            None => match slurm.job_gpus(j.id, &j.node) {
+                Ok(g) if !g.is_empty() => {
+                    state.gpus.insert(j.id, (j.node.clone(), g.clone()));
+                    g
+                }
+                Ok(_) => {
+                    report.problems.push(format!(
+                        "couldn't learn the GPU of kace job {} on {}: its allocation names none; \
+                         its node's GPUs are left alone this pass",
+                        j.id, j.node
+                    ));
+                    Vec::new()
+                }
+                Err(e) => {
+                    report.problems.push(format!(
+                        "couldn't learn the GPU of kace job {} on {}: {e}; its node's GPUs are \
+                         left alone this pass",
+                        j.id, j.node
+                    ));
+                    Vec::new()
+                }
+            },
+        };
+        if gpus.is_empty() {
+            for slot in slots.iter_mut().filter(|x| x.at.node == j.node) {
+                slot.unknown = true;
             }
             continue;
         }
-        let workload = match r.workload.as_str() {
-            "" => workload_of.get(&r.id).copied().unwrap_or("").to_string(),
-            w => w.to_string(),
-        };
-        for &i in &r.gpus {
-            let Some(k) = slot_of(&slots, &r.node, i) else { continue };
-            let slot = &mut slots[k];
-            if settled && !workload.is_empty() {
-                let user = match r.user.as_str() {
-                    "" => user_of.get(&r.id).copied().unwrap_or("").to_string(),
-                    u => u.to_string(),
-                };
-                slot.jobs.push((r.id, workload.clone(), user));
+        for &i in &gpus {
+            let Some(k) = slot_of(&slots, &j.node, i) else { continue };
+            if j.completing() {
+                slots[k].leaving.push(j.id);
+            } else if j.stuck(now, s.stuck_after_s) {
+                // A lead Slurm will not start until it is requeued: no partner beside it.
+                slots[k].unknown = true;
             } else {
-                // Starting or completing (its hook fills it), or not in the queue listing yet
-                // (its workload unknown): left alone this pass.
-                slot.busy = true;
+                slots[k].jobs.push(Member {
+                    id: j.id,
+                    workload: j.workload.clone(),
+                    user: j.user.clone(),
+                    starting: j.starting(),
+                });
             }
         }
     }
@@ -326,138 +622,39 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
         );
     }
     // The decision for one open GPU among `cands` (indices into `held`).
-    let choose =
-        |slot: &Slot, cands: &[usize], policy: &Policy| -> std::result::Result<Chosen, String> {
-            let (Some(db), Some(mem)) = (db.as_ref(), s.gpu_memory_gib) else {
-                return Ok(Chosen::default());
-            };
-            let running: Vec<JobSpec> = slot
-                .jobs
-                .iter()
-                .map(|(_, w, u)| JobSpec {
-                    workload: w.clone(),
-                    user: Some(u.clone()).filter(|u| !u.is_empty()),
-                })
-                .collect();
-            let specs: Vec<JobSpec> = cands
-                .iter()
-                .map(|&i| JobSpec {
-                    workload: held[i].workload.clone(),
-                    user: Some(held[i].user.clone()).filter(|u| !u.is_empty()),
-                })
-                .collect();
-            let d =
-                decide(db, &running, &specs, policy, Some(mem), None).map_err(|e| e.to_string())?;
-            let records = cands
-                .iter()
-                .enumerate()
-                .map(|(k, &i)| DecisionCandidate {
-                    prediction: d.selection.verdicts.get(k).and_then(|v| v.prediction),
-                    rejected: d.reason(k),
-                    ..candidate_record(held[i], now)
-                })
-                .collect();
-            Ok(Chosen {
-                ranked: d.ranked.iter().map(|&k| cands[k]).collect(),
-                records,
-                model_version: Some(d.model_version),
+    let choose = |slot: &Slot,
+                  cands: &[usize],
+                  policy: &Policy|
+     -> std::result::Result<Chosen, String> {
+        let (Some(db), Some(mem)) = (db.as_ref(), s.gpu_memory_gib) else {
+            return Ok(Chosen::default());
+        };
+        let spec = |w: &str, u: &str| JobSpec {
+            workload: w.to_string(),
+            user: Some(u.to_string()).filter(|u| !u.is_empty()),
+        };
+        let running: Vec<JobSpec> = slot.jobs.iter().map(|m| spec(&m.workload, &m.user)).collect();
+        let specs: Vec<JobSpec> =
+            cands.iter().map(|&i| spec(&held[i].workload, &held[i].user)).collect();
+        let d = decide(db, &running, &specs, policy, Some(mem), None).map_err(|e| e.to_string())?;
+        let records = cands
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| DecisionCandidate {
+                prediction: d.selection.verdicts.get(k).and_then(|v| v.prediction),
+                rejected: d.reason(k),
+                ..candidate_record(held[i], now)
             })
-        };
-    // The record of one release into `slot`; `chosen` is what the decision saw (an open GPU).
-    let record = |report: &mut Report,
-                  kind: ReleaseKind,
-                  j: &QueuedJob,
-                  slot: &Slot,
-                  chosen: Option<&Chosen>| {
-        let (lead_job, lead_workload) = match slot.jobs.first() {
-            Some((id, w, _)) => (id.to_string(), w.clone()),
-            None => (j.id.to_string(), j.workload.clone()),
-        };
-        let joined = !slot.jobs.is_empty();
-        let d = SpooledDecision {
-            key: release_key(kind, &s.cluster, &j.id.to_string(), &slot.at.node, now),
-            created_at: now,
-            decision: NewDecision {
-                lead_job: Some(lead_job),
-                lead_workload,
-                chosen_workload: joined.then(|| j.workload.clone()),
-                chosen_job: joined.then(|| j.id.to_string()),
-                model_version: chosen.and_then(|c| c.model_version),
-                candidates: match chosen {
-                    Some(c) if !c.records.is_empty() => c.records.clone(),
-                    _ => vec![candidate_record(j, now)],
-                },
-            },
-        };
-        match write_decision(s.spool, &d) {
-            Ok(_) => report.records.push(d),
-            Err(e) => {
-                report.problems.push(format!("couldn't spool the release of job {}: {e}", j.id))
-            }
-        }
-    };
-    let mut taken: Vec<usize> = Vec::new(); // indices into `held` released this pass
-                                            // Whether releasing into `slot` is still safe: no prolog or epilog is choosing anywhere
-                                            // (they could pick the same job), and for an open GPU, its node runs the kace jobs it ran at
-                                            // the listing and nothing is on its way to it (a hook there may have filled it since).
-    let unchanged = |slot: &Slot| -> std::result::Result<bool, String> {
-        let queue = slurm.kace_queue().map_err(|e| e.to_string())?;
-        if queue.iter().any(|j| j.deciding(now, window)) {
-            return Ok(false);
-        }
-        if slot.jobs.is_empty() {
-            return Ok(true);
-        }
-        if queue.iter().any(|j| in_flight_to(j, &slot.at)) {
-            return Ok(false);
-        }
-        let now_running = slurm.running_kace_jobs().map_err(|e| e.to_string())?;
-        let mut here: Vec<(u32, String)> = now_running
-            .into_iter()
-            .filter(|r| r.node == slot.at.node)
-            .map(|r| (r.id, r.state))
             .collect();
-        here.sort();
-        let mut before = seen.get(&slot.at.node).cloned().unwrap_or_default();
-        before.sort();
-        Ok(here == before)
+        Ok(Chosen {
+            ranked: d.ranked.iter().map(|&k| cands[k]).collect(),
+            records,
+            model_version: Some(d.model_version),
+        })
     };
-    let release = |report: &mut Report, j: &QueuedJob, slot: &Slot| -> bool {
-        match unchanged(slot) {
-            Ok(true) => {}
-            Ok(false) => return false,
-            Err(e) => {
-                report.problems.push(format!(
-                    "couldn't check {} GPU {} again: {e}",
-                    slot.at.node, slot.at.index.0
-                ));
-                return false;
-            }
-        }
-        // Another decider (a prolog or epilog) may have moved it since the listing.
-        match slurm.job(j.id) {
-            Ok(d) if d.held() => {}
-            Ok(_) => return false,
-            Err(e) => {
-                report.problems.push(format!("couldn't check job {}: {e}", j.id));
-                return false;
-            }
-        }
-        let target = Target { node: slot.at.node.clone(), kind: slot.at.kind.clone() };
-        let shards = j.shards().unwrap_or(1);
-        match slurm.pin(j.id, &target, shards).and_then(|()| slurm.release(j.id)) {
-            Ok(()) => true,
-            Err(e) => {
-                report.problems.push(format!("couldn't release job {}: {e}", j.id));
-                false
-            }
-        }
-    };
+    let mut taken: Vec<usize> = Vec::new(); // indices into `held` this pass dealt with
 
     // 1. Nothing waits forever, and nothing expired is crowded onto a full GPU.
-    let expired: Vec<usize> = (0..held.len())
-        .filter(|&i| held[i].hold_started().is_some_and(|t| now - t >= s.max_hold_s as f64))
-        .collect();
     // Fitting is all that counts for a job that waited this long: no gain threshold.
     let fit_only = Policy {
         rules: kace_selector::SelectionRules {
@@ -484,17 +681,24 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
             report.waiting_expired.push(j.id);
             continue;
         };
-        if release(&mut report, j, &slots[k]) {
-            record(&mut report, ReleaseKind::MaxHold, j, &slots[k], chosen.as_ref());
-            report.expired.push((j.id, slots[k].at.node.clone(), slots[k].at.index.0));
-            slots[k].coming += 1;
-        }
         taken.push(i);
+        let done =
+            release(slurm, s, state, j, &slots[k], ReleaseKind::MaxHold, chosen.as_ref(), now);
+        match done {
+            Ok((d, p)) => {
+                report.problems.extend(p);
+                report.records.push(d);
+                report.expired.push((j.id, slots[k].at.node.clone(), slots[k].at.index.0));
+                slots[k].coming += 1;
+            }
+            Err(e) => report.problems.push(e),
+        }
     }
 
     // 2. Open GPUs first: a GPU already running kace jobs gains most from a joiner.
     for slot in slots.iter_mut() {
-        if !s.fill_open || !slot.open(limit) {
+        // `selection.refill = false` keeps a starting lead's first partner, nothing more.
+        if !slot.open(limit) || (!s.fill_open && slot.join_kind() != ReleaseKind::Lead) {
             continue;
         }
         let cands: Vec<usize> = (0..held.len()).filter(|i| !taken.contains(i)).collect();
@@ -512,34 +716,222 @@ pub fn run(slurm: &dyn Slurm, s: &Settings<'_>, now: f64) -> Result<Report> {
                 continue;
             }
         };
-        for &i in chosen.ranked.iter().take(3) {
+        let kind = slot.join_kind();
+        for &i in chosen.ranked.iter().take(RELEASE_TRIES) {
             taken.push(i);
-            if release(&mut report, held[i], slot) {
-                record(&mut report, ReleaseKind::LateArrival, held[i], slot, Some(&chosen));
-                report.joiners.push((held[i].id, slot.at.node.clone(), slot.at.index.0));
-                slot.coming += 1;
-                break;
+            match release(slurm, s, state, held[i], slot, kind, Some(&chosen), now) {
+                Ok((d, p)) => {
+                    report.problems.extend(p);
+                    report.records.push(d);
+                    report.joiners.push((held[i].id, slot.at.node.clone(), slot.at.index.0));
+                    slot.coming += 1;
+                    break;
+                }
+                Err(e) => report.problems.push(e),
             }
         }
     }
 
     // 3. Leads onto free GPUs, oldest first (expired ones that still wait come first).
-    let lead_order: Vec<usize> = (0..held.len()).filter(|i| !taken.contains(i)).collect();
-    let mut leads = lead_order.into_iter();
+    let mut leads = (0..held.len()).filter(|i| !taken.contains(i)).collect::<Vec<_>>().into_iter();
     for slot in slots.iter_mut() {
         if !slot.free() {
             continue;
         }
         let Some(i) = leads.next() else { break };
         taken.push(i);
-        if release(&mut report, held[i], slot) {
-            record(&mut report, ReleaseKind::LeadRelease, held[i], slot, None);
-            report.leads.push((held[i].id, slot.at.node.clone(), slot.at.index.0));
-            slot.coming += 1;
-            report.waiting_expired.retain(|j| *j != held[i].id);
+        match release(slurm, s, state, held[i], slot, ReleaseKind::LeadRelease, None, now) {
+            Ok((d, p)) => {
+                report.problems.extend(p);
+                report.records.push(d);
+                report.leads.push((held[i].id, slot.at.node.clone(), slot.at.index.0));
+                slot.coming += 1;
+                report.waiting_expired.retain(|j| *j != held[i].id);
+            }
+            Err(e) => report.problems.push(e),
         }
     }
-    report.still_held =
-        held.len() > report.leads.len() + report.joiners.len() + report.expired.len();
+    let released = report.leads.len() + report.joiners.len() + report.expired.len();
+    report.still_held = held.len() > released;
+    let released_ids: BTreeSet<u32> = report
+        .leads
+        .iter()
+        .chain(&report.joiners)
+        .chain(&report.expired)
+        .map(|(j, _, _)| *j)
+        .collect();
+    report.next_expiry = held
+        .iter()
+        .filter(|j| !released_ids.contains(&j.id))
+        .filter_map(|j| j.hold_started().map(|t| t + max_hold))
+        .filter(|t| *t > now)
+        .min_by(f64::total_cmp);
     Ok(report)
+}
+
+/// Where the decider parks decision records while the spool is full or read-only.
+fn park_dir(s: &Settings<'_>) -> std::path::PathBuf {
+    s.state_dir.join("parked")
+}
+
+/// Writes a decision record into the spool, or parks it in [`park_dir`] when the spool cannot
+/// take it. `Ok(Some(path))` of a parked record, with the reason said in `problems`.
+fn spool_decision(
+    s: &Settings<'_>,
+    d: &SpooledDecision,
+    problems: &mut Vec<String>,
+) -> std::result::Result<Option<std::path::PathBuf>, String> {
+    let park = park_dir(s);
+    use std::os::unix::fs::DirBuilderExt;
+    let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&park);
+    match write_or_park(s.spool, &park, d) {
+        Ok(Written::Spooled(_)) => Ok(None),
+        Ok(Written::Parked { path, cause }) => {
+            problems.push(format!(
+                "couldn't spool the decision {} ({cause}); parked it as {} for a later pass",
+                d.key,
+                path.display()
+            ));
+            Ok(Some(path))
+        }
+        Err(e) => Err(format!("couldn't spool the decision {}: {e}", d.key)),
+    }
+}
+
+/// Finishes the releases an earlier pass began (noted in `state.begun`): a job still held is
+/// pinned where that pass sent it (its pin is kace's own) and released; one no longer held, or
+/// gone, is forgotten.
+fn finish_begun(
+    slurm: &dyn Slurm,
+    s: &Settings<'_>,
+    state: &mut DeciderState,
+    queue: &[QueuedJob],
+    report: &mut Report,
+) {
+    let begun: Vec<(u32, Begun)> = state.begun.iter().map(|(j, b)| (*j, b.clone())).collect();
+    for (id, b) in begun {
+        match queue.iter().find(|j| j.id == id) {
+            Some(j) if j.held() => {
+                let target = Target { node: b.node.clone(), kind: b.kind.clone() };
+                let moved = slurm
+                    .pin(id, &target, b.shards, Some(&b.node))
+                    .and_then(|()| slurm.release(id));
+                match moved {
+                    Ok(()) => report.resumed.push(id),
+                    Err(e) => report.problems.push(format!(
+                        "couldn't finish the release of job {id} an earlier pass began: {e}"
+                    )),
+                }
+            }
+            _ => {}
+        }
+        state.begun.remove(&id);
+    }
+    if !report.resumed.is_empty() || !state.begun.is_empty() {
+        let _ = state.save(s.state_dir);
+    }
+}
+
+/// Releases `j` into `slot`: records the decision, notes the release as begun, pins and
+/// releases, then forgets the note; a failed release withdraws the record. The record and any
+/// problem met on the way (a full spool) on success; the problem otherwise.
+#[allow(clippy::too_many_arguments)]
+fn release(
+    slurm: &dyn Slurm,
+    s: &Settings<'_>,
+    state: &mut DeciderState,
+    j: &QueuedJob,
+    slot: &Slot,
+    kind: ReleaseKind,
+    chosen: Option<&Chosen>,
+    now: f64,
+) -> std::result::Result<(SpooledDecision, Option<String>), String> {
+    let (lead_job, lead_workload) = match slot.jobs.first() {
+        Some(m) => (m.id.to_string(), m.workload.clone()),
+        None => (j.id.to_string(), j.workload.clone()),
+    };
+    let joined = !slot.jobs.is_empty();
+    let key_job = slot.key_job(kind, j.id).to_string();
+    let d = SpooledDecision {
+        key: release_key(kind, &s.cluster, &key_job, &slot.at.node, now),
+        created_at: now,
+        decision: NewDecision {
+            lead_job: Some(lead_job),
+            lead_workload,
+            chosen_workload: joined.then(|| j.workload.clone()),
+            chosen_job: joined.then(|| j.id.to_string()),
+            model_version: chosen.and_then(|c| c.model_version),
+            candidates: match chosen {
+                Some(c) if !c.records.is_empty() => c.records.clone(),
+                _ => vec![candidate_record(j, now)],
+            },
+        },
+    };
+    let mut problems = Vec::new();
+    // The job is released even when the record could be neither spooled nor parked: a broken
+    // spool must not hold kace jobs.
+    let spooled = spool_decision(s, &d, &mut problems).map_err(|e| problems.push(e));
+    let shards = j.shards().unwrap_or(1);
+    state
+        .begun
+        .insert(j.id, Begun { node: slot.at.node.clone(), kind: slot.at.kind.clone(), shards });
+    if let Err(e) = state.save(s.state_dir) {
+        problems.push(format!("couldn't note the release of job {} as begun: {e}", j.id));
+    }
+    let target = Target { node: slot.at.node.clone(), kind: slot.at.kind.clone() };
+    let moved = slurm.pin(j.id, &target, shards, None).and_then(|()| slurm.release(j.id));
+    state.begun.remove(&j.id);
+    match moved {
+        Ok(()) => Ok((d, (!problems.is_empty()).then(|| problems.join("; ")))),
+        Err(e) => {
+            let withdrawn = match spooled {
+                Ok(None) => withdraw_decision(s.spool, &d.key).map_err(|w| w.to_string()),
+                Ok(Some(parked)) => std::fs::remove_file(&parked).map_err(|w| w.to_string()),
+                Err(()) => Ok(()),
+            };
+            if let Err(w) = withdrawn {
+                problems.push(format!("couldn't withdraw its record: {w}"));
+            }
+            problems.insert(0, format!("couldn't release job {}: {e}", j.id));
+            Err(problems.join("; "))
+        }
+    }
+}
+
+/// Releases an expired job without pinning it (the nodes could not be read): Slurm places it
+/// as it would a plain job.
+fn release_unpinned(
+    slurm: &dyn Slurm,
+    s: &Settings<'_>,
+    j: &QueuedJob,
+    now: f64,
+    report: &mut Report,
+) {
+    let d = SpooledDecision {
+        key: release_key(ReleaseKind::MaxHold, &s.cluster, &j.id.to_string(), "any", now),
+        created_at: now,
+        decision: NewDecision {
+            lead_job: Some(j.id.to_string()),
+            lead_workload: j.workload.clone(),
+            chosen_workload: None,
+            chosen_job: None,
+            model_version: None,
+            candidates: vec![candidate_record(j, now)],
+        },
+    };
+    let spooled = spool_decision(s, &d, &mut report.problems).map_err(|e| report.problems.push(e));
+    match slurm.release(j.id) {
+        Ok(()) => {
+            report.expired.push((j.id, String::new(), 0));
+            report.records.push(d);
+        }
+        Err(e) => {
+            match spooled {
+                Ok(None) => drop(withdraw_decision(s.spool, &d.key)),
+                Ok(Some(parked)) => drop(std::fs::remove_file(parked)),
+                Err(()) => {}
+            }
+            report.problems.push(format!("couldn't release job {}: {e}", j.id));
+        }
+    }
 }

@@ -260,6 +260,29 @@ pub fn check_gres(node: &str, gres: &str) -> Finding {
     Finding::ok("shard gres", format!("node {node}: Gres={gres}"))
 }
 
+/// Whether the decider stayed within `dispatch.rpc_budget_per_min` in the last full minute, as
+/// its state file counts (`kace metrics` shows the same counts).
+pub fn check_rpc_budget(config: &kace_config::Config, now: f64) -> Finding {
+    const CHECK: &str = "decider rpcs";
+    let budget = config.dispatch.rpc_budget_per_min;
+    match crate::decider_state::DeciderState::peek(&config.dispatch.state_dir) {
+        Ok(Some(s)) => match s.rpcs_last_minute(now) {
+            Some(n) if n > budget => Finding::warn(
+                CHECK,
+                format!("{n} Slurm RPCs in the last minute, above dispatch.rpc_budget_per_min = {budget}"),
+                "see kace metrics (kace_slurm_commands_total by kind): many kace jobs starting, \
+                 or a Slurm command failing and retried",
+            ),
+            n => Finding::ok(
+                CHECK,
+                format!("{} Slurm RPCs in the last minute (budget {budget})", n.unwrap_or(0)),
+            ),
+        },
+        Ok(None) => Finding::ok(CHECK, "no decider has run on this host yet".to_string()),
+        Err(e) => Finding::warn(CHECK, e, "the decider rewrites its state after its next pass"),
+    }
+}
+
 /// The uid of a `SlurmUser = slurm(64030)` value.
 pub fn slurm_user_uid(value: &str) -> Option<u32> {
     value.split_once('(')?.1.strip_suffix(')')?.parse().ok()
@@ -453,6 +476,7 @@ pub fn run(config: &Config, setup: &Setup) -> Vec<Finding> {
                 "check that SlurmUser can write dispatch.lock",
             ),
         });
+        out.push(check_rpc_budget(config, crate::Clock::now(&crate::SystemClock)));
     }
     out.extend(check_database(config, setup.role));
     if setup.role.node() {

@@ -1,9 +1,10 @@
-//! `kace-epilog`'s logic: end the job's record on its GPU; when kace jobs remain there, choose
-//! and release a new joiner for them (the refill, [`crate::fill`], under the GPU's lock); stop
-//! the GPU's MPS daemon when no kace job is left; turn the job's progress file into
+//! `kace-epilog`'s logic: end the job's record on its GPU (under the GPU's lock); stop the
+//! GPU's MPS daemon when no kace job is left; turn the job's progress file into
 //! observations: one per interval in which the set of kace jobs sharing the GPU stayed the same
 //! (alone, or with partners); and turn kace-sampler's readings of the job's alone intervals
 //! into a profile measurement of source `observed` ([`crate::measure`]), spooled for ingest.
+//! It moves no job: the GPU's refill is the decider's ([`crate::dispatch`], nudged by
+//! EpilogSlurmctld).
 //!
 //! A job is a kace job here when kace's own record holds it (the prolog wrote it after checking
 //! the gate's mark). That record also names the GPU when Slurm passes no GPU variable (after a
@@ -22,7 +23,6 @@ use kace_sql::{Observation, ObservedProfile, Partner};
 
 use crate::env::JobEnv;
 use crate::error::Result;
-use crate::fill::{fill, Asker, GpuAt, Trigger};
 use crate::state::{self, JobRecord};
 use crate::Node;
 
@@ -33,11 +33,8 @@ pub enum Outcome {
     NotKace,
     /// A kace job without a GPU index.
     NoGpu,
-    /// Done: the observations spooled, the joiner released and whether the MPS daemon was
-    /// stopped.
+    /// Done: the observations spooled and whether the MPS daemon was stopped.
     Done {
-        /// The job released to join the kace jobs left on the GPU, if any.
-        refill: Option<u32>,
         /// Observations written to the spool.
         observations: Vec<Observation>,
         /// The profile measurement of the job's alone intervals written to the spool, if any.
@@ -113,7 +110,6 @@ pub fn throughput_within(points: &[Point], a: f64, b: f64, warmup: u64) -> Optio
 
 /// Runs the epilog for `env`. Never fails: problems are logged.
 pub fn run(n: &Node, env: &JobEnv) -> Outcome {
-    let started = std::time::Instant::now();
     if !env.kace {
         return Outcome::NotKace;
     }
@@ -134,14 +130,13 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         }
     };
     let now = n.clock.now();
-    let (me, history, refill, stopped_mps, clock_ahead) =
-        match finish_on_gpu(n, env, gpu, now, started) {
-            Ok(x) => x,
-            Err(e) => {
-                log(&format!("couldn't update GPU {}'s record: {e}", gpu.0));
-                (None, Vec::new(), None, false, false)
-            }
-        };
+    let (me, history, stopped_mps, clock_ahead) = match finish_on_gpu(n, env, gpu, now) {
+        Ok(x) => x,
+        Err(e) => {
+            log(&format!("couldn't update GPU {}'s record: {e}", gpu.0));
+            (None, Vec::new(), false, false)
+        }
+    };
     // One clock: an interval this node's clock cannot place is not observed, and the reason
     // says it is the clock (not "too few progress lines", as the re-audit's M2 found).
     let clock_problem = match &me {
@@ -204,34 +199,28 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         }
         _ => {}
     }
-    Outcome::Done { refill, observations, profile, stopped_mps }
+    Outcome::Done { observations, profile, stopped_mps }
 }
 
-/// The GPU's records (running and ended) plus a joiner released and whether the daemon was
+/// The job's record, the GPU's other records (running and ended), whether the daemon was
 /// stopped, and whether a record lay in this clock's future (see [`CLOCK_SLACK_S`]).
-type Finished = (Option<JobRecord>, Vec<JobRecord>, Option<u32>, bool, bool);
+type Finished = (Option<JobRecord>, Vec<JobRecord>, bool, bool);
 
 /// How far a time may lie beyond this node's clock before kace takes it as a clock step (the
 /// re-audit's M2: an epilog whose clock was a day ahead ended its job a day in the future, and
 /// 13 later observations on that GPU named it as their partner). Larger than any NTP slew.
 pub const CLOCK_SLACK_S: f64 = 300.0;
 
-/// Moves the job to "ended" on its GPU and, under the same lock, refills the GPU when kace jobs
-/// remain or stops its MPS daemon when none does. Returns the job's record, the GPU's other
-/// records (running and ended), the joiner released and whether the daemon was stopped.
-fn finish_on_gpu(
-    n: &Node,
-    env: &JobEnv,
-    gpu: GpuIndex,
-    now: f64,
-    started: std::time::Instant,
-) -> Result<Finished> {
+/// Moves the job to "ended" on its GPU and, under the same lock, stops its MPS daemon when no
+/// kace job remains.
+fn finish_on_gpu(n: &Node, env: &JobEnv, gpu: GpuIndex, now: f64) -> Result<Finished> {
     let log = |m: &str| (n.log)(&format!("kace: epilog: job {}: {m}", env.job));
     let lock = state::lock_gpu(&n.config.node.state_dir, &env.node, gpu, n.deadline)?;
     let me = lock.end(env.job, now)?;
     let mut running = lock.running();
     if !running.is_empty() {
-        if let Ok(alive) = n.slurm.jobs_on_node(&env.node) {
+        let ids: Vec<u32> = running.iter().map(|r| r.job).collect();
+        if let Ok(alive) = state::alive_on(n.slurm, &env.node, &ids) {
             // Ended, not deleted: this job's intervals with it were shared, not alone.
             for r in running.iter().filter(|r| !alive.contains(&r.job)) {
                 log(&format!(
@@ -242,14 +231,6 @@ fn finish_on_gpu(
             }
             running.retain(|r| alive.contains(&r.job));
         }
-    }
-    let mut refill = None;
-    if me.is_some() && !running.is_empty() && n.config.selection.refill {
-        // The GPU's type (joiners are pinned to it) comes from the node's configuration.
-        let at = GpuAt { node: env.node.clone(), index: gpu, kind: None };
-        let timings = crate::fill::Timings::default();
-        let asker = Asker { trigger: Trigger::End, job: env.job, cluster: &env.cluster };
-        refill = fill(n, &lock, &at, asker, timings, started).partner;
     }
     let dirs = mps_dirs(&n.config.node.mps_root, gpu);
     if n.mps.running(&dirs) {
@@ -293,7 +274,7 @@ fn finish_on_gpu(
     }
     let mut history = running;
     history.extend(lock.ended().into_iter().filter(|r| r.job != env.job));
-    Ok((me, history, refill, stopped, clock_ahead))
+    Ok((me, history, stopped, clock_ahead))
 }
 
 /// The profile measurement of the job's alone intervals ([`crate::measure`]), spooled; `None`

@@ -13,8 +13,9 @@
 //! - [`slurmd`]: whether the slurmd that runs a hook still lives.
 //! - [`env`](mod@env): the job facts in a prolog/epilog environment.
 //! - [`measure`]: the profile measurement of a job's alone intervals (sampler readings, progress).
-//! - [`fill`]: filling one GPU by one joiner on its node (the prolog's and epilog's decision).
-//! - [`prolog`], [`epilog`], [`dispatch`]: the three programs' logic.
+//! - [`dispatch`]: the decider, the one process that moves kace jobs; [`decider_state`] what it
+//!   remembers; [`nudge`] how slurmctld's events wake it.
+//! - [`prolog`], [`epilog`]: the node hooks (set up and observe; they move no job).
 //! - [`doctor`]: `kace doctor`'s checks of a node's or the controller's setup.
 //! - [`hook`]: the binaries' shell around the prolog and epilog (panic guard, watchdog, backends).
 //! - [`error`]: the crate's errors.
@@ -24,18 +25,19 @@
 
 #![warn(missing_docs)]
 
+pub mod decider_state;
 pub mod dispatch;
 pub mod doctor;
 pub mod env;
 pub mod epilog;
 pub mod error;
 pub mod exec;
-pub mod fill;
 pub mod gpu;
 pub mod gres;
 pub mod hook;
 pub mod measure;
 pub mod mps;
+pub mod nudge;
 pub mod prolog;
 pub mod slurm;
 pub mod slurm_json;

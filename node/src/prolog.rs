@@ -1,23 +1,21 @@
 //! `kace-prolog`'s logic. For a job the gate marked as a kace job (AdminComment `kace:<workload>`,
-//! read from Slurm: the job's environment is the user's and proves nothing): record it on its
-//! GPU and make sure that GPU's MPS control daemon runs, then, while the GPU holds fewer kace
-//! jobs than `selection.max_jobs_per_gpu`, fill it by one joiner ([`crate::fill`]): a lead
-//! chooses its first partner, a joiner that leaves room chooses the next. All under the GPU's
-//! lock, so that two prologs or an epilog on the same GPU never decide at once. A plain job
-//! returns at once. Before it decides, it hands the job's memory limit to the SPANK plugin (the
-//! memory guard, [`kace_layout::memory_limit`]).
+//! read from Slurm: the job's environment is the user's and proves nothing): hand the job's
+//! memory limit to the SPANK plugin (the memory guard, [`kace_layout::memory_limit`]), create its
+//! progress file, record it on its GPU and make sure that GPU's MPS control daemon runs, under
+//! the GPU's lock. It lists no queue and moves no job: the decider ([`crate::dispatch`]) chooses
+//! the lead's partner when slurmctld's PrologSlurmctld nudges it. A plain job returns at once.
+//! Its Slurm reads are of this job only (and of the GPU's other kace jobs, to drop records of
+//! jobs whose epilog never ran), so its time does not grow with the queue.
 
 use std::time::{Duration, Instant};
 
 use kace_layout::memory_limit::MemoryLimit;
 use kace_layout::{mps_dirs, progress_file, GpuIndex};
 use kace_profiling::progress::CreateError as ProgressCreateError;
-use kace_sql::spool::SpooledDecision;
 
 use crate::env::JobEnv;
 use crate::error::Result;
-use crate::fill::{self, Asker, GpuAt, Timings, Trigger};
-use crate::state::{self, GpuLock};
+use crate::state;
 use crate::Node;
 
 /// What the prolog did.
@@ -27,23 +25,13 @@ pub enum Outcome {
     NotKace,
     /// A kace job without a GPU index in its environment.
     NoGpu,
-    /// The GPU already had kace jobs: this one joined them (and released `partner` into the
-    /// room that was left, when there was room).
+    /// The GPU already had kace jobs: this one joined them.
     Joined {
         /// The kace jobs already there.
         with: Vec<u32>,
-        /// The next joiner it released, if any.
-        partner: Option<u32>,
     },
-    /// The job leads its GPU; this is what it chose.
-    Led {
-        /// The released partner, if any.
-        partner: Option<u32>,
-        /// The decision as spooled (`None` when it could not be made at all).
-        decision: Option<Box<SpooledDecision>>,
-        /// Where the time went.
-        timings: Timings,
-    },
+    /// The job is the GPU's first kace job.
+    Led,
     /// Something stopped it early; the message says what (already logged).
     Stopped(String),
 }
@@ -59,16 +47,13 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         return Outcome::NotKace;
     }
     let log = |m: &str| (n.log)(&format!("kace: prolog: job {}: {m}", env.job));
-    let mut timings = Timings::default();
     // slurmctld may be restarting (seconds) while a job it launched starts: a kace job whose mark
     // cannot be read runs as a plain one, and its partner's interval would then be stored as
     // alone. So the read is retried for up to half the budget, leaving the rest for the decision.
     let patience = Duration::from_millis(n.config.node.prolog_budget_ms / 2);
     let mut tries = 0u32;
-    let detail = loop {
-        let t = Instant::now();
-        let d = n.slurm.job(env.job);
-        timings.slurm += t.elapsed();
+    let listed = loop {
+        let d = n.slurm.queued(env.job);
         tries += 1;
         match d {
             Err(e) if started.elapsed() + SLURM_RETRY_PAUSE < patience => {
@@ -82,14 +67,14 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
     };
     // Only the gate's mark makes a kace job: a user can put any SPANK_* entry in the job's
     // environment, so without the mark the job runs as a plain one (no MPS, no decision).
-    let detail = match detail {
+    let listed = match listed {
         Ok(d) => d,
         Err(e) => {
             log(&format!("couldn't read the job from Slurm to check the gate's mark: {e}; it runs without kace"));
             return Outcome::NotKace;
         }
     };
-    let Some(workload) = detail.workload().map(str::to_string) else {
+    let Some(workload) = listed.map(|j| j.workload).filter(|w| !w.is_empty()) else {
         log("has SPANK_KACE_COLOCATE but not the gate's AdminComment mark; it runs as a plain job");
         return Outcome::NotKace;
     };
@@ -100,8 +85,13 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
     // A job slurmctld starts after its restart and before the nodes registered again (3–4 s)
     // has no GPU in its prolog's environment: slurmctld loads its GRES plugins (which build
     // that environment) only when a node registers (seen on 25.11 and 26.05). Its allocation,
-    // and so Slurm's record of it, does name the GPU (tests/tests/restart_prolog.rs).
-    let Some(gpu) = env.gpu.or_else(|| detail.single_gpu().map(GpuIndex)) else {
+    // and so Slurm's record of it, does name the GPU (tests/tests/restart_prolog.rs): read
+    // then, and only then.
+    let from_slurm = || match n.slurm.job_gpus(env.job, &env.node) {
+        Ok(g) if g.len() == 1 => Some(GpuIndex(g[0])),
+        _ => None,
+    };
+    let Some(gpu) = env.gpu.or_else(from_slurm) else {
         log("couldn't find the job's GPU: neither SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES nor Slurm's record of its allocation holds one GPU index; it runs without kace");
         return Outcome::NoGpu;
     };
@@ -111,7 +101,6 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
             gpu.0
         ));
     }
-    let kind = detail.on_gpu(gpu.0).and_then(|g| g.kind.clone());
 
     if let Err(e) = prepare_progress(n, env) {
         log(&format!("couldn't prepare the progress file: {e}"));
@@ -131,49 +120,28 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         }
     }
 
-    let (lock, others) = match register(n, env, gpu, &workload) {
-        Ok(o) => o,
+    // The decider learns the job's start from PrologSlurmctld and chooses its partner there.
+    match register(n, env, gpu, &workload) {
+        Ok(others) if others.is_empty() => {
+            log(&format!("lead {workload} on GPU {} ({:.1} ms)", gpu.0, ms(started)));
+            Outcome::Led
+        }
+        Ok(others) => {
+            let t = ms(started);
+            log(&format!("{workload} joined kace job(s) {others:?} on GPU {} ({t:.1} ms)", gpu.0));
+            Outcome::Joined { with: others }
+        }
         Err(e) => {
             let m = format!("couldn't record the job on GPU {}: {e}; it runs alone", gpu.0);
             log(&m);
-            return Outcome::Stopped(m);
+            Outcome::Stopped(m)
         }
-    };
+    }
+}
 
-    let expected = state::take_expectation(&n.config.node.state_dir, env.job);
-    if let Some(x) = &expected {
-        if x.node != env.node || x.gpu != gpu.0 || others.is_empty() {
-            log(&format!(
-                "released to join lead {} on {} GPU {}, it landed on {} GPU {}{}",
-                x.lead,
-                x.node,
-                x.gpu,
-                env.node,
-                gpu.0,
-                if others.is_empty() { " with no kace job there" } else { "" }
-            ));
-        }
-    }
-    if others.is_empty() && expected.is_some() {
-        // A joiner that found its GPU empty (its lead already ended) does not lead: the held
-        // jobs are for the next free GPU's lead, chosen by dispatch.
-        return Outcome::Joined { with: Vec::new(), partner: None };
-    }
-    let at = GpuAt { node: env.node.clone(), index: gpu, kind };
-    let asker = Asker { trigger: Trigger::Start, job: env.job, cluster: &env.cluster };
-    if !others.is_empty() {
-        // A joiner: when the GPU may hold more, it fills the next place itself (this is how a
-        // GPU grows to `max_jobs_per_gpu`, one decision at a time).
-        let room = others.len() + 1 < n.config.selection.max_jobs_per_gpu;
-        let partner = if room && n.config.selection.refill {
-            fill::fill(n, &lock, &at, asker, timings, started).partner
-        } else {
-            None
-        };
-        return Outcome::Joined { with: others, partner };
-    }
-    let f = fill::fill(n, &lock, &at, asker, timings, started);
-    Outcome::Led { partner: f.partner, decision: f.decision, timings: f.timings }
+/// Milliseconds since `t`.
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
 }
 
 /// Creates the job's progress file, owned by the job's user, so that the job can append to it
@@ -225,8 +193,8 @@ fn write_memory_limit(
 }
 
 /// Records the job on its GPU, starts the GPU's MPS daemon when none runs, and returns the
-/// GPU's lock (still held) with the other kace jobs already there.
-fn register(n: &Node, env: &JobEnv, gpu: GpuIndex, workload: &str) -> Result<(GpuLock, Vec<u32>)> {
+/// other kace jobs already there.
+fn register(n: &Node, env: &JobEnv, gpu: GpuIndex, workload: &str) -> Result<Vec<u32>> {
     let log = |m: &str| (n.log)(&format!("kace: prolog: job {}: {m}", env.job));
     let lock = state::lock_gpu(&n.config.node.state_dir, &env.node, gpu, n.deadline)?;
     let mut others: Vec<u32> =
@@ -234,7 +202,7 @@ fn register(n: &Node, env: &JobEnv, gpu: GpuIndex, workload: &str) -> Result<(Gp
     if !others.is_empty() {
         // A record left by a job whose epilog never ran (slurmd crashed) must not keep the GPU
         // "busy" forever: keep only jobs Slurm still has on this node.
-        match n.slurm.jobs_on_node(&env.node) {
+        match state::alive_on(n.slurm, &env.node, &others) {
             Ok(alive) => {
                 // Ended, not deleted: a partner's epilog must still see that it shared the GPU.
                 for j in others.iter().filter(|j| !alive.contains(j)) {
@@ -246,7 +214,9 @@ fn register(n: &Node, env: &JobEnv, gpu: GpuIndex, workload: &str) -> Result<(Gp
                 }
                 others.retain(|j| alive.contains(j));
             }
-            Err(e) => log(&format!("couldn't list the node's jobs ({e}); trusting the record")),
+            Err(e) => {
+                log(&format!("couldn't read the GPU's other jobs ({e}); trusting the record"))
+            }
         }
     }
     let user = Some(env.user.as_str()).filter(|u| !u.is_empty());
@@ -262,5 +232,6 @@ fn register(n: &Node, env: &JobEnv, gpu: GpuIndex, workload: &str) -> Result<(Gp
             )),
         }
     }
-    Ok((lock, others))
+    drop(lock);
+    Ok(others)
 }

@@ -29,20 +29,19 @@ pub const MARK: &str = "kace:";
 /// The `squeue -O` format kace reads its jobs with: only fields no user can write.
 pub const QUEUE_FORMAT: &str = "JobID:|,admin_comment:|,UserName:|,Reason:|,tres-per-node:|,\
                                 SubmitTime:|,ReqNodes:|,StateCompact:|,Dependency:|,EligibleTime:|,\
-                                StartTime:|,EndTime:|";
+                                StartTime:|,EndTime:|,NodeList:|";
 
 /// The number of fields in [`QUEUE_FORMAT`].
-const QUEUE_FIELDS: usize = 12;
+const QUEUE_FIELDS: usize = 13;
 
-/// How long after its job's start (or end) a kace prolog (or epilog) may still be choosing a
-/// joiner, beyond its own budget (`node.prolog_budget_ms`): slurmd launches the hook a moment
-/// after slurmctld allocates, and the controller's and the node's clocks may differ a little.
+/// How long past its budget (`node.prolog_budget_ms`) a kace prolog or epilog may still run:
+/// slurmd launches the hook a moment after slurmctld allocates, and clocks differ a little.
 pub const HOOK_LAUNCH_SLACK_S: f64 = 30.0;
 
-/// How long after its job started (or ended) a kace hook can still be choosing: its budget
-/// plus [`HOOK_LAUNCH_SLACK_S`]. A job starting or completing for longer has no kace hook
-/// choosing any more; nobody waits for it.
-pub fn hook_window_s(node: &kace_config::Node) -> f64 {
+/// A job Slurm shows starting (its prolog running) or completing for longer than this has no
+/// hook making progress: a batch job whose slurmd restarted during its prolog stays so until
+/// an admin requeues it. The decider says so and leaves its GPU alone; it waits for nothing.
+pub fn stuck_after_s(node: &kace_config::Node) -> f64 {
     node.prolog_budget_ms as f64 / 1000.0 + HOOK_LAUNCH_SLACK_S
 }
 
@@ -86,6 +85,8 @@ pub struct QueuedJob {
     /// When it ended (its epilog runs from then), Unix seconds; before that Slurm prints its
     /// time limit or nothing.
     pub ended: Option<f64>,
+    /// The node it runs on (starting, running or completing; empty while pending).
+    pub node: String,
 }
 
 impl QueuedJob {
@@ -128,9 +129,14 @@ impl QueuedJob {
         self.state == "CF" || (self.state == "R" && self.reason == "Prolog")
     }
 
-    /// Whether it is completing: its epilog may be refilling its GPU.
+    /// Whether it is completing: it is leaving its GPU.
     pub fn completing(&self) -> bool {
         self.state == "CG"
+    }
+
+    /// Whether it holds (or is about to hold) its GPU: starting or running.
+    pub fn on_gpu(&self) -> bool {
+        self.state == "CF" || self.state == "R"
     }
 
     /// How long it has been starting or completing at `now`, in seconds; `None` when it is
@@ -144,16 +150,6 @@ impl QueuedJob {
             None
         }?;
         Some((now - since).max(0.0))
-    }
-
-    /// Whether its prolog or epilog may be choosing a joiner at `now`: it is starting or
-    /// completing, and for no longer than `window_s` ([`hook_window_s`]; always, when Slurm
-    /// gave no time). A job Slurm shows starting for longer has no kace hook left choosing: a
-    /// batch job whose slurmd restarted during its prolog stays "running, reason Prolog" until
-    /// an admin requeues it, and waiting for it would hold every kace job.
-    pub fn deciding(&self, now: f64, window_s: f64) -> bool {
-        (self.starting() || self.completing())
-            && self.in_hook_for(now).is_none_or(|t| t <= window_s)
     }
 
     /// Whether it has been starting or completing for longer than `window_s` at `now`.
@@ -273,24 +269,111 @@ pub struct Target {
     pub kind: Option<String>,
 }
 
-/// What kace needs from Slurm.
+/// What kace needs from Slurm. Every method is one Slurm command (one RPC to slurmctld, or
+/// two for `sinfo`), except [`Slurm::pin`] (two to four, see there); [`Commands`] counts them
+/// by [`CommandKind`].
 pub trait Slurm {
-    /// Every pending or starting job the gate marked as a kace job, oldest first (one
-    /// `squeue`).
+    /// Every kace job pending, starting, running or completing, oldest first (one
+    /// `squeue -O`, the pass's one listing).
     fn kace_queue(&self) -> Result<Vec<QueuedJob>>;
-    /// One job's details and allocation.
+    /// One kace job as the listing shows it, in any state (`squeue -j ID`, which loads that
+    /// job only); `None` when Slurm lists it no longer or it bears no gate's mark.
+    fn queued(&self, id: u32) -> Result<Option<QueuedJob>>;
+    /// One job's details and allocation (JSON; on Slurm 22.05 `squeue --json`, which loads and
+    /// prints the whole queue: only for rare paths, never per job of a pass).
     fn job(&self, id: u32) -> Result<JobDetail>;
-    /// Ids of the jobs Slurm has on `node` (any state but pending).
-    fn jobs_on_node(&self, node: &str) -> Result<Vec<u32>>;
-    /// Pins a pending job to `target`, asking for `shards` shards of its GPU when typed.
-    fn pin(&self, id: u32, target: &Target, shards: u32) -> Result<()>;
+    /// The node-local indices of the GPUs a starting or running job's allocation holds on
+    /// `node`, read for that job only (`scontrol --json show job ID`; on 22.05 the strict
+    /// [`detail_gpus`] reading of `scontrol -o -d show job ID`).
+    fn job_gpus(&self, id: u32, node: &str) -> Result<Vec<u32>>;
+    /// Pins a held job to `target`, asking for `shards` shards of its GPU when typed.
+    /// `ours` is the node kace itself pinned the job to before (a pass that ended between
+    /// the pin and the release); any other pin is someone else's and is left alone.
+    fn pin(&self, id: u32, target: &Target, shards: u32, ours: Option<&str>) -> Result<()>;
     /// Releases a held job.
     fn release(&self, id: u32) -> Result<()>;
-    /// Running, configuring or completing kace jobs and the GPUs they hold (for dispatch; one
-    /// `squeue`).
-    fn running_kace_jobs(&self) -> Result<Vec<RunningJob>>;
-    /// The cluster's nodes and their GPUs (for dispatch).
+    /// Whether `node`'s slurmd (on this host) runs a step of job `id` now: `scontrol listpids
+    /// ID NODE`, which asks that node's slurmstepd over its local socket, not slurmctld (no RPC).
+    /// `false` also when the job has no step yet (its prolog runs) or no process left.
+    fn steps_here(&self, id: u32, node: &str) -> Result<bool>;
+    /// The cluster's nodes and their GPUs (one `sinfo`).
     fn nodes(&self) -> Result<Vec<NodeGpus>>;
+}
+
+/// The kinds of Slurm commands kace runs, as [`Commands`] counts them (`kace metrics`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CommandKind {
+    /// `squeue -O` of every kace job (a pass's listing).
+    List,
+    /// `squeue -j ID` or `scontrol show job ID`: one job.
+    Job,
+    /// `squeue --json` without `-j` support (22.05): the whole queue.
+    WholeQueue,
+    /// `sinfo`.
+    Nodes,
+    /// `scontrol update`.
+    Update,
+    /// `scontrol release`.
+    Release,
+    /// `scontrol listpids`: asks a node's slurmstepd, not slurmctld.
+    Steps,
+}
+
+impl CommandKind {
+    /// Every kind, in the order metrics list them.
+    pub const ALL: [CommandKind; 7] = [
+        CommandKind::List,
+        CommandKind::Job,
+        CommandKind::WholeQueue,
+        CommandKind::Nodes,
+        CommandKind::Update,
+        CommandKind::Release,
+        CommandKind::Steps,
+    ];
+
+    /// Its name in metrics and state files.
+    pub fn name(self) -> &'static str {
+        match self {
+            CommandKind::List => "list",
+            CommandKind::Job => "job",
+            CommandKind::WholeQueue => "whole_queue",
+            CommandKind::Nodes => "nodes",
+            CommandKind::Update => "update",
+            CommandKind::Release => "release",
+            CommandKind::Steps => "steps",
+        }
+    }
+
+    /// slurmctld RPCs one such command makes, at most (with `--local`, none asks for the
+    /// federation): `squeue` loads the partitions beside the jobs (src/squeue/print.c,
+    /// `_part_state_load`), `scontrol -d show job` the nodes, `sinfo` nodes and partitions;
+    /// `scontrol listpids` asks slurmstepd only. Checked against sdiag by tests/tests/scale.rs.
+    pub fn rpcs(self) -> u64 {
+        match self {
+            CommandKind::List | CommandKind::Job | CommandKind::WholeQueue | CommandKind::Nodes => {
+                2
+            }
+            CommandKind::Update | CommandKind::Release => 1,
+            CommandKind::Steps => 0,
+        }
+    }
+}
+
+/// How many commands of each kind ran (shared by clones of one [`Commands`]).
+#[derive(Debug, Clone, Default)]
+pub struct CommandCounts(std::sync::Arc<std::sync::Mutex<BTreeMap<CommandKind, u64>>>);
+
+impl CommandCounts {
+    fn add(&self, kind: CommandKind) {
+        if let Ok(mut m) = self.0.lock() {
+            *m.entry(kind).or_default() += 1;
+        }
+    }
+
+    /// The counts so far, by kind (kinds never run are absent).
+    pub fn snapshot(&self) -> BTreeMap<CommandKind, u64> {
+        self.0.lock().map(|m| m.clone()).unwrap_or_default()
+    }
 }
 
 /// The real Slurm commands, each with its own timeout and all within an optional deadline.
@@ -308,6 +391,8 @@ pub struct Commands {
     pub deadline: Option<Instant>,
     /// Where skipped queue lines and unreadable job records are said.
     pub logger: Logger,
+    /// The commands run, by kind.
+    pub counts: CommandCounts,
 }
 
 impl Commands {
@@ -325,10 +410,23 @@ impl Commands {
             timeout: Duration::from_millis(node.command_timeout_ms),
             deadline,
             logger,
+            counts: CommandCounts::default(),
         }
     }
 
-    fn call(&self, program: &std::path::Path, args: &[&str]) -> Result<String> {
+    fn call(&self, kind: CommandKind, program: &std::path::Path, args: &[&str]) -> Result<String> {
+        let (inv, timeout) = self.invocation(kind, program, args)?;
+        Ok(exec::run_ok(&inv, timeout)?)
+    }
+
+    /// The invocation of `program` with `args`, counted as `kind`, and its timeout.
+    fn invocation(
+        &self,
+        kind: CommandKind,
+        program: &std::path::Path,
+        args: &[&str],
+    ) -> Result<(Invocation, Duration)> {
+        self.counts.add(kind);
         let mut timeout = self.timeout;
         if let Some(d) = self.deadline {
             let left = d.saturating_duration_since(Instant::now());
@@ -344,7 +442,7 @@ impl Commands {
         let inv = Invocation::new(program, args.iter().copied())
             .env("TZ", "UTC")
             .env("SLURM_TIME_FORMAT", "standard");
-        Ok(exec::run_ok(&inv, timeout)?)
+        Ok((inv, timeout))
     }
 
     /// The readable job records of a JSON document `program` printed; unreadable ones are
@@ -359,23 +457,50 @@ impl Commands {
         Ok(jobs)
     }
 
-    fn scontrol(&self, args: &[&str]) -> Result<String> {
-        self.call(&self.scontrol, args)
+    fn scontrol(&self, kind: CommandKind, args: &[&str]) -> Result<String> {
+        self.call(kind, &self.scontrol, args)
     }
 
     /// `squeue --json` with `args`, every readable record. Slurm 22.05 ignores `-j` and `-t`
-    /// with `--json`, so callers filter what comes back themselves.
+    /// with `--json` and prints the whole queue, so callers filter what comes back themselves.
     fn json_jobs(&self, args: &[&str]) -> Result<Vec<slurm_json::JsonJob>> {
-        let mut full = vec!["--json"];
+        let mut full = vec!["--local", "--json"];
         full.extend_from_slice(args);
-        let out = self.call(&self.squeue, &full)?;
+        let out = self.call(CommandKind::WholeQueue, &self.squeue, &full)?;
         self.read_json_jobs(&out, "squeue")
+    }
+
+    /// `scontrol --json show job ID` (23.02 on): that one job's records; `None` when this
+    /// scontrol has no `--json` (22.05), learnt once per process.
+    fn scontrol_json_job(&self, id: u32) -> Result<Option<Vec<slurm_json::JsonJob>>> {
+        if SCONTROL_JSON.get() == Some(&false) {
+            return Ok(None);
+        }
+        match self
+            .scontrol(CommandKind::Job, &["--local", "--json", "show", "job", &id.to_string()])
+        {
+            Ok(out) => {
+                let _ = SCONTROL_JSON.set(true);
+                Ok(Some(self.read_json_jobs(&out, "scontrol")?))
+            }
+            Err(Error::Exec(ExecError::Failed { stderr, .. }))
+                if SCONTROL_JSON.get().is_none() && stderr.contains("unrecognized option") =>
+            {
+                let _ = SCONTROL_JSON.set(false);
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 
 impl Slurm for Commands {
     fn kace_queue(&self) -> Result<Vec<QueuedJob>> {
-        let out = self.call(&self.squeue, &["-h", "-t", QUEUE_STATES, "-O", QUEUE_FORMAT])?;
+        // `--local` everywhere: without it each squeue and scontrol first asks slurmctld for
+        // the federation (an RPC per command, REQUEST_FED_INFO in sdiag); kace places only
+        // this cluster's jobs.
+        let args = ["--local", "-h", "-t", QUEUE_STATES, "-O", QUEUE_FORMAT];
+        let out = self.call(CommandKind::List, &self.squeue, &args)?;
         let (jobs, unreadable) = parse_queue(&out);
         for line in unreadable {
             self.logger.line(&format!(
@@ -385,27 +510,47 @@ impl Slurm for Commands {
         Ok(jobs)
     }
 
-    fn job(&self, id: u32) -> Result<JobDetail> {
+    fn queued(&self, id: u32) -> Result<Option<QueuedJob>> {
         let id_text = id.to_string();
-        // `scontrol --json show job ID` (23.02 on) loads that one job; `squeue --json -j ID`
-        // loads the whole queue (22.05 even prints it all), which costs more the longer the
-        // queue. Which one this scontrol supports is learnt once per process.
-        let jobs = if SCONTROL_JSON.get() == Some(&false) {
-            self.json_jobs(&["-j", &id_text])?
-        } else {
-            match self.scontrol(&["--json", "show", "job", &id_text]) {
-                Ok(out) => {
-                    let _ = SCONTROL_JSON.set(true);
-                    self.read_json_jobs(&out, "scontrol")?
-                }
-                Err(Error::Exec(ExecError::Failed { stderr, .. }))
-                    if SCONTROL_JSON.get().is_none() && stderr.contains("unrecognized option") =>
-                {
-                    let _ = SCONTROL_JSON.set(false);
-                    self.json_jobs(&["-j", &id_text])?
-                }
-                Err(e) => return Err(e),
+        let args = ["--local", "-h", "-j", &id_text, "-t", "all", "-O", QUEUE_FORMAT];
+        let out = self.call(CommandKind::Job, &self.squeue, &args)?;
+        let (jobs, _) = parse_queue(&out);
+        Ok(jobs.into_iter().find(|j| j.id == id))
+    }
+
+    fn job_gpus(&self, id: u32, node: &str) -> Result<Vec<u32>> {
+        if let Some(jobs) = self.scontrol_json_job(id)? {
+            let j = jobs.into_iter().find(|j| j.id == id).ok_or_else(|| Error::Parse {
+                what: format!("job {id} from scontrol's JSON"),
+                text: "it is not listed".into(),
+            })?;
+            if j.nodes != node {
+                return Err(Error::Parse {
+                    what: format!("job {id}'s allocation"),
+                    text: format!("it runs on {:?}, not {node}", j.nodes),
+                });
             }
+            let mut gpus: Vec<u32> = j
+                .gres
+                .iter()
+                .filter(|g| g.count > 0)
+                .flat_map(|g| g.indices.iter().copied())
+                .collect();
+            gpus.sort_unstable();
+            gpus.dedup();
+            return Ok(gpus);
+        }
+        let out = self
+            .scontrol(CommandKind::Job, &["--local", "-o", "-d", "show", "job", &id.to_string()])?;
+        detail_gpus(&out, node)
+    }
+
+    fn job(&self, id: u32) -> Result<JobDetail> {
+        // `scontrol --json show job ID` (23.02 on) loads that one job; `squeue --json -j ID`
+        // loads the whole queue (22.05 even prints it all).
+        let jobs = match self.scontrol_json_job(id)? {
+            Some(jobs) => jobs,
+            None => self.json_jobs(&["-j", &id.to_string()])?,
         };
         let j = jobs.into_iter().find(|j| j.id == id).ok_or_else(|| Error::Parse {
             what: format!("job {id} from Slurm's JSON"),
@@ -425,23 +570,22 @@ impl Slurm for Commands {
         })
     }
 
-    fn jobs_on_node(&self, node: &str) -> Result<Vec<u32>> {
-        let out = self.call(&self.squeue, &["-h", "-w", node, "-O", "JobID:|"])?;
-        Ok(parse_ids(&out))
-    }
-
-    fn pin(&self, id: u32, target: &Target, shards: u32) -> Result<()> {
+    fn pin(&self, id: u32, target: &Target, shards: u32, ours: Option<&str>) -> Result<()> {
         let id_text = id.to_string();
         let job = format!("jobid={id}");
         let nodes = format!("NodeList={}", target.node);
-        // Another decider (dispatch, another node's hook) may have moved this job since the
-        // caller's listing, and Slurm has no compare-and-set: the job is read again just before
-        // the first change and left alone unless it is still held and nobody pinned it. Changing
-        // a request another decider had already typed (cleared, then set) left the job pending
-        // for ever on Slurm 22.05, and crashed its scheduler (a divide error) when the job had
-        // been released meanwhile: found by tests/tests/load.rs, kept by tests/tests/retarget.rs.
-        let out = self
-            .call(&self.squeue, &["-h", "-j", &id_text, "-t", QUEUE_STATES, "-O", QUEUE_FORMAT])?;
+        // Only the decider moves jobs, but an admin (or the job's user, cancelling it) may have
+        // changed it since the pass's listing, and Slurm has no compare-and-set: the job is read
+        // again (that job only) just before the first change and left alone unless it is still
+        // held and pinned by nobody but kace. Changing a request someone had already typed
+        // (cleared, then set) left the job pending for ever on Slurm 22.05, and crashed its
+        // scheduler (a divide error) when the job had been released meanwhile: found by
+        // tests/tests/load.rs when several deciders raced, kept by tests/tests/retarget.rs.
+        let out = self.call(
+            CommandKind::Job,
+            &self.squeue,
+            &["--local", "-h", "-j", &id_text, "-t", QUEUE_STATES, "-O", QUEUE_FORMAT],
+        )?;
         let (listed, _) = parse_queue(&out);
         let taken = |why: String| Error::Taken { job: id, why };
         let Some(now) = listed.into_iter().find(|j| j.id == id) else {
@@ -450,7 +594,10 @@ impl Slurm for Commands {
         if !now.held() {
             return Err(taken(format!("it is no longer held ({} {})", now.state, now.reason)));
         }
-        if !now.req_nodes.is_empty() && now.req_nodes != target.node {
+        if !now.req_nodes.is_empty()
+            && now.req_nodes != target.node
+            && Some(now.req_nodes.as_str()) != ours
+        {
             return Err(taken(format!("it is pinned to {} already", now.req_nodes)));
         }
         let asked = gres::request_kind(&now.tres_per_node, "shard");
@@ -460,18 +607,27 @@ impl Slurm for Commands {
             }
             // Typed already (by its user): only the node changes.
             (Some(_), Some(_)) | (None, _) => {
-                self.scontrol(&["update", &job, &nodes])?;
+                self.scontrol(CommandKind::Update, &["update", &job, &nodes])?;
             }
             // Slurm up to 25.05 refuses a direct untyped→typed GRES change; clearing
             // TresPerNode first works on every release (shared/reference/slurm-lab-2.md §2).
             // The direct change is tried first: where Slurm takes it, the request is never
             // empty, which is when a release by a decider racing this one (between the read
             // above and the clear) crashes 22.05's scheduler.
+            // Whether this Slurm takes it is learnt once per process (the decider is one
+            // long-lived process): where it does not, trying each time cost an RPC per job.
             (Some(kind), None) => {
                 let gres = format!("Gres=shard:{kind}:{shards}");
-                if self.scontrol(&["update", &job, &gres, &nodes]).is_err() {
-                    self.scontrol(&["update", &job, "TresPerNode="])?;
-                    self.scontrol(&["update", &job, &gres, &nodes])?;
+                let direct = DIRECT_TYPED_CHANGE.get() != Some(&false)
+                    && self.scontrol(CommandKind::Update, &["update", &job, &gres, &nodes]).is_ok();
+                if direct {
+                    let _ = DIRECT_TYPED_CHANGE.set(true);
+                } else {
+                    self.scontrol(CommandKind::Update, &["update", &job, "TresPerNode="])?;
+                    self.scontrol(CommandKind::Update, &["update", &job, &gres, &nodes])?;
+                    if DIRECT_TYPED_CHANGE.get().is_none() {
+                        let _ = DIRECT_TYPED_CHANGE.set(false);
+                    }
                 }
             }
         }
@@ -479,19 +635,32 @@ impl Slurm for Commands {
     }
 
     fn release(&self, id: u32) -> Result<()> {
-        self.scontrol(&["release", &id.to_string()]).map(drop)
+        self.scontrol(CommandKind::Release, &["release", &id.to_string()]).map(drop)
     }
 
-    fn running_kace_jobs(&self) -> Result<Vec<RunningJob>> {
-        let jobs = self.json_jobs(&["-t", "R,CF,CG"])?;
-        Ok(running_kace_jobs(jobs))
+    fn steps_here(&self, id: u32, node: &str) -> Result<bool> {
+        // scontrol's listpids (src/scontrol/info_job.c, scontrol_list_pids) lists the steps in
+        // the node's SlurmdSpoolDir (stepd_available) and prints "PID JOBID STEPID LOCALID
+        // GLOBALID" for each live process of each step it can connect to; it exits 1 when the
+        // job has no step there.
+        let id_text = id.to_string();
+        let (inv, timeout) =
+            self.invocation(CommandKind::Steps, &self.scontrol, &["listpids", &id_text, node])?;
+        let out = exec::run(&inv, timeout)?;
+        Ok(out.success()
+            && out.stdout.lines().any(|l| l.split_whitespace().nth(1) == Some(id_text.as_str())))
     }
 
     fn nodes(&self) -> Result<Vec<NodeGpus>> {
-        let out = self.call(&self.sinfo, &["-h", "-N", "-O", "NodeList:|,Gres:|,StateLong:|"])?;
+        let args = ["-h", "-N", "-O", "NodeList:|,Gres:|,StateLong:|"];
+        let out = self.call(CommandKind::Nodes, &self.sinfo, &args)?;
         Ok(parse_nodes(&out))
     }
 }
+
+/// Whether this process's slurmctld takes a direct untyped→typed GRES change of a held job (Slurm
+/// 25.11 on; 22.05 refuses it), once a change was tried and the two-step one then worked.
+static DIRECT_TYPED_CHANGE: OnceLock<bool> = OnceLock::new();
 
 /// Whether this process's `scontrol` takes `--json` (Slurm 23.02 on; 22.05 says "unrecognized
 /// option"), once known.
@@ -535,6 +704,7 @@ pub fn parse_queue(out: &str) -> (Vec<QueuedJob>, Vec<String>) {
             eligible: parse_utc(f[9]),
             started: parse_utc(f[10]),
             ended: parse_utc(f[11]),
+            node: none(f[12]),
         });
     }
     jobs.sort_by_key(|j| j.id);
@@ -578,6 +748,46 @@ pub fn running_kace_jobs(jobs: Vec<slurm_json::JsonJob>) -> Vec<RunningJob> {
 /// Numeric job ids, one per line (`squeue -O JobID:|`); anything else is left out.
 pub fn parse_ids(out: &str) -> Vec<u32> {
     out.lines().filter_map(|l| l.trim().trim_end_matches('|').trim().parse().ok()).collect()
+}
+
+/// The GPU indices `scontrol -o -d show job` (Slurm 22.05, which has no `--json` there) gives a
+/// job on `node`: the `GRES=` word of its `Nodes=<node> CPU_IDs=… Mem=… GRES=…(IDX:…)` detail.
+/// That line also holds the job's name, comment and command, which its user writes and which
+/// may imitate the detail (`node/tests/fixtures/*/scontrol-partner.txt`): every such sequence
+/// for `node` must give the same indices, or the reading is refused. One that names no GPU
+/// gives none.
+pub fn detail_gpus(text: &str, node: &str) -> Result<Vec<u32>> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let want = format!("Nodes={node}");
+    let mut seen: Vec<Vec<u32>> = Vec::new();
+    for w in words.windows(4) {
+        let [n, cpus, mem, gres] = w else { continue };
+        if *n != want || !cpus.starts_with("CPU_IDs=") || !mem.starts_with("Mem=") {
+            continue;
+        }
+        let Some(g) = gres.strip_prefix("GRES=") else { continue };
+        let mut idx: Vec<u32> = gres::parse_alloc(g)
+            .into_iter()
+            .filter(|a| a.count > 0)
+            .flat_map(|a| a.indices)
+            .collect();
+        idx.sort_unstable();
+        idx.dedup();
+        if !seen.contains(&idx) {
+            seen.push(idx);
+        }
+    }
+    match seen.as_slice() {
+        [] => Ok(Vec::new()),
+        [one] => Ok(one.clone()),
+        _ => Err(Error::Parse {
+            what: format!("the GPUs of the job's allocation on {node}"),
+            text: format!(
+                "{} different GRES details for that node (the job's own text imitates one)",
+                seen.len()
+            ),
+        }),
+    }
 }
 
 /// Parses `sinfo -h -N -O NodeList:|,Gres:|,StateLong:|`.
@@ -625,10 +835,10 @@ mod tests {
 
     #[test]
     fn pending_kace_jobs_are_read_and_others_skipped() {
-        let out = "12|kace:bert|alice|JobHeldUser|gres:shard:1|2026-11-29T06:58:46|(null)|PD|(null)|N/A|N/A|N/A|\n\
-                   11|(null)|bob|Resources|N/A|2026-11-29T06:58:40||PD|(null)|N/A|N/A|N/A|\n\
-                   10|kace:lstm|alice|None|gres/shard:g1:2|2026-11-29T06:58:00|n1|PD|(null)|2026-11-29T06:58:00|2026-11-29T07:00:00|NONE|\n\
-                   14|kace:wav|alice|Prolog|gres/shard:1|2026-11-29T06:58:00|n2|R|(null)|N/A|2026-11-29T06:58:40|2026-11-29T07:58:40|\n";
+        let out = "12|kace:bert|alice|JobHeldUser|gres:shard:1|2026-11-29T06:58:46|(null)|PD|(null)|N/A|N/A|N/A||\n\
+                   11|(null)|bob|Resources|N/A|2026-11-29T06:58:40||PD|(null)|N/A|N/A|N/A||\n\
+                   10|kace:lstm|alice|None|gres/shard:g1:2|2026-11-29T06:58:00|n1|PD|(null)|2026-11-29T06:58:00|2026-11-29T07:00:00|NONE||\n\
+                   14|kace:wav|alice|Prolog|gres/shard:1|2026-11-29T06:58:00|n2|R|(null)|N/A|2026-11-29T06:58:40|2026-11-29T07:58:40|n2|\n";
         let (jobs, bad) = parse_queue(out);
         assert!(bad.is_empty(), "{bad:?}");
         assert_eq!(jobs.len(), 3);
@@ -636,9 +846,10 @@ mod tests {
         assert_eq!(jobs[2].started, Some(1_795_935_520.0));
         // Starting 40 s ago: its prolog may choose within a 35 s window no longer.
         let start = 1_795_935_520.0;
-        assert!(jobs[2].deciding(start + 30.0, 35.0) && !jobs[2].stuck(start + 30.0, 35.0));
-        assert!(!jobs[2].deciding(start + 40.0, 35.0) && jobs[2].stuck(start + 40.0, 35.0));
-        assert!(!jobs[0].deciding(start, 35.0) && !jobs[0].stuck(start + 1e6, 35.0));
+        assert!(!jobs[2].stuck(start + 30.0, 35.0) && jobs[2].stuck(start + 40.0, 35.0));
+        assert!(!jobs[0].stuck(start + 1e6, 35.0));
+        assert_eq!((jobs[2].node.as_str(), jobs[2].on_gpu()), ("n2", true));
+        assert_eq!(jobs[0].node, "");
         assert_eq!((jobs[0].id, jobs[0].workload.as_str(), jobs[0].held()), (10, "lstm", false));
         assert_eq!((jobs[0].req_nodes.as_str(), jobs[0].shards()), ("n1", Some(2)));
         assert_eq!((jobs[1].id, jobs[1].held(), jobs[1].shards()), (12, true, Some(1)));
@@ -656,8 +867,8 @@ mod tests {
     fn a_newline_in_one_admin_comment_skips_only_its_pieces() {
         // 26.05.3, root: scontrol update jobid=8 AdminComment=$'line1\nline2|x'.
         let out = "8|line1\n\
-                   line2|x|root|None|gres/shard:1|2026-12-01T01:12:57||PD|(null)|2026-12-01T01:12:57|N/A|N/A|\n\
-                   5|kace:bert|root|JobHeldUser|gres/shard:1|2026-12-01T01:12:56||PD|(null)|N/A|N/A|N/A|\n\
+                   line2|x|root|None|gres/shard:1|2026-12-01T01:12:57||PD|(null)|2026-12-01T01:12:57|N/A|N/A||\n\
+                   5|kace:bert|root|JobHeldUser|gres/shard:1|2026-12-01T01:12:56||PD|(null)|N/A|N/A|N/A||\n\
                    garbage\n";
         let (jobs, bad) = parse_queue(out);
         assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![5]);
@@ -700,6 +911,22 @@ mod tests {
         assert_eq!((n[1].gpus.len(), n[1].usable), (1, true));
         assert_eq!((n[2].gpus.len(), n[2].usable), (2, false));
         assert!(n[3].gpus.is_empty());
+    }
+
+    #[test]
+    fn the_gpus_of_a_22_05_detail_are_read_only_when_no_imitation_disagrees() {
+        let real = "JobId=7 JobName=x NodeList=n1 JOB_GRES=shard:g1:1 \
+                    Nodes=n1 CPU_IDs=1 Mem=0 GRES=shard:g1:1(IDX:1) MinCPUsNode=1";
+        assert_eq!(detail_gpus(real, "n1").unwrap(), vec![1]);
+        // A comment imitating the same detail changes nothing; a different one is refused.
+        let same = format!("{real} Comment=x Nodes=n1 CPU_IDs=1 Mem=0 GRES=shard:g1:1(IDX:1)");
+        assert_eq!(detail_gpus(&same, "n1").unwrap(), vec![1]);
+        let forged = format!("{real} Comment=x Nodes=n1 CPU_IDs=0 Mem=0 GRES=shard:g0:1(IDX:0)");
+        assert!(detail_gpus(&forged, "n1").is_err());
+        // Another node's imitation is not this node's detail; a bare GRES= word is no detail.
+        let other = format!("{real} Comment=x Nodes=n9 CPU_IDs=0 Mem=0 GRES=shard:g0:1(IDX:0)");
+        assert_eq!(detail_gpus(&other, "n1").unwrap(), vec![1]);
+        assert_eq!(detail_gpus("JobId=7 GRES=shard:1(IDX:3)", "n1").unwrap(), Vec::<u32>::new());
     }
 
     #[test]

@@ -6,7 +6,6 @@
 //! <state_dir>/<node>/gpu<N>/lock        flock(2) taken around every change below
 //! <state_dir>/<node>/gpu<N>/jobs/<job>  "<workload> <start> - <user>"     a kace job on GPU N
 //! <state_dir>/<node>/gpu<N>/ended/<job> "<workload> <start> <end> <user>" kept a day, for overlaps
-//! <state_dir>/expect/<job>              "<lead> <node> <gpu>"      a partner released to a GPU
 //! ```
 //! The node name is part of the path because several slurmd may share a host (Slurm's
 //! `MULTIPLE_SLURMD`, as in kace's own tests) and the same state directory.
@@ -227,36 +226,24 @@ pub fn gpu_of(state_dir: &Path, node: &str, job: u32) -> Option<GpuIndex> {
     (found.len() == 1).then(|| GpuIndex(found[0]))
 }
 
-/// Where a released partner is expected to start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Expectation {
-    /// The lead that chose it.
-    pub lead: u32,
-    /// The lead's node.
-    pub node: String,
-    /// The lead's GPU.
-    pub gpu: u32,
-}
-
-/// Notes that `partner` was released to join `e`.
-pub fn expect(state_dir: &Path, partner: u32, e: &Expectation) -> Result<()> {
-    let dir = state_dir.join("expect");
-    private_dir(state_dir, &dir).map_err(io("create state directory", &dir))?;
-    let p = dir.join(partner.to_string());
-    fs::write(&p, format!("{} {} {}\n", e.lead, e.node, e.gpu)).map_err(io("record partner", &p))
-}
-
-/// Takes (reads and removes) the expectation for `job`, if any.
-pub fn take_expectation(state_dir: &Path, job: u32) -> Option<Expectation> {
-    let p = state_dir.join("expect").join(job.to_string());
-    let text = read_small(&p)?;
-    let _ = fs::remove_file(&p);
-    let mut it = text.split_whitespace();
-    Some(Expectation {
-        lead: it.next()?.parse().ok()?,
-        node: it.next()?.to_string(),
-        gpu: it.next()?.parse().ok()?,
-    })
+/// Which of `jobs` (kace jobs recorded on a GPU of `node`) Slurm still has on that node,
+/// starting, running or completing: a job with a step on this node is (asked of the node's
+/// slurmstepd, no RPC); any other is read singly from slurmctld (`squeue -j`, that job only:
+/// one in its prolog has no step yet), never a listing of the node's or the queue's jobs.
+pub fn alive_on(slurm: &dyn crate::slurm::Slurm, node: &str, jobs: &[u32]) -> Result<Vec<u32>> {
+    let mut alive = Vec::new();
+    for &j in jobs {
+        if slurm.steps_here(j, node).unwrap_or(false) {
+            alive.push(j);
+            continue;
+        }
+        if let Some(q) = slurm.queued(j)? {
+            if q.node == node && (q.on_gpu() || q.completing()) {
+                alive.push(j);
+            }
+        }
+    }
+    Ok(alive)
 }
 
 #[cfg(test)]
@@ -303,16 +290,6 @@ mod tests {
         assert!(try_lock_file(&d.join("n1/gpu0/lock")).unwrap().is_none());
         drop(l);
         assert!(try_lock_file(&d.join("n1/gpu0/lock")).unwrap().is_some());
-        let _ = fs::remove_dir_all(&d);
-    }
-
-    #[test]
-    fn expectations_are_taken_once() {
-        let d = tmp("exp");
-        let e = Expectation { lead: 3, node: "n1".into(), gpu: 1 };
-        expect(&d, 4, &e).unwrap();
-        assert_eq!(take_expectation(&d, 4), Some(e));
-        assert_eq!(take_expectation(&d, 4), None);
         let _ = fs::remove_dir_all(&d);
     }
 }

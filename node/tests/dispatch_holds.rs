@@ -4,7 +4,8 @@
 
 use std::cell::RefCell;
 
-use kace_node::slurm::{JobDetail, NodeGpus, QueuedJob, RunningJob, Slurm, Target};
+use kace_node::decider_state::DeciderState;
+use kace_node::slurm::{JobDetail, NodeGpus, QueuedJob, Slurm, Target};
 use kace_node::{dispatch, Error, Result};
 
 struct Queue {
@@ -16,7 +17,12 @@ impl Slurm for Queue {
     fn kace_queue(&self) -> Result<Vec<QueuedJob>> {
         Ok(self.jobs.clone())
     }
-    /// Dispatch re-reads a job just before moving it: as Slurm would show it, still held.
+    fn queued(&self, id: u32) -> Result<Option<QueuedJob>> {
+        Ok(self.jobs.iter().find(|j| j.id == id).cloned())
+    }
+    fn job_gpus(&self, _id: u32, _node: &str) -> Result<Vec<u32>> {
+        Ok(vec![])
+    }
     fn job(&self, id: u32) -> Result<JobDetail> {
         let j = self.jobs.iter().find(|j| j.id == id).ok_or_else(|| Error::Parse {
             what: format!("job {id}"),
@@ -32,18 +38,15 @@ impl Slurm for Queue {
             ..JobDetail::default()
         })
     }
-    fn jobs_on_node(&self, _node: &str) -> Result<Vec<u32>> {
-        Ok(vec![])
-    }
-    fn pin(&self, _id: u32, _target: &Target, _shards: u32) -> Result<()> {
+    fn pin(&self, _id: u32, _target: &Target, _shards: u32, _ours: Option<&str>) -> Result<()> {
         Ok(())
     }
     fn release(&self, id: u32) -> Result<()> {
         self.released.borrow_mut().push(id);
         Ok(())
     }
-    fn running_kace_jobs(&self) -> Result<Vec<RunningJob>> {
-        Ok(vec![])
+    fn steps_here(&self, _id: u32, _node: &str) -> Result<bool> {
+        Ok(false)
     }
     fn nodes(&self) -> Result<Vec<NodeGpus>> {
         Ok(vec![NodeGpus { name: "n1".into(), gpus: vec![None, None, None, None], usable: true }])
@@ -88,8 +91,10 @@ fn admin_holds_dependencies_and_begin_times_are_never_released() {
     let spool = kace_test_support::TempDir::new("dispatch-holds");
     let mut config = kace_config::Config::default();
     config.spool.dir = spool.path().to_path_buf();
+    config.dispatch.state_dir = spool.path().join("decider");
     let settings = dispatch::Settings::of(&config);
-    let r = dispatch::run(&q, &settings, now).unwrap();
+    let mut state = DeciderState::default();
+    let r = dispatch::run(&q, &settings, &mut state, now).unwrap();
     assert!(r.expired.is_empty(), "{r:?}");
     // Only job 4 may lead (free to start, held by the gate alone).
     assert_eq!(r.leads.iter().map(|l| l.0).collect::<Vec<_>>(), vec![4], "{r:?}");
@@ -98,7 +103,7 @@ fn admin_holds_dependencies_and_begin_times_are_never_released() {
     // Much later every job has waited past max_hold, but only the free ones are released.
     let q = Queue { jobs: q.jobs, released: RefCell::new(vec![]) };
     let later = now + 7200.0;
-    let r = dispatch::run(&q, &settings, later).unwrap();
+    let r = dispatch::run(&q, &settings, &mut state, later).unwrap();
     let mut expired: Vec<u32> = r.expired.iter().map(|e| e.0).collect();
     expired.sort_unstable();
     assert_eq!(expired, vec![3, 4], "{r:?}");

@@ -29,6 +29,9 @@ struct FakeSlurm {
     pending: RefCell<Vec<QueuedJob>>,
     details: RefCell<BTreeMap<u32, JobDetail>>,
     on_node: RefCell<Vec<u32>>,
+    /// Jobs with a step on the node (past their prolog), as slurmstepd answers
+    /// `scontrol listpids`.
+    stepped: RefCell<Vec<u32>>,
     running: RefCell<Vec<RunningJob>>,
     nodes: Vec<NodeGpus>,
     /// Jobs whose release fails (cancelled meanwhile).
@@ -46,38 +49,74 @@ fn failed(what: &str) -> Error {
     })
 }
 
+impl FakeSlurm {
+    /// A running job as the queue listing shows it.
+    fn listed(r: &RunningJob) -> QueuedJob {
+        QueuedJob {
+            id: r.id,
+            workload: r.workload.clone(),
+            user: r.user.clone(),
+            reason: "None".into(),
+            state: r.state.clone(),
+            node: r.node.clone(),
+            started: r.started,
+            ..QueuedJob::default()
+        }
+    }
+}
+
 impl Slurm for FakeSlurm {
     fn kace_queue(&self) -> Result<Vec<QueuedJob>> {
         self.calls.borrow_mut().push("squeue".into());
-        Ok(self.pending.borrow().clone())
+        let mut q = self.pending.borrow().clone();
+        q.extend(self.running.borrow().iter().map(FakeSlurm::listed));
+        q.sort_by_key(|j| j.id);
+        Ok(q)
     }
-    fn job(&self, id: u32) -> Result<JobDetail> {
-        self.calls.borrow_mut().push(format!("show {id}"));
+    fn queued(&self, id: u32) -> Result<Option<QueuedJob>> {
+        self.calls.borrow_mut().push(format!("queued {id}"));
         if self.unreachable_reads.get() > 0 {
             self.unreachable_reads.set(self.unreachable_reads.get() - 1);
             return Err(Error::Exec(ExecError::Failed {
-                command: "scontrol show job".into(),
+                command: "squeue -j".into(),
                 code: Some(1),
                 stderr: "Unable to contact slurm controller (connect failure)".into(),
             }));
         }
         if let Some(j) = self.pending.borrow().iter().find(|j| j.id == id) {
-            return Ok(JobDetail {
-                id,
-                state: "PENDING".into(),
-                reason: j.reason.clone(),
-                admin_comment: format!("kace:{}", j.workload),
-                nodes: String::new(),
-                gres: Vec::new(),
-                ..Default::default()
-            });
+            return Ok(Some(j.clone()));
         }
+        if let Some(r) = self.running.borrow().iter().find(|r| r.id == id) {
+            return Ok(Some(FakeSlurm::listed(r)));
+        }
+        let Some(d) = self.details.borrow().get(&id).cloned() else { return Ok(None) };
+        let Some(workload) = d.workload().map(str::to_string) else { return Ok(None) };
+        // A job Slurm no longer has on the node is listed as ended.
+        let on = self.on_node.borrow();
+        let state = if on.is_empty() || on.contains(&id) { "R" } else { "CD" };
+        Ok(Some(QueuedJob {
+            id,
+            workload,
+            user: d.user.clone(),
+            reason: d.reason.clone(),
+            state: state.into(),
+            node: d.nodes.clone(),
+            ..QueuedJob::default()
+        }))
+    }
+    fn job(&self, id: u32) -> Result<JobDetail> {
+        self.calls.borrow_mut().push(format!("show {id}"));
         self.details.borrow().get(&id).cloned().ok_or_else(|| failed("scontrol show job"))
     }
-    fn jobs_on_node(&self, _node: &str) -> Result<Vec<u32>> {
-        Ok(self.on_node.borrow().clone())
+    fn job_gpus(&self, id: u32, _node: &str) -> Result<Vec<u32>> {
+        self.calls.borrow_mut().push(format!("gpus {id}"));
+        if let Some(r) = self.running.borrow().iter().find(|r| r.id == id) {
+            return Ok(r.gpus.clone());
+        }
+        let d = self.details.borrow().get(&id).cloned().ok_or_else(|| failed("scontrol"))?;
+        Ok(d.gres.iter().flat_map(|g| g.indices.clone()).collect())
     }
-    fn pin(&self, id: u32, target: &Target, shards: u32) -> Result<()> {
+    fn pin(&self, id: u32, target: &Target, shards: u32, _ours: Option<&str>) -> Result<()> {
         self.calls
             .borrow_mut()
             .push(format!("pin {id} {} {:?} {shards}", target.node, target.kind));
@@ -95,8 +134,9 @@ impl Slurm for FakeSlurm {
         j.reason = "None".into();
         Ok(())
     }
-    fn running_kace_jobs(&self) -> Result<Vec<RunningJob>> {
-        Ok(self.running.borrow().clone())
+    fn steps_here(&self, id: u32, _node: &str) -> Result<bool> {
+        self.calls.borrow_mut().push(format!("steps {id}"));
+        Ok(self.stepped.borrow().contains(&id))
     }
     fn nodes(&self) -> Result<Vec<NodeGpus>> {
         Ok(self.nodes.clone())
@@ -207,6 +247,7 @@ fn config(dir: &Path, db: &Path) -> Config {
     c.database.path = db.to_path_buf();
     c.spool.dir = dir.join("spool");
     c.node.state_dir = dir.join("state");
+    c.dispatch.state_dir = dir.join("decider");
     c.node.mps_root = dir.join("mps");
     c.node.progress_root = dir.join("progress");
     c.node.gpu_memory_gib = Some(32.0);
@@ -288,6 +329,8 @@ impl World {
         let dir = t.path().to_path_buf();
         let db = dir.join("k.db");
         make_db(&db);
+        // The packages create the spool (packaging/kace.spec).
+        std::fs::create_dir_all(dir.join("spool")).unwrap();
         World {
             config: config(&dir, &db),
             dir,
@@ -343,9 +386,34 @@ fn lead_slurm(kind: Option<&str>) -> FakeSlurm {
     s
 }
 
+/// The lead's job on its GPU as Slurm lists it while it starts (PrologSlurmctld's moment).
+fn starting_lead(id: u32, w: &str, gpu: u32) -> RunningJob {
+    RunningJob {
+        id,
+        node: "n1".into(),
+        gpus: vec![gpu],
+        state: "CF".into(),
+        user: "alice".into(),
+        workload: w.into(),
+        started: Some(1990.0),
+    }
+}
+
+/// n1 with one typed GPU per entry of `kinds` (index order).
+fn node_n1(kinds: &[&str]) -> Vec<NodeGpus> {
+    let gpus = kinds.iter().map(|k| Some(k.to_string()).filter(|k| !k.is_empty())).collect();
+    vec![NodeGpus { name: "n1".into(), gpus, usable: true }]
+}
+
+/// When a lead starts, the decider chooses its partner by the one decision, pins it to the
+/// lead's node and GPU type, records the decision (every candidate's verdict) before the
+/// release, and reads Slurm once for the listing and once for the lead's GPU.
 #[test]
-fn a_lead_releases_the_predicted_best_onto_its_gpu_and_spools_every_verdict() {
-    let w = World::new("lead", lead_slurm(Some("g1")));
+fn the_decider_releases_the_predicted_best_beside_a_starting_lead_and_spools_every_verdict() {
+    let mut s = lead_slurm(Some("g1"));
+    s.nodes = node_n1(&["g1"]);
+    s.running.get_mut().push(RunningJob { gpus: vec![0], ..starting_lead(10, "alpha", 0) });
+    let w = World::new("lead", s);
     let expected = w.expected_choice(
         "alpha",
         &[
@@ -356,90 +424,92 @@ fn a_lead_releases_the_predicted_best_onto_its_gpu_and_spools_every_verdict() {
         ],
     );
     let expected = expected.expect("the synthetic data give a choice");
-    let out = w.with(|n| prolog::run(n, &job_env(10, 1)));
-    let prolog::Outcome::Led { partner, decision, .. } = out else { panic!("{out:?}") };
-    assert_eq!(partner, Some(expected));
+    let mut state = kace_node::decider_state::DeciderState::default();
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1500.0).unwrap();
+    assert_eq!(r.joiners, vec![(expected, "n1".to_string(), 0)], "{r:?}");
     let calls = w.slurm.calls.borrow().clone();
     let shards = if expected == 16 { 2 } else { 1 };
     assert!(calls.contains(&format!("pin {expected} n1 Some(\"g1\") {shards}")), "{calls:?}");
-    assert!(calls.contains(&format!("release {expected}")), "{calls:?}");
     assert_eq!(calls.iter().filter(|c| c.starts_with("release")).count(), 1, "{calls:?}");
-    // One squeue lists the queue; one more, just before the release, checks that no other
-    // decider sent a joiner to the GPU meanwhile.
-    assert_eq!(calls.iter().filter(|c| *c == "squeue").count(), 2, "{calls:?}");
+    assert_eq!(calls.iter().filter(|c| *c == "squeue").count(), 1, "{calls:?}");
+    assert_eq!(calls.iter().filter(|c| c.starts_with("gpus")).count(), 1, "{calls:?}");
+    assert_eq!(state.gpus.get(&10), Some(&("n1".to_string(), vec![0])));
+    assert!(state.begun.is_empty(), "finished releases are forgotten");
 
-    let d = decision.unwrap();
+    let [d] = r.records.as_slice() else { panic!("{r:?}") };
+    assert_eq!(ReleaseKind::of_key(Some(&d.key)), ReleaseKind::Lead);
+    assert!(d.key.starts_with("cluster/10/"), "keyed by the lead: {}", d.key);
     assert_eq!(d.decision.chosen_job, Some(expected.to_string()));
     let by_job: BTreeMap<String, &kace_sql::DecisionCandidate> =
         d.decision.candidates.iter().map(|c| (c.job.clone().unwrap(), c)).collect();
-    assert_eq!(by_job.len(), 7);
-    assert!(
-        by_job["13"].rejected.as_deref().unwrap().contains("different user"),
-        "{:?}",
-        by_job["13"]
-    );
-    assert!(
-        by_job["14"].rejected.as_deref().unwrap().contains("unknown profile"),
-        "{:?}",
-        by_job["14"]
-    );
-    assert!(by_job["15"].rejected.as_deref().unwrap().contains("no shard"), "{:?}", by_job["15"]);
+    assert_eq!(by_job.len(), 6, "the shard-less job is no candidate: {by_job:?}");
+    assert!(by_job["13"].rejected.as_deref().unwrap().contains("different user"));
+    assert!(by_job["14"].rejected.as_deref().unwrap().contains("unknown profile"));
     assert!(by_job[&expected.to_string()].prediction.is_some());
-    // Each candidate's hold at the decision (the clock reads 2000; job N was submitted at
-    // 1000 + N): the chosen one's is its hold time.
-    assert_eq!(by_job["11"].held_s, Some(989.0));
-    assert_eq!(by_job[&expected.to_string()].held_s, Some(1000.0 - f64::from(expected)));
-    // The decision is in the spool for `kace ingest`.
+    assert_eq!(by_job["11"].held_s, Some(489.0));
     let spooled = kace_sql::spool::spooled_decisions(&w.config.spool.dir).unwrap();
     assert_eq!(spooled.len(), 1);
-    assert_eq!(w.mps.calls.borrow().as_slice(), ["start 1 0"]);
-    assert!(
-        w.logs.borrow().iter().any(|l| l.contains("using the configured 32 GiB")),
-        "{:?}",
-        w.logs.borrow()
-    );
 
-    // The partner's prolog on the same GPU joins the lead: no squeue, no second daemon.
-    w.slurm.details.borrow_mut().insert(expected, running_detail(expected, "x", 1, Some("g1")));
-    w.slurm.on_node.borrow_mut().push(expected);
-    let calls_before = w.slurm.calls.borrow().len();
-    let out = w.with(|n| prolog::run(n, &job_env(expected, 1)));
-    assert_eq!(out, prolog::Outcome::Joined { with: vec![10], partner: None });
-    assert!(!w.slurm.calls.borrow()[calls_before..].contains(&"squeue".to_string()));
-    assert_eq!(w.mps.calls.borrow().len(), 1);
+    // The next pass knows the lead's GPU: no read.
+    let before = w.slurm.calls.borrow().len();
+    dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1501.0).unwrap();
+    assert!(!w.slurm.calls.borrow()[before..].iter().any(|c| c.starts_with("gpus")));
 }
 
-/// A prolog that outlived its slurmd (killed or restarted while the prolog ran) belongs to a
-/// job Slurm will not start until it is requeued: it chooses, but sends no joiner to its GPU,
-/// and the decision says why.
+/// The node prolog lists no queue and moves no job: it checks the gate's mark (that job only),
+/// records the job on its GPU and starts MPS; the partner's prolog joins the lead.
 #[test]
-fn a_prolog_whose_slurmd_died_releases_no_joiner() {
-    let w = World::new("orphan", lead_slurm(Some("g1")));
-    w.host.0.set(false);
+fn the_prolog_records_and_starts_mps_but_lists_and_moves_nothing() {
+    let w = World::new("prolog", lead_slurm(Some("g1")));
     let out = w.with(|n| prolog::run(n, &job_env(10, 1)));
-    let prolog::Outcome::Led { partner, decision, .. } = out else { panic!("{out:?}") };
-    assert_eq!(partner, None);
+    assert_eq!(out, prolog::Outcome::Led);
+    w.slurm.details.borrow_mut().insert(11, running_detail(11, "beta", 1, Some("g1")));
+    w.slurm.on_node.borrow_mut().push(11);
+    let out = w.with(|n| prolog::run(n, &job_env(11, 1)));
+    assert_eq!(out, prolog::Outcome::Joined { with: vec![10] });
     let calls = w.slurm.calls.borrow().clone();
-    assert!(!calls.iter().any(|c| c.starts_with("pin") || c.starts_with("release")), "{calls:?}");
-    let d = decision.unwrap();
-    assert_eq!(d.decision.chosen_job, None);
-    let refused: Vec<&str> =
-        d.decision.candidates.iter().filter_map(|c| c.rejected.as_deref()).collect();
     assert!(
-        refused.iter().any(|r| r.contains("slurmd (pid 4242) that runs this prolog ended")
-            && r.contains("job 10 only once it is requeued")),
-        "{refused:?}"
+        calls.iter().all(|c| c.starts_with("queued ") || c.starts_with("steps ")),
+        "only single-job reads: {calls:?}"
     );
-    assert!(
-        w.logs.borrow().iter().any(|l| l.contains("couldn't release chosen job")),
-        "{:?}",
-        w.logs.borrow()
-    );
+    assert_eq!(w.mps.calls.borrow().as_slice(), ["start 1 0"]);
+}
+
+/// Whether the GPU's other kace jobs still run is asked of the node's slurmstepd first (no
+/// RPC); only a job without a step there (in its prolog, or gone) is read from slurmctld.
+#[test]
+fn a_partner_with_a_step_on_the_node_costs_no_slurmctld_read() {
+    let w = World::new("steps", lead_slurm(Some("g1")));
+    assert_eq!(w.with(|n| prolog::run(n, &job_env(10, 1))), prolog::Outcome::Led);
+    w.slurm.stepped.borrow_mut().push(10);
+    w.slurm.details.borrow_mut().insert(11, running_detail(11, "beta", 1, Some("g1")));
+    w.slurm.on_node.borrow_mut().push(11);
+    w.slurm.calls.borrow_mut().clear();
+    let out = w.with(|n| prolog::run(n, &job_env(11, 1)));
+    assert_eq!(out, prolog::Outcome::Joined { with: vec![10] });
+    let calls = w.slurm.calls.borrow().clone();
+    assert_eq!(calls, ["queued 11", "steps 10"], "the partner is not read from slurmctld");
+
+    // Job 12 joins while 11 has no step (its prolog just ended) and 10's slurmd lost it: 11
+    // is read and still runs, 10 is read and is gone.
+    w.slurm.stepped.borrow_mut().clear();
+    w.slurm.pending.borrow_mut().retain(|j| j.id != 11 && j.id != 12);
+    *w.slurm.on_node.borrow_mut() = vec![11, 12];
+    w.slurm.details.borrow_mut().insert(12, running_detail(12, "gamma", 1, Some("g1")));
+    w.slurm.calls.borrow_mut().clear();
+    let out = w.with(|n| prolog::run(n, &job_env(12, 1)));
+    assert_eq!(out, prolog::Outcome::Joined { with: vec![11] });
+    let calls = w.slurm.calls.borrow().clone();
+    for c in ["steps 10", "queued 10", "steps 11", "queued 11"] {
+        assert!(calls.iter().any(|x| x == c), "{c} in {calls:?}");
+    }
 }
 
 #[test]
 fn a_cancelled_choice_falls_back_to_the_next_best() {
     let mut s = lead_slurm(None);
+    s.nodes = node_n1(&["", ""]);
+    s.running.get_mut().push(starting_lead(10, "alpha", 1));
     let w0 = World::new("cancel0", FakeSlurm::default());
     let first = w0
         .expected_choice(
@@ -454,44 +524,35 @@ fn a_cancelled_choice_falls_back_to_the_next_best() {
         .unwrap();
     s.gone = vec![first];
     let w = World::new("cancel", s);
-    let out = w.with(|n| prolog::run(n, &job_env(10, 1)));
-    let prolog::Outcome::Led { partner, decision, .. } = out else { panic!("{out:?}") };
-    let partner = partner.expect("a fallback was released");
-    assert_ne!(partner, first);
-    let d = decision.unwrap();
-    let c = d.decision.candidates.iter().find(|c| c.job == Some(first.to_string())).unwrap();
+    let mut state = kace_node::decider_state::DeciderState::default();
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1500.0).unwrap();
+    let [(partner, _, 1)] = r.joiners.as_slice() else { panic!("{r:?}") };
+    assert_ne!(*partner, first);
     assert!(
-        c.rejected.as_deref().unwrap().starts_with("chosen, but couldn't be released"),
-        "{c:?}"
+        r.problems.iter().any(|p| p.starts_with(&format!("couldn't release job {first}"))),
+        "{r:?}"
     );
+    // The failed release's record was withdrawn: only the real ones are in the spool.
+    let spooled = kace_sql::spool::spooled_decisions(&w.config.spool.dir).unwrap();
+    assert_eq!(spooled.len(), r.records.len(), "{spooled:?}");
     // Untyped GPUs: pinned to the node only.
-    let shards = if partner == 16 { 2 } else { 1 };
+    let shards = if *partner == 16 { 2 } else { 1 };
     let pinned = format!("pin {partner} n1 None {shards}");
     assert!(w.slurm.calls.borrow().contains(&pinned), "{:?}", w.slurm.calls.borrow());
 }
 
 #[test]
-fn without_a_database_the_lead_runs_alone_and_says_why() {
-    let mut w = World::new("nodb", lead_slurm(None));
+fn without_a_database_a_starting_lead_gets_no_partner_and_the_pass_says_why() {
+    let mut s = lead_slurm(None);
+    s.nodes = node_n1(&[""]);
+    s.running.get_mut().push(starting_lead(10, "alpha", 0));
+    let mut w = World::new("nodb", s);
     w.config.database.path = w.dir.join("missing.db");
-    let out = w.with(|n| prolog::run(n, &job_env(10, 1)));
-    let prolog::Outcome::Led { partner, decision, .. } = out else { panic!("{out:?}") };
-    assert_eq!(partner, None);
-    let d = decision.unwrap();
-    assert!(
-        d.decision
-            .candidates
-            .iter()
-            .filter(|c| c.rejected.as_deref().is_some_and(|r| r.starts_with("not evaluated")))
-            .count()
-            >= 4
-    );
+    let mut state = kace_node::decider_state::DeciderState::default();
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1500.0).unwrap();
+    assert!(r.joiners.is_empty() && r.leads.is_empty(), "{r:?}");
+    assert!(r.problems.iter().any(|p| p.contains("couldn't open the database")), "{r:?}");
     assert!(!w.slurm.calls.borrow().iter().any(|c| c.starts_with("release")));
-    assert!(
-        w.logs.borrow().iter().any(|l| l.contains("couldn't choose a partner")),
-        "{:?}",
-        w.logs.borrow()
-    );
 }
 
 #[test]
@@ -501,12 +562,12 @@ fn a_failing_mps_control_or_slurm_leaves_the_job_running_alone() {
     // Slurm knows nothing: the gate's mark cannot be checked, so the job runs as a plain one.
     let out = w.with(|n| prolog::run(n, &job_env(10, 0)));
     assert_eq!(out, prolog::Outcome::NotKace);
-    assert!(w.logs.borrow().join("\n").contains("couldn't read the job from Slurm"));
+    assert!(w.logs.borrow().join("\n").contains("not the gate's AdminComment mark"));
     assert!(w.mps.calls.borrow().is_empty(), "no MPS daemon for an unconfirmed job");
     // A marked job whose MPS daemon cannot start still runs (alone: nothing is held).
     w.slurm.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
     let out = w.with(|n| prolog::run(n, &job_env(10, 0)));
-    assert!(matches!(out, prolog::Outcome::Led { partner: None, .. }), "{out:?}");
+    assert_eq!(out, prolog::Outcome::Led);
     let logs = w.logs.borrow().join("\n");
     assert!(logs.contains("couldn't start the MPS control daemon for GPU 0"), "{logs}");
     w.config.node.state_dir = w.dir.join("state2");
@@ -534,10 +595,8 @@ fn only_the_gates_mark_makes_a_kace_job() {
     assert!(w.mps.calls.borrow().is_empty());
     assert!(!w.slurm.calls.borrow().iter().any(|c| c.starts_with("release")));
     let out = w.with(|n| epilog::run(n, &job_env(30, 1)));
-    let epilog::Outcome::Done { refill, observations, stopped_mps, .. } = out else {
-        panic!("{out:?}")
-    };
-    assert_eq!((refill, observations.len(), stopped_mps), (None, 0, false));
+    let epilog::Outcome::Done { observations, stopped_mps, .. } = out else { panic!("{out:?}") };
+    assert_eq!((observations.len(), stopped_mps), (0, false));
     assert!(!w.slurm.calls.borrow().iter().any(|c| c.starts_with("release")));
 }
 
@@ -549,7 +608,7 @@ fn epilogs_observe_each_interval_and_the_last_one_stops_mps() {
     *s.on_node.borrow_mut() = vec![10, 11];
     let w = World::new("epi", s);
     // Lead 10 starts at 2000, partner 11 at 2010; 10 ends at 2030, 11 at 2040.
-    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led));
     *w.clock.0.borrow_mut() = 2010.0;
     assert!(matches!(w.with(|n| prolog::run(n, &job_env(11, 0))), prolog::Outcome::Joined { .. }));
     let lines = |from: u32, to: u32, rate: f64| -> String {
@@ -596,6 +655,12 @@ fn dispatch_settings(w: &World) -> dispatch::Settings<'_> {
     dispatch::Settings::of(&w.config)
 }
 
+/// One decider pass with a fresh memory.
+fn pass(w: &World, now: f64) -> dispatch::Report {
+    let mut state = kace_node::decider_state::DeciderState::default();
+    dispatch::run(&w.slurm, &dispatch_settings(w), &mut state, now).unwrap()
+}
+
 #[test]
 fn dispatch_releases_leads_onto_free_gpus_and_places_expired_holds() {
     let mut s = FakeSlurm::default();
@@ -635,7 +700,7 @@ fn dispatch_releases_leads_onto_free_gpus_and_places_expired_holds() {
     s.details.borrow_mut().insert(1, running_detail(1, "zeta", 0, Some("g0")));
     s.details.borrow_mut().insert(2, running_detail(2, "beta", 0, Some("g0")));
     let w = World::new("dispatch", s);
-    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1100.0).unwrap();
+    let r = pass(&w, 1100.0);
     // The expired job takes the free GPU, never the full one; nothing is left for a lead.
     assert_eq!(r.expired, vec![(8, "n1".to_string(), 1)], "{r:?}");
     assert!(r.leads.is_empty() && r.joiners.is_empty(), "{r:?}");
@@ -656,75 +721,60 @@ fn dispatch_releases_leads_onto_free_gpus_and_places_expired_holds() {
         p[3].req_nodes = "n1".into();
         p[3].tres_per_node = "gres:shard:g1:1".into();
     }
-    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1101.0).unwrap();
+    let r = pass(&w, 1101.0);
     assert!(r.leads.is_empty() && r.expired.is_empty() && r.joiners.is_empty(), "{r:?}");
     assert!(r.still_held);
 
-    // While a kace job's epilog may be choosing (it is completing), dispatch releases nothing:
-    // it could pick the same held job. The watch loop passes again within a second.
-    let mut ending = held(2, "beta", "alice", "gres:shard:g0:1");
+    // A kace job completing (its epilog runs) holds nothing back: the decider waits for no
+    // hook. One completing for longer than a hook runs (its node's slurmd gone) is named.
+    let mut ending = held(3, "beta", "alice", "gres:shard:g0:1");
     ending.state = "CG".into();
     ending.reason = "None".into();
+    ending.node = "n1".into();
     ending.ended = Some(1100.0);
     w.slurm.pending.borrow_mut().push(ending);
-    let before = w.slurm.calls.borrow().len();
-    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1102.0).unwrap();
-    assert_eq!(r.deferred.as_deref(), Some("kace job 2 is starting or ending"), "{r:?}");
+    let r = pass(&w, 1102.0);
     assert!(r.stuck.is_empty(), "{r:?}");
-    assert!(!w.slurm.calls.borrow()[before..].iter().any(|c| c.starts_with("release")));
-
-    // But only as long as an epilog can run: one completing for longer (its node's slurmd
-    // gone) has no hook choosing; dispatch goes on and says so, once in its report.
-    let window = dispatch_settings(&w).hook_window_s;
-    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1100.0 + window + 1.0).unwrap();
-    assert_eq!(r.deferred, None, "{r:?}");
+    let window = dispatch_settings(&w).stuck_after_s;
+    let r = pass(&w, 1100.0 + window + 1.0);
     assert_eq!(r.stuck.len(), 1, "{r:?}");
-    assert_eq!((r.stuck[0].0, r.stuck[0].2), (2, "completing"), "{r:?}");
+    assert_eq!((r.stuck[0].0, r.stuck[0].2), (3, "completing"), "{r:?}");
     let lines = dispatch::report_lines(&r, 600).join("\n");
-    assert!(lines.contains("job 2 has been completing for 36 s"), "{lines}");
-    assert!(lines.contains("scontrol requeue 2"), "{lines}");
+    assert!(lines.contains("job 3 has been completing for 36 s"), "{lines}");
+    assert!(lines.contains("scontrol requeue 3"), "{lines}");
 }
 
 /// A kace job Slurm shows starting for longer than any prolog runs (a batch job whose slurmd
-/// was killed during its prolog stays "running, reason Prolog" for good) does not hold the
-/// other kace jobs: within the hook window dispatch waits for its prolog, after it a held job
-/// goes as a lead onto a free GPU, and the stuck job's own GPU is left alone.
+/// was killed during its prolog stays "running, reason Prolog" for good) holds no other kace
+/// job: the decider never waits for a hook; once the job counts as stuck it is named, and no
+/// partner is sent to its GPU (it would wait beside a job that runs nothing).
 #[test]
-fn a_job_stuck_in_its_prolog_holds_dispatch_only_for_the_hook_window() {
-    let mut s = FakeSlurm {
-        nodes: vec![NodeGpus {
-            name: "n1".into(),
-            gpus: vec![Some("g0".into()), Some("g1".into())],
-            usable: true,
-        }],
-        ..FakeSlurm::default()
-    };
-    let mut stuck = held(1, "zeta", "alice", "gres:shard:g0:1");
-    stuck.state = "R".into();
-    stuck.reason = "Prolog".into();
-    stuck.req_nodes = "n1".into();
-    stuck.started = Some(1000.0);
-    *s.pending.get_mut() = vec![stuck, held(5, "beta", "alice", "gres:shard:1")];
-    *s.running.get_mut() = vec![RunningJob {
-        id: 1,
-        node: "n1".into(),
-        gpus: vec![0],
+fn a_job_stuck_in_its_prolog_gets_no_partner_and_holds_nothing_back() {
+    let mut s = FakeSlurm { nodes: node_n1(&["g0", "g1"]), ..FakeSlurm::default() };
+    *s.pending.get_mut() = vec![held(5, "beta", "alice", "gres:shard:1")];
+    s.running.get_mut().push(RunningJob {
         state: "R".into(),
-        ..RunningJob::default()
-    }];
-    let w = World::new("dispatch", s);
-    let window = dispatch_settings(&w).hook_window_s;
+        started: Some(1000.0),
+        ..starting_lead(1, "zeta", 0)
+    });
+    // Slurm shows it running with reason Prolog: starting.
+    let w = World::new("stuck", s);
+    let window = dispatch_settings(&w).stuck_after_s;
     assert_eq!(window, 35.0, "the default budget (5 s) and the launch slack (30 s)");
-
-    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1000.0 + window - 1.0).unwrap();
-    assert_eq!(r.deferred.as_deref(), Some("kace job 1 is starting or ending"), "{r:?}");
-    assert!(r.leads.is_empty() && r.stuck.is_empty(), "{r:?}");
-
-    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1000.0 + window + 5.0).unwrap();
-    assert_eq!(r.deferred, None, "{r:?}");
+    {
+        // The listing's reason for job 1 (FakeSlurm lists running jobs with reason None).
+        let mut p = w.slurm.pending.borrow_mut();
+        let mut stuck = FakeSlurm::listed(&w.slurm.running.borrow()[0]);
+        stuck.reason = "Prolog".into();
+        p.push(stuck);
+    }
+    w.slurm.running.borrow_mut().clear();
+    w.slurm.details.borrow_mut().insert(1, running_detail(1, "zeta", 0, Some("g0")));
+    let r = pass(&w, 1000.0 + window + 5.0);
     assert_eq!(r.stuck, vec![(1, window + 5.0, "starting")], "{r:?}");
-    // GPU 0 is the stuck job's (allocated, its prolog state unknown): the lead goes to GPU 1.
+    // GPU 0 is the stuck job's: the held job leads on GPU 1, not beside it.
     assert_eq!(r.leads, vec![(5, "n1".to_string(), 1)], "{r:?}");
+    assert!(r.joiners.is_empty(), "{r:?}");
 }
 
 /// Dispatch offers held jobs to an open GPU (a kace job below the limit, nothing starting or
@@ -743,13 +793,10 @@ fn dispatch_fills_open_gpus_before_free_ones() {
         node: "n1".into(),
         gpus: vec![1],
         state: "R".into(),
+        workload: "alpha".into(),
+        user: "alice".into(),
         ..Default::default()
     }];
-    // The running job is in the queue listing too (squeue lists running kace jobs).
-    let mut me = held(10, "alpha", "alice", "gres:shard:g1:1");
-    me.state = "R".into();
-    me.reason = "None".into();
-    s.pending.borrow_mut().push(me);
     let w = World::new("open", s);
     let expected = w
         .expected_choice(
@@ -762,7 +809,7 @@ fn dispatch_fills_open_gpus_before_free_ones() {
             ],
         )
         .unwrap();
-    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1100.0).unwrap();
+    let r = pass(&w, 1100.0);
     assert_eq!(r.joiners, vec![(expected, "n1".to_string(), 1)], "{r:?}");
     // The oldest remaining held job leads on the free GPU g0.
     let first_left = [11, 12, 13, 14, 16, 17].into_iter().find(|j| *j != expected).unwrap();
@@ -785,7 +832,7 @@ fn dispatch_fills_open_gpus_before_free_ones() {
         (Some(first_left.to_string()), None)
     );
 
-    // The same GPU with its kace job completing: its epilog refills it, dispatch does not.
+    // The same GPU with its only kace job completing: it is free for a lead once it leaves.
     let w2 = World::new("open-cg", lead_slurm(Some("g1")));
     let mut s2 = FakeSlurm::default();
     *s2.pending.borrow_mut() = w2.slurm.pending.borrow().clone();
@@ -800,9 +847,9 @@ fn dispatch_fills_open_gpus_before_free_ones() {
         ..Default::default()
     }];
     let w2 = World { slurm: s2, ..w2 };
-    let r = dispatch::run(&w2.slurm, &dispatch_settings(&w2), 1100.0).unwrap();
+    let r = pass(&w2, 1100.0);
     assert!(r.joiners.is_empty(), "{r:?}");
-    assert_eq!(r.leads.iter().map(|l| l.2).collect::<Vec<_>>(), vec![0], "{r:?}");
+    assert_eq!(r.leads.iter().map(|l| l.2).collect::<Vec<_>>(), vec![0, 1], "{r:?}");
 }
 
 /// A job held past `max_hold` with no free GPU goes to an open GPU where the group fits (no
@@ -827,7 +874,7 @@ fn dispatch_places_an_expired_hold_on_an_open_gpu_and_records_it() {
         ..Default::default()
     }];
     let w = World::new("expired-open", s);
-    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), 1100.0).unwrap();
+    let r = pass(&w, 1100.0);
     assert_eq!(r.expired, vec![(11, "n1".to_string(), 0)], "{r:?}");
     let [rec] = r.records.as_slice() else { panic!("{r:?}") };
     assert_eq!(ReleaseKind::of_key(Some(&rec.key)), ReleaseKind::MaxHold);
@@ -838,50 +885,23 @@ fn dispatch_places_an_expired_hold_on_an_open_gpu_and_records_it() {
     assert!(d.candidates[0].prediction.is_some(), "{d:?}");
 }
 
+/// The refill: when a kace job leaves a GPU that still runs a kace job (EpilogSlurmctld's
+/// nudge), the decider chooses a new joiner for the survivor by the same decision a lead's
+/// partner gets, pinned to the survivor's node and GPU type, and spools it as a refill; while
+/// that joiner is on its way, nobody else is sent there.
 #[test]
-fn leads_starting_together_split_the_held_queue() {
-    let s = lead_slurm(None);
-    // Job 9, another lead, is starting on another GPU right now (rank 0); job 10 has rank 1.
-    let mut other = held(9, "zeta", "alice", "gres:shard:1");
-    other.state = "CF".into();
-    other.reason = "None".into();
-    s.pending.borrow_mut().insert(0, other);
-    let w = World::new("split", s);
-    let out = w.with(|n| prolog::run(n, &job_env(10, 1)));
-    let prolog::Outcome::Led { decision, .. } = out else { panic!("{out:?}") };
-    let considered: Vec<String> =
-        decision.unwrap().decision.candidates.iter().map(|c| c.job.clone().unwrap()).collect();
-    // Held queue 11..=17: rank 1 of 2 takes positions 1, 3, 5.
-    assert_eq!(considered, ["12", "14", "16"]);
-    assert!(w
-        .logs
-        .borrow()
-        .iter()
-        .any(|l| l.contains("2 kace jobs are starting or ending at once")));
-}
-
-/// The refill: when a kace job leaves a GPU that still runs a kace job, its epilog chooses and
-/// releases a new joiner for the survivor, by the same decision a lead makes, pinned to the
-/// survivor's node and GPU type, and spools it as a refill.
-#[test]
-fn a_survivor_gets_a_new_partner_from_the_leaving_jobs_epilog() {
+fn a_survivor_gets_a_new_partner_when_its_partner_leaves() {
     let mut s = lead_slurm(Some("g1"));
-    // The survivor's GPU type comes from the node's configuration (sinfo), not from a job.
-    s.nodes = vec![NodeGpus {
-        name: "n1".into(),
-        gpus: vec![Some("g0".into()), Some("g1".into())],
-        usable: true,
-    }];
-    s.details.borrow_mut().insert(9, running_detail(9, "zeta", 1, Some("g1")));
-    *s.on_node.borrow_mut() = vec![9, 10];
+    s.nodes = node_n1(&["g0", "g1"]);
+    let survivor = RunningJob { state: "R".into(), ..starting_lead(10, "alpha", 1) };
+    let leaving = RunningJob { state: "CG".into(), ..starting_lead(9, "zeta", 1) };
+    *s.running.get_mut() = vec![leaving, survivor];
+    // GPU 0 is taken by a plain job's pin: only the survivor's GPU matters here.
+    let mut plain = held(8, "alpha", "alice", "gres:shard:g0:1");
+    plain.reason = "None".into();
+    plain.req_nodes = "n1".into();
+    s.pending.get_mut().push(plain);
     let w = World::new("refill", s);
-    // Job 9 and job 10 share GPU 1 (9 led; 10 joined, filling the GPU: no joiner of its own).
-    let pending = w.slurm.pending.replace(Vec::new());
-    assert!(matches!(w.with(|n| prolog::run(n, &job_env(9, 1))), prolog::Outcome::Led { .. }));
-    let out = w.with(|n| prolog::run(n, &job_env(10, 1)));
-    assert_eq!(out, prolog::Outcome::Joined { with: vec![9], partner: None });
-    *w.slurm.pending.borrow_mut() = pending;
-    // Job 9 ends; 10 (alpha) survives and gets the partner a lead alpha would choose.
     let expected = w
         .expected_choice(
             "alpha",
@@ -893,41 +913,51 @@ fn a_survivor_gets_a_new_partner_from_the_leaving_jobs_epilog() {
             ],
         )
         .unwrap();
-    *w.slurm.on_node.borrow_mut() = vec![10];
-    let out = w.with(|n| epilog::run(n, &job_env(9, 1)));
-    let epilog::Outcome::Done { refill, stopped_mps, .. } = out else { panic!("{out:?}") };
-    assert_eq!(refill, Some(expected));
-    assert!(!stopped_mps);
+    // The decider saw job 9 running (it learnt its GPU then).
+    let mut state = kace_node::decider_state::DeciderState::default();
+    state.gpus.insert(9, ("n1".into(), vec![1]));
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1500.0).unwrap();
+    assert_eq!(r.joiners, vec![(expected, "n1".to_string(), 1)], "{r:?}");
     let shards = if expected == 16 { 2 } else { 1 };
     let calls = w.slurm.calls.borrow().clone();
     assert!(calls.contains(&format!("pin {expected} n1 Some(\"g1\") {shards}")), "{calls:?}");
-    let spooled = kace_sql::spool::spooled_decisions(&w.config.spool.dir).unwrap();
-    let refill = spooled
-        .iter()
-        .filter_map(|(_, d)| d.as_ref().ok())
-        .find(|d| d.key.starts_with("c/9/") && d.key.ends_with("/refill"))
-        .expect("the refill is spooled");
+    let refill = r.records.iter().find(|d| d.key.ends_with("/refill")).expect("a refill");
     assert_eq!(refill.decision.lead_job.as_deref(), Some("10"));
     assert_eq!(refill.decision.chosen_job, Some(expected.to_string()));
 
-    // While that joiner is on its way (released, pinned to n1, not started), a second end on
-    // the GPU releases nobody else.
+    // The joiner is on its way (released, pinned to n1 g1, not started): nobody else goes.
     {
         let mut p = w.slurm.pending.borrow_mut();
         let j = p.iter_mut().find(|j| j.id == expected).unwrap();
         j.req_nodes = "n1".into();
         j.tres_per_node = format!("gres:shard:g1:{shards}");
     }
-    w.slurm.details.borrow_mut().insert(40, running_detail(40, "beta", 1, Some("g1")));
-    *w.slurm.on_node.borrow_mut() = vec![10, 40];
-    w.with(|n| prolog::run(n, &job_env(40, 1)));
-    let before = w.slurm.calls.borrow().iter().filter(|c| c.starts_with("release")).count();
-    *w.slurm.on_node.borrow_mut() = vec![10];
-    let out = w.with(|n| epilog::run(n, &job_env(40, 1)));
-    assert!(matches!(out, epilog::Outcome::Done { refill: None, .. }), "{out:?}");
-    let after = w.slurm.calls.borrow().iter().filter(|c| c.starts_with("release")).count();
-    assert_eq!(before, after);
-    assert!(w.logs.borrow().iter().any(|l| l.contains("already released to n1 GPU 1")));
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1501.0).unwrap();
+    assert!(r.joiners.is_empty() && r.leads.is_empty(), "{r:?}");
+}
+
+/// A release begun by a decider that died between the pin and the release is finished by the
+/// next pass, pinned where it was going (its pin is kace's own), and never made twice.
+#[test]
+fn a_release_begun_before_a_crash_is_finished_once() {
+    let mut s = FakeSlurm { nodes: node_n1(&["g0"]), ..FakeSlurm::default() };
+    let mut pinned = held(5, "beta", "alice", "gres:shard:g0:1");
+    pinned.req_nodes = "n1".into();
+    *s.pending.get_mut() = vec![pinned];
+    let w = World::new("begun", s);
+    let mut state = kace_node::decider_state::DeciderState::default();
+    state.begun.insert(
+        5,
+        kace_node::decider_state::Begun { node: "n1".into(), kind: Some("g0".into()), shards: 1 },
+    );
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1500.0).unwrap();
+    assert_eq!(r.resumed, vec![5], "{r:?}");
+    assert!(r.leads.is_empty(), "the job is not released a second time: {r:?}");
+    assert!(state.begun.is_empty());
+    let calls = w.slurm.calls.borrow().clone();
+    assert_eq!(calls.iter().filter(|c| *c == "release 5").count(), 1, "{calls:?}");
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1501.0).unwrap();
+    assert!(r.resumed.is_empty() && r.leads.is_empty(), "{r:?}");
 }
 
 /// Load audit finding 1: after a slurmctld restart the epilog gets no GPU variable. It finds
@@ -940,7 +970,7 @@ fn an_epilog_without_gpu_variables_uses_the_record_and_stale_records_are_ended()
     s.details.borrow_mut().insert(11, running_detail(11, "beta", 0, None));
     *s.on_node.borrow_mut() = vec![10, 11];
     let w = World::new("restart", s);
-    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led));
     *w.clock.0.borrow_mut() = 2010.0;
     w.with(|n| prolog::run(n, &job_env(11, 0)));
     std::fs::write(
@@ -993,7 +1023,7 @@ fn an_alone_run_below_min_samples_stores_no_profile_and_says_so() {
     w.config.profiling.warmup_steps = 0;
     // Four readings while it ran alone, fewer than the ten needed.
     busy_ring(&w.config.sampler.dir, 2000..=2003);
-    assert!(matches!(w.with(|n| prolog::run(n, &job_env(30, 0))), prolog::Outcome::Led { .. }));
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(30, 0))), prolog::Outcome::Led));
     let progress: String = (2000..=2003).map(|t| format!("{t} {}\n", (t - 2000) * 4)).collect();
     std::fs::write(w.config.node.progress_root.join("30.progress"), progress).unwrap();
     *w.clock.0.borrow_mut() = 2003.0;
@@ -1033,7 +1063,7 @@ fn a_full_spool_loses_no_observation() {
             (from..=from + 10).map(|t| format!("{t} {}\n", (t - from) * 2)).collect();
         std::fs::write(w.config.node.progress_root.join(format!("{job}.progress")), text).unwrap();
     };
-    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led));
     progress(10, 2000);
     // A spool that cannot take a file: a regular file where the directory should be.
     let blocked = w.dir.join("blocked-spool");
@@ -1061,7 +1091,7 @@ fn a_full_spool_loses_no_observation() {
     w.config.spool.dir = spool;
     *w.slurm.on_node.borrow_mut() = vec![11];
     *w.clock.0.borrow_mut() = 3000.0;
-    assert!(matches!(w.with(|n| prolog::run(n, &job_env(11, 0))), prolog::Outcome::Led { .. }));
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(11, 0))), prolog::Outcome::Led));
     progress(11, 3000);
     *w.clock.0.borrow_mut() = 3010.0;
     w.with(|n| epilog::run(n, &job_env(11, 0)));
@@ -1079,7 +1109,7 @@ fn a_full_spool_loses_no_observation() {
         use std::os::unix::fs::PermissionsExt;
         *w.slurm.on_node.borrow_mut() = vec![10];
         *w.clock.0.borrow_mut() = 4000.0;
-        assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+        assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led));
         progress(10, 4000);
         w.config.spool.dir = w.dir.join("blocked-spool");
         let root = w.config.node.progress_root.clone();
@@ -1103,7 +1133,7 @@ fn a_requeued_job_keeps_both_runs_observations() {
     let mut db = Db::open(&w.config.database.path).unwrap();
     for (start, rate) in [(2000u32, 2u32), (3000, 3)] {
         *w.clock.0.borrow_mut() = f64::from(start);
-        assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+        assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led));
         let text: String =
             (start..=start + 10).map(|t| format!("{t} {}\n", (t - start) * rate)).collect();
         std::fs::write(w.config.node.progress_root.join("10.progress"), text).unwrap();
@@ -1130,7 +1160,7 @@ fn a_poisoned_progress_file_never_reaches_the_database() {
     s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
     *s.on_node.borrow_mut() = vec![10];
     let w = World::new("poison", s);
-    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led));
     std::fs::write(w.config.node.progress_root.join("10.progress"), "2001 0\n2002 1.5e308\n")
         .unwrap();
     *w.clock.0.borrow_mut() = 2010.0;
@@ -1161,7 +1191,7 @@ fn a_state_dir_others_can_write_is_refused() {
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
     w.config.node.state_dir = open.clone();
     let out = w.with(|n| prolog::run(n, &job_env(10, 0)));
-    assert!(!matches!(out, prolog::Outcome::Led { .. }), "{out:?}");
+    assert!(!matches!(out, prolog::Outcome::Led), "{out:?}");
     let logs = w.logs.borrow().join("\n");
     assert!(logs.contains("writable by its group or everyone"), "{logs}");
     assert!(!open.join("n1/gpu0/jobs/10").exists());
@@ -1175,7 +1205,7 @@ fn job_records_are_not_world_readable() {
     s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
     *s.on_node.borrow_mut() = vec![10];
     let w = World::new("private-state", s);
-    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led));
     use std::os::unix::fs::PermissionsExt;
     let node_dir = w.config.node.state_dir.join("n1");
     for d in [node_dir.clone(), node_dir.join("gpu0"), node_dir.join("gpu0/jobs")] {
@@ -1196,7 +1226,7 @@ fn a_runaway_progress_writer_is_capped_and_still_observed() {
     s.details.borrow_mut().insert(11, running_detail(11, "beta", 0, None));
     *s.on_node.borrow_mut() = vec![10, 11];
     let w = World::new("runaway", s);
-    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led));
     *w.clock.0.borrow_mut() = 2010.0;
     assert!(matches!(w.with(|n| prolog::run(n, &job_env(11, 0))), prolog::Outcome::Joined { .. }));
     let file = w.config.node.progress_root.join("10.progress");
@@ -1316,7 +1346,7 @@ fn an_unprofiled_workload_profiles_itself_alone_and_then_is_a_candidate() {
         .unwrap();
     }
     w.config.profiling.warmup_steps = 8;
-    assert!(matches!(w.with(|n| prolog::run(n, &job_env(20, 0))), prolog::Outcome::Led { .. }));
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(20, 0))), prolog::Outcome::Led));
     let progress: String = (2000..=2030).map(|t| format!("{t} {}\n", (t - 2000) * 4)).collect();
     std::fs::write(w.config.node.progress_root.join("20.progress"), progress).unwrap();
     *w.clock.0.borrow_mut() = 2030.0;
@@ -1384,7 +1414,7 @@ fn a_partner_out_of_memory_under_its_limit_is_recorded_and_its_next_limit_is_hig
         let f = kace_layout::memory_limit::file(&w.config.node.progress_root, job);
         std::fs::read_to_string(f).ok()
     };
-    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led { .. }));
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led));
     *w.clock.0.borrow_mut() = 2010.0;
     assert!(matches!(w.with(|n| prolog::run(n, &job_env(11, 0))), prolog::Outcome::Joined { .. }));
     // alpha's memcap is 2 GiB, beta's 5 GiB; the margin is 10 %.
@@ -1528,11 +1558,11 @@ fn a_locked_database_cannot_hold_the_prolog_past_its_budget() {
     let out = w.with(|n| prolog::run(n, &job_env(10, 1)));
     let took = started.elapsed();
     writer.execute_batch("ROLLBACK").unwrap();
-    assert!(matches!(out, prolog::Outcome::Led { .. }), "{out:?}");
+    assert!(matches!(out, prolog::Outcome::Led), "{out:?}");
     // World gives every hook a 5 s budget.
     assert!(took < Duration::from_secs(7), "the prolog took {took:?}");
     let logs = w.logs.borrow().join("\n");
-    assert!(logs.contains("couldn't choose a partner"), "{logs}");
+    assert!(logs.contains("couldn't set a memory limit"), "{logs}");
     assert!(!w.slurm.calls.borrow().iter().any(|c| c.starts_with("release")));
 }
 
@@ -1583,8 +1613,8 @@ fn a_prolog_during_a_slurmctld_restart_reads_the_job_again() {
     s.unreachable_reads.set(2);
     let w = World::new("restart", s);
     let out = w.with(|n| prolog::run(n, &job_env(20, 0)));
-    assert!(matches!(out, prolog::Outcome::Led { .. }), "{out:?}");
-    let reads = w.slurm.calls.borrow().iter().filter(|c| *c == "show 20").count();
+    assert!(matches!(out, prolog::Outcome::Led), "{out:?}");
+    let reads = w.slurm.calls.borrow().iter().filter(|c| *c == "queued 20").count();
     assert!(reads >= 3, "{:?}", w.slurm.calls.borrow());
     assert!(w.logs.borrow().iter().any(|l| l.contains("couldn't read the job from Slurm")));
 }
@@ -1600,7 +1630,7 @@ fn a_prolog_without_the_gpu_in_its_environment_takes_it_from_slurms_record() {
     let w = World::new("no-gpu-env", s);
     let env = JobEnv { gpu: None, ..job_env(20, 1) };
     let out = w.with(|n| prolog::run(n, &env));
-    assert!(matches!(out, prolog::Outcome::Led { .. }), "{out:?}");
+    assert!(matches!(out, prolog::Outcome::Led), "{out:?}");
     let lock = kace_node::state::lock_gpu(
         &w.config.node.state_dir,
         "n1",
@@ -1640,6 +1670,7 @@ fn a_prolog_started_before_the_nodes_registered_again_leads_on_the_gpu_of_slurms
         timeout: Duration::from_secs(5),
         deadline: None,
         logger: kace_log::Logger::new(None),
+        counts: Default::default(),
     };
     let detail = commands.job(15).unwrap();
     assert_eq!((detail.workload(), detail.single_gpu()), (Some("gpt2-finetune"), Some(0)));
@@ -1649,7 +1680,7 @@ fn a_prolog_started_before_the_nodes_registered_again_leads_on_the_gpu_of_slurms
     *s.on_node.borrow_mut() = vec![15];
     let w = World::new("before-registration", s);
     let out = w.with(|n| prolog::run(n, &env));
-    assert!(matches!(out, prolog::Outcome::Led { .. }), "{out:?}");
+    assert!(matches!(out, prolog::Outcome::Led), "{out:?}");
     let lock = kace_node::state::lock_gpu(
         &w.config.node.state_dir,
         "n1",
@@ -1733,31 +1764,28 @@ fn a_clock_step_in_one_epilog_names_the_clock_and_poisons_no_later_observation()
 }
 
 /// The re-audit's L4: on a full or read-only spool the observations were parked but the lead's
-/// decision was lost. It is parked too, and a later epilog moves it into the spool.
+/// decision was lost. The decider parks it in its own directory (the job is released anyway:
+/// a full spool must hold no kace job) and its next pass moves it into the spool.
 #[test]
 fn a_full_spool_loses_no_decision() {
-    let mut w = World::new("full-spool-decision", lead_slurm(None));
+    let mut s = FakeSlurm { nodes: node_n1(&[""]), ..FakeSlurm::default() };
+    *s.pending.get_mut() = vec![held(5, "beta", "alice", "gres:shard:1")];
+    let mut w = World::new("full-spool-decision", s);
     let spool = w.config.spool.dir.clone();
     let blocked = w.dir.join("blocked-spool");
     std::fs::write(&blocked, "").unwrap();
     w.config.spool.dir = blocked;
-    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 1))), prolog::Outcome::Led { .. }));
-    let logs = w.logs.borrow().join("\n");
-    assert!(logs.contains("couldn't spool the decision"), "{logs}");
-    assert!(logs.contains("parked it as"), "{logs}");
-    let parked = |root: &std::path::Path| {
-        std::fs::read_dir(root)
-            .unwrap()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".parked-decision.json"))
-            .count()
-    };
-    assert_eq!(parked(&w.config.node.progress_root), 1, "{logs}");
-    // The spool has room again: the lead's epilog moves it in, and ingest stores it.
+    let mut state = kace_node::decider_state::DeciderState::default();
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1500.0).unwrap();
+    assert_eq!(r.leads.len(), 1, "{r:?}");
+    assert!(r.problems.iter().any(|p| p.contains("parked it as")), "{r:?}");
+    let park = w.config.dispatch.state_dir.join("parked");
+    let parked = || std::fs::read_dir(&park).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(parked(), 1);
+    // The spool has room again: the next pass moves it in, and ingest stores it.
     w.config.spool.dir = spool;
-    *w.clock.0.borrow_mut() = 2010.0;
-    w.with(|n| epilog::run(n, &job_env(10, 1)));
-    assert_eq!(parked(&w.config.node.progress_root), 0);
+    dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1501.0).unwrap();
+    assert_eq!(parked(), 0);
     assert_eq!(spooled_decisions(&w.config.spool.dir).unwrap().len(), 1);
     let mut db = Db::open(&w.config.database.path).unwrap();
     let q = w.dir.join("q");

@@ -192,7 +192,7 @@ pub fn story(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kace_node::slurm::{JobDetail, NodeGpus, QueuedJob, RunningJob, Target};
+    use kace_node::slurm::{JobDetail, NodeGpus, QueuedJob, Target};
     use kace_sql::Partner;
 
     struct OneJob(JobDetail);
@@ -208,17 +208,20 @@ mod tests {
                 Err(kace_node::Error::Parse { what: "job".into(), text: "Invalid job id".into() })
             }
         }
-        fn jobs_on_node(&self, _: &str) -> kace_node::Result<Vec<u32>> {
+        fn queued(&self, _: u32) -> kace_node::Result<Option<QueuedJob>> {
+            Ok(None)
+        }
+        fn job_gpus(&self, _: u32, _: &str) -> kace_node::Result<Vec<u32>> {
             Ok(Vec::new())
         }
-        fn pin(&self, _: u32, _: &Target, _: u32) -> kace_node::Result<()> {
+        fn pin(&self, _: u32, _: &Target, _: u32, _: Option<&str>) -> kace_node::Result<()> {
             Ok(())
         }
         fn release(&self, _: u32) -> kace_node::Result<()> {
             Ok(())
         }
-        fn running_kace_jobs(&self) -> kace_node::Result<Vec<RunningJob>> {
-            Ok(Vec::new())
+        fn steps_here(&self, _: u32, _: &str) -> kace_node::Result<bool> {
+            Ok(false)
         }
         fn nodes(&self) -> kace_node::Result<Vec<NodeGpus>> {
             Ok(Vec::new())

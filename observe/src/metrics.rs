@@ -42,6 +42,11 @@ pub struct Live {
     pub spool_files: Option<usize>,
     /// Files in the quarantine.
     pub quarantined_files: Option<usize>,
+    /// The decider's Slurm commands since its state began, by kind (`None`: no decider state
+    /// on this host, or unreadable).
+    pub decider_commands: Option<std::collections::BTreeMap<String, u64>>,
+    /// The Slurm RPCs the decider made in the last full minute.
+    pub decider_rpcs_last_minute: Option<u64>,
 }
 
 /// Counts the `.json` records directly in `dir`: none when it does not exist yet, `None` when
@@ -303,6 +308,25 @@ pub fn render(db: &Db, objective: Objective, live: &Live, now: f64) -> Result<St
             "kace_quarantined_records",
             "gauge",
             "Records moved to the quarantine by ingest (unreadable or invalid).",
+            n as f64,
+        );
+    }
+    if let Some(counts) = &live.decider_commands {
+        o.family(
+            "kace_slurm_commands_total",
+            "counter",
+            "Slurm commands the decider ran, by kind (list: the pass's squeue; job: one job's \
+             read; whole_queue: a 22.05 squeue --json; nodes: sinfo; update; release).",
+        );
+        for (kind, n) in counts {
+            o.sample("kace_slurm_commands_total", &[("kind", kind)], *n as f64);
+        }
+    }
+    if let Some(n) = live.decider_rpcs_last_minute {
+        o.one(
+            "kace_slurm_rpcs_last_minute",
+            "gauge",
+            "Slurm RPCs the decider made in the last full minute (sinfo counts two).",
             n as f64,
         );
     }

@@ -168,6 +168,10 @@ pub struct Options {
     pub user: Option<String>,
 }
 
+/// At most this many running jobs' GPUs are read from Slurm (one RPC each) by one view, for
+/// the jobs the decider's memory does not know.
+const MAX_GPU_READS: usize = 32;
+
 /// Reads the active model's summary and decoded model.
 pub fn active_model(db: &Db) -> Result<Option<(ModelSummary, Model)>> {
     let Some(rec) = db.active_model()? else { return Ok(None) };
@@ -195,7 +199,12 @@ pub fn gather(
 ) -> Result<Status> {
     let mut problems = Vec::new();
     let queue = slurm.kace_queue()?;
-    let running = slurm.running_kace_jobs()?;
+    // The decider's memory is root's; another user's view reads the GPUs (boundedly) itself.
+    let memory = kace_node::decider_state::DeciderState::peek(&config.dispatch.state_dir)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let running = kace_node::dispatch::running_jobs(slurm, &queue, &memory, MAX_GPU_READS);
     let nodes = slurm.nodes()?;
     let mine = |user: &str| opts.user.as_deref().is_none_or(|u| u == user);
 
@@ -392,7 +401,33 @@ fn observed_so_far(config: &Config, job: u32) -> Option<f64> {
     progress.throughput(config.profiling.warmup_steps).ok().map(|t| t.steps_per_second)
 }
 
-/// The partner the prolog would choose if `lead` led a GPU now, among the other held jobs.
+/// Why no candidate was chosen, as counts of rejections by reason (most frequent first, at
+/// most [`MAX_REASONS`]): one bounded line however many jobs are held. The full list of
+/// candidates and reasons is `kace explain JOB`'s.
+fn rejection_counts(verdicts: &[kace_selector::Verdict]) -> String {
+    let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for r in verdicts.iter().filter_map(|v| v.rejection.as_ref()) {
+        *counts.entry(r.kind()).or_default() += 1;
+    }
+    if counts.is_empty() {
+        return "none predicted to gain".to_string();
+    }
+    let mut by_count: Vec<(&str, usize)> = counts.into_iter().collect();
+    by_count.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let more = by_count.len().saturating_sub(MAX_REASONS);
+    let mut parts: Vec<String> =
+        by_count.iter().take(MAX_REASONS).map(|(r, n)| format!("{n} × {r}")).collect();
+    parts.push("kace explain JOB lists each".into());
+    if more > 0 {
+        parts.insert(MAX_REASONS, format!("{more} other reason(s)"));
+    }
+    parts.join("; ")
+}
+
+/// At most this many reasons are counted in one held job's line.
+const MAX_REASONS: usize = 4;
+
+/// The partner the decider would choose if `lead` led a GPU now, among the other held jobs.
 fn would_pair_with(
     db: &Db,
     lead: &QueuedJob,
@@ -415,21 +450,7 @@ fn would_pair_with(
                 let predicted = d.selection.verdicts[c].prediction.unwrap_or(f64::NAN);
                 (Some(Offer { job: j.id, workload: j.workload.clone(), predicted }), None)
             }
-            None => {
-                let reasons: Vec<String> = d
-                    .selection
-                    .verdicts
-                    .iter()
-                    .zip(&others)
-                    .filter_map(|(v, j)| v.rejection.as_ref().map(|r| format!("{}: {r}", j.id)))
-                    .collect();
-                let why = if reasons.is_empty() {
-                    "none predicted to gain".to_string()
-                } else {
-                    reasons.join("; ")
-                };
-                (None, Some(why))
-            }
+            None => (None, Some(rejection_counts(&d.selection.verdicts))),
         },
         Err(e) => (None, Some(e.to_string())),
     }
@@ -448,22 +469,35 @@ mod tests {
 
     impl Slurm for Cluster {
         fn kace_queue(&self) -> kace_node::Result<Vec<QueuedJob>> {
-            Ok(self.queue.clone())
+            // The running jobs are in the listing too, as Slurm lists them.
+            let running = self.running.iter().map(|r| QueuedJob {
+                id: r.id,
+                workload: r.workload.clone(),
+                user: r.user.clone(),
+                state: r.state.clone(),
+                node: r.node.clone(),
+                started: r.started,
+                ..Default::default()
+            });
+            Ok(self.queue.iter().cloned().chain(running).collect())
+        }
+        fn queued(&self, _: u32) -> kace_node::Result<Option<QueuedJob>> {
+            panic!("status needs no per-job query but the GPUs of running jobs")
         }
         fn job(&self, _: u32) -> kace_node::Result<JobDetail> {
-            panic!("status needs no per-job query")
+            panic!("status needs no per-job query but the GPUs of running jobs")
         }
-        fn jobs_on_node(&self, _: &str) -> kace_node::Result<Vec<u32>> {
-            Ok(Vec::new())
+        fn job_gpus(&self, id: u32, _: &str) -> kace_node::Result<Vec<u32>> {
+            Ok(self.running.iter().find(|r| r.id == id).map(|r| r.gpus.clone()).unwrap_or_default())
         }
-        fn pin(&self, _: u32, _: &Target, _: u32) -> kace_node::Result<()> {
+        fn pin(&self, _: u32, _: &Target, _: u32, _: Option<&str>) -> kace_node::Result<()> {
             panic!("status changes nothing")
         }
         fn release(&self, _: u32) -> kace_node::Result<()> {
             panic!("status changes nothing")
         }
-        fn running_kace_jobs(&self) -> kace_node::Result<Vec<RunningJob>> {
-            Ok(self.running.clone())
+        fn steps_here(&self, _: u32, _: &str) -> kace_node::Result<bool> {
+            panic!("status asks no slurmstepd")
         }
         fn nodes(&self) -> kace_node::Result<Vec<NodeGpus>> {
             Ok(self.nodes.clone())
@@ -503,6 +537,24 @@ mod tests {
             running: vec![run(1, "n1", "alice"), run(2, "n1", "bob"), run(3, "n2", "alice")],
             nodes: vec![node("n1", true), node("n2", true), node("n3", true), node("n4", false)],
         }
+    }
+
+    #[test]
+    fn a_held_jobs_reasons_are_counted_by_kind_in_one_bounded_line() {
+        use kace_selector::{Rejection, Verdict};
+        let v = |r: Rejection| Verdict { prediction: None, rejection: Some(r) };
+        let mut verdicts: Vec<Verdict> = (0..5000)
+            .map(|i| v(Rejection::MemoryDoesNotFit { needed_gib: f64::from(i), usable_gib: 28.0 }))
+            .collect();
+        verdicts.extend((0..300).map(|_| v(Rejection::DifferentUser)));
+        verdicts.push(v(Rejection::UnknownProfile));
+        let line = rejection_counts(&verdicts);
+        assert!(line.starts_with("5000 × memory does not fit; 300 × different user"), "{line}");
+        assert!(
+            line.contains("1 × unknown profile") && line.ends_with("kace explain JOB lists each")
+        );
+        assert!(line.len() < 200, "{line}");
+        assert_eq!(rejection_counts(&[]), "none predicted to gain");
     }
 
     #[test]

@@ -144,31 +144,41 @@ pub enum Rejection {
     },
 }
 
+impl Rejection {
+    /// The reason without this candidate's figures: the same for every candidate refused so
+    /// (the words [`Rejection`]'s `Display` begins with), for counting refusals by reason.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Rejection::UnknownProfile => "unknown profile",
+            Rejection::MemoryDoesNotFit { .. } => "memory does not fit",
+            Rejection::DifferentUser => "different user",
+            Rejection::GpuFull { .. } => "the GPU is full",
+            Rejection::LikelyHarmful { .. } => "likely harmful",
+            Rejection::DoubtfulNewWorkload { .. } => "new workload, not yet a safe pair",
+            Rejection::BelowGainThreshold { .. } => "below gain threshold",
+        }
+    }
+}
+
 impl std::fmt::Display for Rejection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = self.kind();
         match self {
-            Rejection::UnknownProfile => write!(f, "unknown profile"),
+            Rejection::UnknownProfile => write!(f, "{kind}"),
             Rejection::MemoryDoesNotFit { needed_gib, usable_gib } => {
-                write!(f, "memory does not fit ({needed_gib:.1} GiB > {usable_gib:.1} GiB)")
+                write!(f, "{kind} ({needed_gib:.1} GiB > {usable_gib:.1} GiB)")
             }
-            Rejection::DifferentUser => write!(f, "different user (MPS would serialise)"),
+            Rejection::DifferentUser => write!(f, "{kind} (MPS would serialise)"),
             Rejection::GpuFull { running, limit } => {
-                write!(f, "the GPU is full ({running} kace jobs, at most {limit})")
+                write!(f, "{kind} ({running} kace jobs, at most {limit})")
             }
-            Rejection::LikelyHarmful { predicted, required } => {
-                write!(f, "likely harmful (predicted progress {predicted:.3} ≤ {required:.3})")
+            Rejection::LikelyHarmful { predicted, required }
+            | Rejection::DoubtfulNewWorkload { predicted, required }
+            | Rejection::BelowGainThreshold { predicted, required, progress: true } => {
+                write!(f, "{kind} (predicted progress {predicted:.3} ≤ {required:.3})")
             }
-            Rejection::DoubtfulNewWorkload { predicted, required } => write!(
-                f,
-                "new workload, not yet a safe pair (predicted progress {predicted:.3} ≤ \
-                 {required:.3})"
-            ),
-            Rejection::BelowGainThreshold { predicted, required, progress: true } => write!(
-                f,
-                "below gain threshold (predicted progress {predicted:.3} ≤ {required:.3})"
-            ),
             Rejection::BelowGainThreshold { predicted, required, progress: false } => {
-                write!(f, "below gain threshold (predicted {predicted:.3} ≤ {required:.3})")
+                write!(f, "{kind} (predicted {predicted:.3} ≤ {required:.3})")
             }
         }
     }

@@ -360,6 +360,18 @@ pub fn write_decision(spool: &Path, d: &SpooledDecision) -> Result<PathBuf> {
     write_atomic(&dir, &record_file_name(&d.key), &body)
 }
 
+/// Removes the record of a decision that was written before its release and whose release then
+/// failed (the decider records first, so that a crash between the two loses nothing). A record
+/// already ingested, or never written, is not there: nothing to do.
+pub fn withdraw_decision(spool: &Path, key: &str) -> Result<()> {
+    let path = spool.join(DECISIONS_DIR).join(record_file_name(key));
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err("remove the withdrawn decision", &path)(e)),
+    }
+}
+
 fn compact_decision(d: &SpooledDecision) -> Result<Vec<u8>> {
     let json = |d: &SpooledDecision| {
         serde_json::to_vec(d)

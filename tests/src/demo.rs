@@ -472,6 +472,7 @@ pub fn run(say: &mut dyn FnMut(&str)) -> Result<(Recorded, String), HarnessError
         .nodes(vec![NodeSpec::new("n1", 1)])
         .prolog(setup::hook("kace-prolog", "")?)
         .epilog(setup::hook("kace-epilog", "")?)
+        .prolog_slurmctld(setup::hook("kace-dispatch", "")?)
         .epilog_slurmctld(setup::hook("kace-dispatch", "")?)
         .start()?;
     let dir = c.dir().to_path_buf();

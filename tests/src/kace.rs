@@ -136,6 +136,30 @@ pub fn hook(program: &str, args: &str) -> Result<Hook, HarnessError> {
     )))
 }
 
+/// The decider's service, `kace dispatch --watch`, for the cluster in `dir` (its
+/// `etc/kace.conf`, and `slurm_conf`); what it prints goes to `{dir}/dispatch-watch.out` (its
+/// pass lines, which tests read) and `.err`.
+pub fn watch(dir: &Path, slurm_conf: &Path) -> Result<std::process::Child, HarnessError> {
+    let file = |name: &str| {
+        let p = dir.join(name);
+        std::fs::File::create(&p).map_err(|e| HarnessError::Io {
+            what: format!("couldn't create {}", p.display()),
+            source: e.to_string(),
+        })
+    };
+    Command::new(bin_dir()?.join("kace"))
+        .args(["dispatch", "--watch"])
+        .env("KACE_CONFIG", dir.join("etc/kace.conf"))
+        .env("SLURM_CONF", slurm_conf)
+        .stdout(file("dispatch-watch.out")?)
+        .stderr(file("dispatch-watch.err")?)
+        .spawn()
+        .map_err(|e| HarnessError::Io {
+            what: "couldn't start kace dispatch --watch".into(),
+            source: e.to_string(),
+        })
+}
+
 /// The configuration the tests start from: everything under the cluster directory, the Slurm
 /// commands of the install under test, the fake MPS control, a 32 GiB GPU (no NVML here), and
 /// `max_hold_s`.
@@ -152,7 +176,9 @@ pub fn conf(dir: &Path, max_hold_s: u64) -> String {
          mps_control = \"{d}/fake-mps\"\ncommand_timeout_ms = 2000\n\
          prolog_budget_ms = 5000\nmps_root = \"{d}/mps\"\nprogress_root = \"{d}/progress\"\n\
          state_dir = \"{d}/state\"\ngpu_memory_gib = 32.0\n\
-         [dispatch]\nmax_hold_s = {max_hold_s}\nlock = \"{d}/run/dispatch.lock\"\n"
+         [dispatch]\nmax_hold_s = {max_hold_s}\nlock = \"{d}/run/dispatch.lock\"\n\
+         socket = \"{d}/run/dispatch.sock\"\nsubmitted = \"{d}/run/submitted\"\n\
+         state_dir = \"{d}/run/decider\"\n"
     )
 }
 

@@ -112,6 +112,7 @@ fn kace_pairs_the_best_candidate_and_learns_from_the_pair() {
         .nodes(vec![NodeSpec::new("n1", 1)])
         .prolog(setup::hook("kace-prolog", "").unwrap())
         .epilog(setup::hook("kace-epilog", "").unwrap())
+        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
         .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
         .start()
         .unwrap();

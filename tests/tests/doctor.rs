@@ -25,6 +25,7 @@ fn cluster(test: &str) -> Arc<Cluster> {
         Cluster::builder()
             .prolog(setup::hook("kace-prolog", "").unwrap())
             .epilog(setup::hook("kace-epilog", "").unwrap())
+            .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
             .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
     });
     prepare(&c);

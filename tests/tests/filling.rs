@@ -17,6 +17,7 @@ fn cluster() -> Cluster {
         .nodes(vec![NodeSpec::new("n1", 1)])
         .prolog(setup::hook("kace-prolog", "").unwrap())
         .epilog(setup::hook("kace-epilog", "").unwrap())
+        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
         .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
         .start()
         .unwrap()
@@ -52,8 +53,8 @@ fn a_survivor_gets_a_new_partner_when_its_partner_ends() {
     let second = submit(&cands[1], 4);
     let out = kace(&c, &["dispatch"]);
     assert!(out.contains(&format!("released job {lead} as a lead")), "{out}");
-    // No dispatch pass from here: only the prologs and epilogs act (EpilogSlurmctld passes
-    // find the GPU completing or full while the epilog refills it).
+    // No dispatch pass by hand from here: the decider acts on slurmctld's events only
+    // (PrologSlurmctld: the lead's partner; EpilogSlurmctld: the refill when it ends).
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut first_partner = None;
     while Instant::now() < deadline {
@@ -71,11 +72,11 @@ fn a_survivor_gets_a_new_partner_when_its_partner_ends() {
     let other = if first_partner == first { second } else { first };
     assert_ne!(state(&c, other), "PENDING", "the survivor got no new partner");
     assert_eq!(state(&c, lead), "RUNNING", "the lead (survivor) ended too soon");
-    // The refill was decided by the first partner's epilog and spooled with its verdicts.
+    // The refill was decided on the first partner's end and spooled with its verdicts.
     let refill = spooled_decisions(&c)
         .into_iter()
         .find(|d| d.key.contains(&format!("/{first_partner}/")) && d.key.ends_with("/refill"))
-        .expect("the leaving partner's epilog spooled a refill decision");
+        .expect("the decider spooled a refill decision keyed by the leaving partner");
     assert_eq!(refill.decision.lead_job, Some(lead.to_string()));
     assert_eq!(refill.decision.chosen_job, Some(other.to_string()));
     let nodes = c.run_ok("scontrol", &["-o", "-d", "show", "job", &other.to_string()]).unwrap();
@@ -224,7 +225,7 @@ fn three_jobs_share_one_gpu_with_max_jobs_per_gpu_3() {
     let j1 = submit(&w1, 20);
     let j2 = submit(&w2, 20);
     kace(&c, &["dispatch"]);
-    // The lead takes j1; j1's prolog, finding room for one more, takes j2.
+    // The lead's start brings j1; j1's start, leaving room for one more, brings j2.
     for j in [lead, j1, j2] {
         c.wait_job(j, "running", Duration::from_secs(30), |i| field(i, "JobState") == "RUNNING")
             .unwrap();
@@ -246,7 +247,7 @@ fn three_jobs_share_one_gpu_with_max_jobs_per_gpu_3() {
     let second = d
         .iter()
         .find(|d| d.key.contains(&format!("/{j1}/")) && d.key.ends_with("/decision"))
-        .expect("the first joiner's prolog decided the third place");
+        .expect("the decider decided the third place when the first joiner started");
     assert_eq!(second.decision.chosen_job, Some(j2.to_string()));
     let starts = std::fs::read_to_string(c.dir().join("mps-calls.log")).unwrap();
     assert_eq!(starts.lines().filter(|l| l.starts_with("start")).count(), 1, "{starts}");
@@ -262,14 +263,7 @@ fn an_idle_cluster_starts_a_kace_job_about_as_soon_as_a_plain_one() {
     let c = cluster();
     common::prepare(&c, MAX_HOLD_S);
     let (lead_w, _) = lead_with_candidates(&c.dir().join("kace.db"), 1);
-    let bin = setup::bin_dir().unwrap().join("kace");
-    let mut watch = std::process::Command::new(&bin)
-        .args(["dispatch", "--watch"])
-        .env("KACE_CONFIG", c.dir().join("etc/kace.conf"))
-        .env("SLURM_CONF", c.conf())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut watch = setup::watch(c.dir(), c.conf()).unwrap();
     let started_after = |args: &[&str]| -> f64 {
         let t = Instant::now();
         let id = c.sbatch(args).unwrap();
@@ -347,6 +341,7 @@ fn race_drill_many_deciders_at_once() {
         .typed_gpus(true)
         .prolog(setup::hook("kace-prolog", "").unwrap())
         .epilog(setup::hook("kace-epilog", "").unwrap())
+        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
         .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
         .start()
         .unwrap();
@@ -398,19 +393,8 @@ fn race_drill_many_deciders_at_once() {
     let _ = watch.kill();
     let _ = watch.wait();
 
-    // No job moved twice: each appears as chosen in at most one decision, and never both in a
-    // decision and a dispatch release.
-    // Every release, with who made it.
+    // No job moved twice: the one decider logs every release it makes.
     let mut releases: Vec<(u32, String)> = Vec::new();
-    // (Dispatch's releases come from its log; its records of them are left out here.)
-    for d in spooled_decisions(&c) {
-        if !kace_sql::spool::ReleaseKind::of_key(Some(&d.key)).by_hook() {
-            continue;
-        }
-        if let Some(j) = d.decision.chosen_job.as_deref().and_then(|j| j.parse().ok()) {
-            releases.push((j, format!("decision {}", d.key)));
-        }
-    }
     let mut dispatch_log =
         std::fs::read_to_string(c.dir().join("log/kace-kace-dispatch.log")).unwrap_or_default();
     for name in ["dispatch-watch", "dispatch-0", "dispatch-1", "dispatch-2", "dispatch-3"] {
@@ -476,6 +460,7 @@ fn saturated(jobs: usize, refill: bool) -> Saturated {
         .nodes(vec![NodeSpec::new("n1", 1), NodeSpec::new("n2", 1)])
         .prolog(setup::hook("kace-prolog", "").unwrap())
         .epilog(setup::hook("kace-epilog", "").unwrap())
+        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
         .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
         .start()
         .unwrap();
@@ -500,14 +485,7 @@ fn saturated(jobs: usize, refill: bool) -> Saturated {
     kace(&c, &["observations", "import", &path("pairs.csv")]);
     kace(&c, &["train"]);
 
-    let bin = setup::bin_dir().unwrap().join("kace");
-    let mut watch = std::process::Command::new(&bin)
-        .args(["dispatch", "--watch"])
-        .env("KACE_CONFIG", dir.join("etc/kace.conf"))
-        .env("SLURM_CONF", c.conf())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut watch = setup::watch(&dir, c.conf()).unwrap();
     let t0 =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
     let mut ids = Vec::new();

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::kace;
+use common::{kace, percentile};
 use kace_e2e::{demo, kace as setup, Cluster, Hook, NodeSpec};
 
 const BURSTS: usize = 10;
@@ -197,14 +197,6 @@ fn stall_report(c: &Cluster, dir: &Path) -> String {
     r
 }
 
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
 fn overlap(a: (f64, f64), b: (f64, f64)) -> f64 {
     (a.1.min(b.1) - a.0.max(b.0)).max(0.0)
 }
@@ -220,6 +212,7 @@ fn two_hundred_kace_jobs_through_faults_lose_and_mislabel_nothing() {
         .typed_gpus(true)
         .prolog(timed_hook("kace-prolog", "prolog-ms"))
         .epilog(timed_hook("kace-epilog", "epilog-ms"))
+        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
         .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
         .slurm_conf_line("MinJobAge=3600")
         .start()
@@ -260,14 +253,7 @@ fn two_hundred_kace_jobs_through_faults_lose_and_mislabel_nothing() {
     };
 
     let bin = setup::bin_dir().unwrap().join("kace");
-    let mut watch = Command::new(&bin)
-        .args(["dispatch", "--watch"])
-        .env("KACE_CONFIG", dir.join("etc/kace.conf"))
-        .env("SLURM_CONF", c.conf())
-        .stdout(std::fs::File::create(dir.join("dispatch-watch.out")).unwrap())
-        .stderr(std::fs::File::create(dir.join("dispatch-watch.err")).unwrap())
-        .spawn()
-        .unwrap();
+    let mut watch = setup::watch(&dir, c.conf()).unwrap();
 
     // The timeline, seconds after the first burst.
     #[derive(Debug, Clone, Copy, PartialEq)]

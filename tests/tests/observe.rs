@@ -26,6 +26,8 @@ fn status_and_explain_show_a_shared_gpu_an_open_gpu_and_held_jobs() {
         .nodes(vec![NodeSpec::new("n1", 1), NodeSpec::new("n2", 1)])
         .prolog(setup::hook("kace-prolog", "").unwrap())
         .epilog(setup::hook("kace-epilog", "").unwrap())
+        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
+        .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
         .start()
         .unwrap();
     let dir = c.dir().to_path_buf();

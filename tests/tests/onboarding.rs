@@ -93,6 +93,7 @@ fn a_new_workload_profiles_itself_alone_is_paired_and_cannot_crash_its_partner()
         ))
         .prolog(setup::hook("kace-prolog", "").unwrap())
         .epilog(setup::hook("kace-epilog", "").unwrap())
+        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
         .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
         .start()
         .unwrap();

@@ -61,6 +61,8 @@ fn a_lead_started_before_the_nodes_register_again_keeps_its_gpu_and_its_partner(
         .typed_gpus(true)
         .prolog(recording_prolog())
         .epilog(setup::hook("kace-epilog", "").unwrap())
+        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
+        .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
         .start()
         .unwrap();
     let dir = c.dir().to_path_buf();
@@ -106,7 +108,7 @@ fn a_lead_started_before_the_nodes_register_again_keeps_its_gpu_and_its_partner(
     // As dispatch would: the lead onto GPU g0. The release only queues a scheduler run, which
     // waits; the ender's epilog completing runs the scheduler at once.
     let g0 = Target { node: "n1".into(), kind: Some("g0".into()) };
-    commands.pin(lead, &g0, 1).unwrap();
+    commands.pin(lead, &g0, 1, None).unwrap();
     commands.release(lead).unwrap();
     std::fs::write(&stop, "").unwrap();
     let released_after = restarted.elapsed();
@@ -136,10 +138,13 @@ fn a_lead_started_before_the_nodes_register_again_keeps_its_gpu_and_its_partner(
             "{prologs}"
         );
     }
-    // The lead ran as a kace job on GPU 0 and released its partner there.
+    // The lead ran as a kace job on GPU 0, and the decider (PrologSlurmctld) sent its
+    // partner there.
+    assert!(prologs.contains(&format!("job {lead}: lead {lead_w} on GPU 0")), "{prologs}");
+    let decider = std::fs::read_to_string(dir.join("log/kace-kace-dispatch.log")).unwrap();
     assert!(
-        prologs.contains(&format!("job {lead}: lead {lead_w} on GPU 0: released job {partner}")),
-        "{prologs}"
+        decider.contains(&format!("released job {partner} to join the kace jobs on n1 GPU 0")),
+        "{decider}"
     );
     let done = c.wait_done(partner, Duration::from_secs(60)).unwrap();
     assert_eq!(field(&done, "JobState"), "COMPLETED", "{done:?}");

@@ -59,7 +59,7 @@ fn kace_reads_what_this_slurm_prints() {
     c.run_ok("scontrol", &["release", &lead.to_string()]).unwrap();
     roles.insert("lead", lead);
     let partner = kace("partner", &[&comment, &name, "--wrap", &forged_script]);
-    commands.pin(partner, &Target { node: "n1".into(), kind: Some("g1".into()) }, 1).unwrap();
+    commands.pin(partner, &Target { node: "n1".into(), kind: Some("g1".into()) }, 1, None).unwrap();
     commands.release(partner).unwrap();
     roles.insert("partner", partner);
     roles.insert("held", kace("held", &[&comment, &name, "--wrap", &forged_script]));
@@ -79,7 +79,8 @@ fn kace_reads_what_this_slurm_prints() {
     // Lead, partner and the plain job running.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let running = commands.running_kace_jobs().unwrap();
+        let queue = commands.kace_queue().unwrap();
+        let running: Vec<_> = queue.iter().filter(|j| j.on_gpu() && !j.starting()).collect();
         let plain_up = commands.job(plain).unwrap().state == "RUNNING";
         if running.len() == 2 && plain_up {
             break;
@@ -125,4 +126,8 @@ fn kace_reads_what_this_slurm_prints() {
     let p = commands.job(partner).unwrap();
     assert_eq!((p.workload(), p.nodes.as_str()), (Some("partner"), "n1"), "{p:?}");
     assert_eq!(p.on_gpu(1).and_then(|g| g.kind.as_deref()), Some("g1"), "{p:?}");
+    // The decider's one read of a running job's GPU, forged text and all.
+    assert_eq!(commands.job_gpus(partner, "n1").unwrap(), vec![1]);
+    let q = commands.queued(partner).unwrap().expect("the partner, read singly");
+    assert_eq!((q.workload.as_str(), q.node.as_str(), q.state.as_str()), ("partner", "n1", "R"));
 }

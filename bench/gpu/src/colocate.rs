@@ -14,7 +14,7 @@ use kace_node::env::JobEnv;
 use kace_node::epilog::{self, Outcome};
 use kace_node::gpu::GpuInfo;
 use kace_node::mps::{MpsControl, NvidiaMps};
-use kace_node::slurm::{JobDetail, NodeGpus, QueuedJob, RunningJob, Slurm, Target};
+use kace_node::slurm::{JobDetail, NodeGpus, QueuedJob, Slurm, Target};
 use kace_node::{state, Clock, ExecError, Node, SystemClock};
 use kace_sql::Observation;
 
@@ -52,10 +52,12 @@ pub struct GroupOutcome {
     pub stopped_mps: bool,
 }
 
-/// The bench's stand-in for Slurm: the epilog only asks which jobs still run on the node.
+/// The bench's stand-in for Slurm: the epilog only asks whether the GPU's other jobs still run
+/// on the node (`queued`), as Slurm answers for a running kace job.
 #[derive(Debug, Default)]
 pub struct LocalJobs {
     running: RefCell<Vec<u32>>,
+    node: RefCell<String>,
 }
 
 fn no_slurm<T>(what: &str) -> kace_node::Result<T> {
@@ -72,17 +74,32 @@ impl Slurm for LocalJobs {
     fn job(&self, _id: u32) -> kace_node::Result<JobDetail> {
         no_slurm("scontrol show job")
     }
-    fn jobs_on_node(&self, _node: &str) -> kace_node::Result<Vec<u32>> {
-        Ok(self.running.borrow().clone())
+    fn queued(&self, id: u32) -> kace_node::Result<Option<QueuedJob>> {
+        // The bench's own node: the name the epilog passes is the one this job runs on.
+        Ok(self.running.borrow().contains(&id).then(|| QueuedJob {
+            id,
+            state: "R".into(),
+            node: self.node.borrow().clone(),
+            ..QueuedJob::default()
+        }))
     }
-    fn pin(&self, _id: u32, _target: &Target, _shards: u32) -> kace_node::Result<()> {
+    fn job_gpus(&self, _id: u32, _node: &str) -> kace_node::Result<Vec<u32>> {
+        no_slurm("scontrol show job")
+    }
+    fn pin(
+        &self,
+        _id: u32,
+        _target: &Target,
+        _shards: u32,
+        _ours: Option<&str>,
+    ) -> kace_node::Result<()> {
         no_slurm("scontrol update")
     }
     fn release(&self, _id: u32) -> kace_node::Result<()> {
         no_slurm("scontrol release")
     }
-    fn running_kace_jobs(&self) -> kace_node::Result<Vec<RunningJob>> {
-        no_slurm("squeue")
+    fn steps_here(&self, _id: u32, _node: &str) -> kace_node::Result<bool> {
+        no_slurm("scontrol listpids")
     }
     fn nodes(&self) -> kace_node::Result<Vec<NodeGpus>> {
         no_slurm("sinfo")
@@ -121,6 +138,7 @@ pub fn run(
     })?;
     let clock = SystemClock;
     let slurm = LocalJobs::default();
+    slurm.node.replace(spec.node.clone());
     let mut children: Vec<(u32, String, Child)> = Vec::new();
     for (i, w) in spec.workloads.iter().enumerate() {
         let job = spec.first_job + i as u32;

@@ -184,5 +184,17 @@ pub fn commands(
         timeout,
         deadline: None,
         logger: kace_log::Logger::new(None),
+        counts: Default::default(),
     }
+}
+
+/// The `p` quantile (0–1, nearest rank) of `v`, sorted in place; NaN when empty.
+pub fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(((v.len().max(1) - 1) as f64 * p).round() as usize).copied().unwrap_or(f64::NAN)
+}
+
+/// The environment variable `name` as a count (a bench or scale size), or `default`.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
