@@ -53,7 +53,8 @@ pub struct Minute {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeciderState {
-    /// A kace job on a GPU → (its node, the indices of its GPUs there).
+    /// A kace job on a GPU, or released onto one it alone can land on → (its node, the
+    /// indices of its GPUs there).
     pub gpus: BTreeMap<u32, (String, Vec<u32>)>,
     /// Releases begun and not finished, by job.
     pub begun: BTreeMap<u32, Begun>,

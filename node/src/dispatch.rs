@@ -410,6 +410,8 @@ struct Member {
 #[derive(Debug, Clone)]
 struct Slot {
     at: GpuAt,
+    /// Its type names no other GPU of its node: a job pinned to the type lands on this GPU.
+    sole_of_kind: bool,
     /// Kace jobs starting or running on it.
     jobs: Vec<Member>,
     /// Left alone this pass: a kace job on its node holds GPUs the pass could not learn, or a
@@ -481,8 +483,13 @@ pub fn run(
         })
         .collect();
     // An allocation does not change while its job is on a GPU; once off, its GPUs are forgotten.
-    let on_a_gpu: BTreeSet<u32> =
-        queue.iter().filter(|j| j.on_gpu() || j.completing()).map(|j| j.id).collect();
+    // A job this decider released onto a GPU it alone can land on is known from then (pending
+    // until Slurm starts it).
+    let on_a_gpu: BTreeSet<u32> = queue
+        .iter()
+        .filter(|j| j.on_gpu() || j.completing() || (j.pending() && !j.held()))
+        .map(|j| j.id)
+        .collect();
     state.gpus.retain(|id, _| on_a_gpu.contains(id));
 
     // 0. What an earlier pass began, and the records it parked while the spool was full.
@@ -525,8 +532,10 @@ pub fn run(
     let mut slots: Vec<Slot> = Vec::new();
     for n in nodes.iter().filter(|n| n.usable) {
         for (i, kind) in n.gpus.iter().enumerate() {
+            let sole_of_kind = kind.is_some() && n.gpus.iter().filter(|k| *k == kind).count() == 1;
             slots.push(Slot {
                 at: GpuAt { node: n.name.clone(), index: GpuIndex(i as u32), kind: kind.clone() },
+                sole_of_kind,
                 jobs: Vec::new(),
                 unknown: false,
                 leaving: Vec::new(),
@@ -882,7 +891,13 @@ fn release(
     let moved = slurm.pin(j.id, &target, shards, None).and_then(|()| slurm.release(j.id));
     state.begun.remove(&j.id);
     match moved {
-        Ok(()) => Ok((d, (!problems.is_empty()).then(|| problems.join("; ")))),
+        Ok(()) => {
+            // Its GPU is known without asking Slurm when it runs.
+            if slot.sole_of_kind {
+                state.gpus.insert(j.id, (slot.at.node.clone(), vec![slot.at.index.0]));
+            }
+            Ok((d, (!problems.is_empty()).then(|| problems.join("; "))))
+        }
         Err(e) => {
             let withdrawn = match spooled {
                 Ok(None) => withdraw_decision(s.spool, &d.key).map_err(|w| w.to_string()),

@@ -269,9 +269,9 @@ pub struct Target {
     pub kind: Option<String>,
 }
 
-/// What kace needs from Slurm. Every method is one Slurm command (one RPC to slurmctld, or
-/// two for `sinfo`), except [`Slurm::pin`] (two to four, see there); [`Commands`] counts them
-/// by [`CommandKind`].
+/// What kace needs from Slurm. Every method is one Slurm command, except [`Slurm::pin`] (a
+/// read and one or two updates); [`Commands`] counts them by [`CommandKind`], whose
+/// [`CommandKind::rpcs`] says what each costs slurmctld.
 pub trait Slurm {
     /// Every kace job pending, starting, running or completing, oldest first (one
     /// `squeue -O`, the pass's one listing).
@@ -311,8 +311,10 @@ pub enum CommandKind {
     WholeQueue,
     /// `sinfo`.
     Nodes,
-    /// `scontrol update`.
+    /// `scontrol update` of a job's request, not its nodes.
     Update,
+    /// `scontrol update` naming the job's nodes (`NodeList=`): scontrol reads the job first.
+    UpdateNodes,
     /// `scontrol release`.
     Release,
     /// `scontrol listpids`: asks a node's slurmstepd, not slurmctld.
@@ -321,12 +323,13 @@ pub enum CommandKind {
 
 impl CommandKind {
     /// Every kind, in the order metrics list them.
-    pub const ALL: [CommandKind; 7] = [
+    pub const ALL: [CommandKind; 8] = [
         CommandKind::List,
         CommandKind::Job,
         CommandKind::WholeQueue,
         CommandKind::Nodes,
         CommandKind::Update,
+        CommandKind::UpdateNodes,
         CommandKind::Release,
         CommandKind::Steps,
     ];
@@ -339,6 +342,7 @@ impl CommandKind {
             CommandKind::WholeQueue => "whole_queue",
             CommandKind::Nodes => "nodes",
             CommandKind::Update => "update",
+            CommandKind::UpdateNodes => "update_nodes",
             CommandKind::Release => "release",
             CommandKind::Steps => "steps",
         }
@@ -346,13 +350,18 @@ impl CommandKind {
 
     /// slurmctld RPCs one such command makes, at most (with `--local`, none asks for the
     /// federation): `squeue` loads the partitions beside the jobs (src/squeue/print.c,
-    /// `_part_state_load`), `scontrol -d show job` the nodes, `sinfo` nodes and partitions;
-    /// `scontrol listpids` asks slurmstepd only. Checked against sdiag by tests/tests/scale.rs.
+    /// `_part_state_load`), `scontrol -d show job` the nodes, `sinfo` nodes and partitions,
+    /// an update naming nodes the job, with the federation whatever `--local` says
+    /// (src/scontrol/update_job.c: `NodeList` sets `update_size`, and `_is_single_job` loads
+    /// the job with SHOW_ALL);
+    /// `scontrol listpids` asks slurmstepd only. Checked against sdiag by
+    /// tests/tests/slurm_output.rs on each supported Slurm.
     pub fn rpcs(self) -> u64 {
         match self {
             CommandKind::List | CommandKind::Job | CommandKind::WholeQueue | CommandKind::Nodes => {
                 2
             }
+            CommandKind::UpdateNodes => 3,
             CommandKind::Update | CommandKind::Release => 1,
             CommandKind::Steps => 0,
         }
@@ -457,8 +466,12 @@ impl Commands {
         Ok(jobs)
     }
 
+    /// `scontrol --local ARGS`: without `--local`, scontrol asks slurmctld for the federation
+    /// first where it reads a job (REQUEST_FED_INFO; 22.05's `update` of a job's GRES does).
     fn scontrol(&self, kind: CommandKind, args: &[&str]) -> Result<String> {
-        self.call(kind, &self.scontrol, args)
+        let mut full = vec!["--local"];
+        full.extend_from_slice(args);
+        self.call(kind, &self.scontrol, &full)
     }
 
     /// `squeue --json` with `args`, every readable record. Slurm 22.05 ignores `-j` and `-t`
@@ -470,27 +483,35 @@ impl Commands {
         self.read_json_jobs(&out, "squeue")
     }
 
-    /// `scontrol --json show job ID` (23.02 on): that one job's records; `None` when this
-    /// scontrol has no `--json` (22.05), learnt once per process.
+    /// `scontrol --json show job ID` (23.02 on): that one job's records (none once slurmctld
+    /// has forgotten it); `None` when this scontrol has no `--json` (22.05), learnt once per
+    /// process.
     fn scontrol_json_job(&self, id: u32) -> Result<Option<Vec<slurm_json::JsonJob>>> {
         if SCONTROL_JSON.get() == Some(&false) {
             return Ok(None);
         }
-        match self
-            .scontrol(CommandKind::Job, &["--local", "--json", "show", "job", &id.to_string()])
-        {
-            Ok(out) => {
-                let _ = SCONTROL_JSON.set(true);
-                Ok(Some(self.read_json_jobs(&out, "scontrol")?))
-            }
-            Err(Error::Exec(ExecError::Failed { stderr, .. }))
-                if SCONTROL_JSON.get().is_none() && stderr.contains("unrecognized option") =>
-            {
-                let _ = SCONTROL_JSON.set(false);
-                Ok(None)
-            }
-            Err(e) => Err(e),
+        let id_text = id.to_string();
+        let args = ["--local", "--json", "show", "job", &id_text];
+        let (inv, timeout) = self.invocation(CommandKind::Job, &self.scontrol, &args)?;
+        let out = exec::run(&inv, timeout)?;
+        if out.success() {
+            let _ = SCONTROL_JSON.set(true);
+            return Ok(Some(self.read_json_jobs(&out.stdout, "scontrol")?));
         }
+        if SCONTROL_JSON.get().is_none() && out.stderr.contains("unrecognized option") {
+            let _ = SCONTROL_JSON.set(false);
+            return Ok(None);
+        }
+        // A job slurmctld no longer has: scontrol prints the document, with the error in its
+        // `errors`, and exits 1 (src/scontrol/info_job.c, scontrol_print_job).
+        if out.stdout.contains("Invalid job id specified") {
+            return Ok(Some(Vec::new()));
+        }
+        Err(Error::Exec(ExecError::Failed {
+            command: inv.shown(),
+            code: out.code,
+            stderr: out.stderr.trim().chars().take(500).collect(),
+        }))
     }
 }
 
@@ -511,6 +532,11 @@ impl Slurm for Commands {
     }
 
     fn queued(&self, id: u32) -> Result<Option<QueuedJob>> {
+        // `scontrol --json show job ID` (23.02 on) is one RPC; `squeue -j` loads the
+        // partitions too.
+        if let Some(jobs) = self.scontrol_json_job(id)? {
+            return Ok(jobs.into_iter().find(|j| j.id == id).and_then(queued_from_json));
+        }
         let id_text = id.to_string();
         let args = ["--local", "-h", "-j", &id_text, "-t", "all", "-O", QUEUE_FORMAT];
         let out = self.call(CommandKind::Job, &self.squeue, &args)?;
@@ -540,8 +566,7 @@ impl Slurm for Commands {
             gpus.dedup();
             return Ok(gpus);
         }
-        let out = self
-            .scontrol(CommandKind::Job, &["--local", "-o", "-d", "show", "job", &id.to_string()])?;
+        let out = self.scontrol(CommandKind::Job, &["-o", "-d", "show", "job", &id.to_string()])?;
         detail_gpus(&out, node)
     }
 
@@ -571,7 +596,6 @@ impl Slurm for Commands {
     }
 
     fn pin(&self, id: u32, target: &Target, shards: u32, ours: Option<&str>) -> Result<()> {
-        let id_text = id.to_string();
         let job = format!("jobid={id}");
         let nodes = format!("NodeList={}", target.node);
         // Only the decider moves jobs, but an admin (or the job's user, cancelling it) may have
@@ -581,14 +605,8 @@ impl Slurm for Commands {
         // (cleared, then set) left the job pending for ever on Slurm 22.05, and crashed its
         // scheduler (a divide error) when the job had been released meanwhile: found by
         // tests/tests/load.rs when several deciders raced, kept by tests/tests/retarget.rs.
-        let out = self.call(
-            CommandKind::Job,
-            &self.squeue,
-            &["--local", "-h", "-j", &id_text, "-t", QUEUE_STATES, "-O", QUEUE_FORMAT],
-        )?;
-        let (listed, _) = parse_queue(&out);
         let taken = |why: String| Error::Taken { job: id, why };
-        let Some(now) = listed.into_iter().find(|j| j.id == id) else {
+        let Some(now) = self.queued(id)? else {
             return Err(taken("Slurm lists it no longer".into()));
         };
         if !now.held() {
@@ -607,7 +625,7 @@ impl Slurm for Commands {
             }
             // Typed already (by its user): only the node changes.
             (Some(_), Some(_)) | (None, _) => {
-                self.scontrol(CommandKind::Update, &["update", &job, &nodes])?;
+                self.scontrol(CommandKind::UpdateNodes, &["update", &job, &nodes])?;
             }
             // Slurm up to 25.05 refuses a direct untyped→typed GRES change; clearing
             // TresPerNode first works on every release (shared/reference/slurm-lab-2.md §2).
@@ -619,12 +637,14 @@ impl Slurm for Commands {
             (Some(kind), None) => {
                 let gres = format!("Gres=shard:{kind}:{shards}");
                 let direct = DIRECT_TYPED_CHANGE.get() != Some(&false)
-                    && self.scontrol(CommandKind::Update, &["update", &job, &gres, &nodes]).is_ok();
+                    && self
+                        .scontrol(CommandKind::UpdateNodes, &["update", &job, &gres, &nodes])
+                        .is_ok();
                 if direct {
                     let _ = DIRECT_TYPED_CHANGE.set(true);
                 } else {
                     self.scontrol(CommandKind::Update, &["update", &job, "TresPerNode="])?;
-                    self.scontrol(CommandKind::Update, &["update", &job, &gres, &nodes])?;
+                    self.scontrol(CommandKind::UpdateNodes, &["update", &job, &gres, &nodes])?;
                     if DIRECT_TYPED_CHANGE.get().is_none() {
                         let _ = DIRECT_TYPED_CHANGE.set(false);
                     }
@@ -709,6 +729,41 @@ pub fn parse_queue(out: &str) -> (Vec<QueuedJob>, Vec<String>) {
     }
     jobs.sort_by_key(|j| j.id);
     (jobs, unreadable)
+}
+
+/// A JSON job record as the queue listing gives it (`squeue -O` [`QUEUE_FORMAT`]): `None` when
+/// the gate did not mark it. The compact state is squeue's (src/common/slurm_protocol_defs.c,
+/// job_state_string_compact: a `COMPLETING` flag first, then `CONFIGURING`, then the base).
+pub fn queued_from_json(j: slurm_json::JsonJob) -> Option<QueuedJob> {
+    let workload = j.admin_comment.strip_prefix(MARK)?.to_string();
+    let flag = |f: &str| j.flags.iter().any(|x| x == f);
+    let state = if flag("COMPLETING") {
+        "CG".to_string()
+    } else if flag("CONFIGURING") {
+        "CF".to_string()
+    } else {
+        match j.state.as_str() {
+            "PENDING" => "PD".to_string(),
+            "RUNNING" => "R".to_string(),
+            "SUSPENDED" => "S".to_string(),
+            other => other.to_string(),
+        }
+    };
+    Some(QueuedJob {
+        id: j.id,
+        workload,
+        user: j.user,
+        reason: j.reason,
+        tres_per_node: j.tres_per_node,
+        submitted: j.submitted,
+        req_nodes: j.req_nodes,
+        state,
+        dependency: j.dependency,
+        eligible: j.eligible,
+        started: j.started,
+        ended: j.ended,
+        node: j.nodes,
+    })
 }
 
 /// The running, configuring or completing kace jobs among JSON records, with the GPUs each

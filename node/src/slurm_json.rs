@@ -43,6 +43,17 @@ pub struct JsonJob {
     pub started: Option<f64>,
     /// `end_time` once the job has ended (a running job's is its time limit: `None`).
     pub ended: Option<f64>,
+    /// Every entry of `job_state`: the base state, then flags such as `COMPLETING` (22.05: the
+    /// one string, a flag's name when one is set).
+    pub flags: Vec<String>,
+    /// `required_nodes` (empty when not pinned).
+    pub req_nodes: String,
+    /// `tres_per_node` (its GRES request: `gres/shard:1`, `gres:shard:g1:1`, or empty).
+    pub tres_per_node: String,
+    /// `dependency`, as `squeue` prints it (`afterok:12(unfulfilled)`), empty when none.
+    pub dependency: String,
+    /// `eligible_time` when set (`--begin`), Unix seconds.
+    pub eligible: Option<f64>,
 }
 
 /// A number, plain (22.05) or wrapped (`{"set": true, "number": 7}`, 23.02 on); `None` when
@@ -106,6 +117,15 @@ pub fn job(record: &Value) -> Option<JsonJob> {
         submitted: time("submit_time"),
         started: time("start_time").filter(|_| !pending),
         ended: time("end_time").filter(|_| !unfinished),
+        flags: match record.get("job_state") {
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).map(String::from).collect(),
+            Some(Value::String(s)) => vec![s.clone()],
+            _ => Vec::new(),
+        },
+        req_nodes: text(record, "required_nodes"),
+        tres_per_node: text(record, "tres_per_node"),
+        dependency: text(record, "dependency"),
+        eligible: time("eligible_time"),
     })
 }
 

@@ -1792,3 +1792,36 @@ fn a_full_spool_loses_no_decision() {
     let r = kace_sql::spool::ingest_decisions(&mut db, &w.config.spool.dir, &q).unwrap();
     assert_eq!(r.inserted, 1, "{r:?}");
 }
+
+/// A job the decider released onto a GPU whose type is the only one of its kind on the node
+/// lands there: its GPU is known without a read when it runs. Onto a type two GPUs share, it
+/// may land on either: that one is read once.
+#[test]
+fn a_job_released_onto_a_gpu_of_its_own_type_is_not_read_again() {
+    for (kinds, read) in [(["g0", "g1"], false), (["g", "g"], true)] {
+        let s = FakeSlurm { nodes: node_n1(&kinds), ..FakeSlurm::default() };
+        *s.pending.borrow_mut() = vec![held(5, "alpha", "alice", "gres:shard:1")];
+        let w = World::new(&format!("sole-{read}"), s);
+        let mut state = kace_node::decider_state::DeciderState::default();
+        let settings = dispatch_settings(&w);
+        let r = dispatch::run(&w.slurm, &settings, &mut state, 1000.0).unwrap();
+        let [(5, node, gpu)] = r.leads.as_slice() else { panic!("{r:?}") };
+        let gpu = *gpu;
+        assert_eq!(node, "n1");
+        // Released, then started by Slurm on that GPU.
+        w.slurm.pending.borrow_mut().clear();
+        w.slurm.running.borrow_mut().push(RunningJob {
+            id: 5,
+            node: "n1".into(),
+            gpus: vec![gpu],
+            state: "R".into(),
+            workload: "alpha".into(),
+            ..Default::default()
+        });
+        w.slurm.pending.borrow_mut().push(held(6, "beta", "alice", "gres:shard:1"));
+        w.slurm.calls.borrow_mut().clear();
+        dispatch::run(&w.slurm, &settings, &mut state, 1001.0).unwrap();
+        let calls = w.slurm.calls.borrow().clone();
+        assert_eq!(calls.contains(&"gpus 5".to_string()), read, "{kinds:?}: {calls:?}");
+    }
+}

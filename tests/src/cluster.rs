@@ -404,6 +404,39 @@ impl Cluster {
         fs::read_to_string(self.dir.join(format!("out/{id}.out"))).unwrap_or_default()
     }
 
+    /// slurmctld's RPC counts by message type since the last [`Cluster::reset_rpc_counts`]
+    /// (sdiag's "statistics by message type"), without sdiag's own `REQUEST_STATS_INFO`.
+    pub fn rpc_counts(&self) -> Result<BTreeMap<String, u64>, HarnessError> {
+        let out = self.run_ok("sdiag", &[])?;
+        let mut in_types = false;
+        let mut kinds = BTreeMap::new();
+        for line in out.lines() {
+            if line.starts_with("Remote Procedure Call statistics by message type") {
+                in_types = true;
+                continue;
+            }
+            if line.starts_with("Remote Procedure Call statistics by user") {
+                break;
+            }
+            if !in_types || line.contains("REQUEST_STATS_INFO") {
+                continue;
+            }
+            let mut words = line.split_whitespace();
+            let kind = words.next().unwrap_or("?").to_string();
+            if let Some(n) =
+                words.find_map(|w| w.strip_prefix("count:")).and_then(|n| n.parse::<u64>().ok())
+            {
+                *kinds.entry(kind).or_default() += n;
+            }
+        }
+        Ok(kinds)
+    }
+
+    /// Zeroes slurmctld's RPC counts (`sdiag -r`).
+    pub fn reset_rpc_counts(&self) -> Result<(), HarnessError> {
+        self.run_ok("sdiag", &["-r"]).map(drop)
+    }
+
     /// Whether this node's slurmd is still running.
     pub fn slurmd_running(&self, node: &str) -> bool {
         self.slurmds.iter().any(|(n, d)| n == node && d.running())

@@ -37,36 +37,8 @@ fn script(seconds: u32) -> String {
     )
 }
 
-/// slurmctld's RPC counts by message type since the last `sdiag -r`, without sdiag's own.
-fn rpc_kinds(c: &Cluster) -> BTreeMap<String, u64> {
-    let out = c.run_ok("sdiag", &[]).unwrap_or_default();
-    let mut in_types = false;
-    let mut kinds = BTreeMap::new();
-    for line in out.lines() {
-        if line.starts_with("Remote Procedure Call statistics by message type") {
-            in_types = true;
-            continue;
-        }
-        if line.starts_with("Remote Procedure Call statistics by user") {
-            break;
-        }
-        if !in_types || line.contains("REQUEST_STATS_INFO") {
-            continue;
-        }
-        let kind = line.split_whitespace().next().unwrap_or("?").to_string();
-        if let Some(n) = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("count:"))
-            .and_then(|n| n.parse::<u64>().ok())
-        {
-            *kinds.entry(kind).or_default() += n;
-        }
-    }
-    kinds
-}
-
 fn rpcs(c: &Cluster) -> u64 {
-    rpc_kinds(c).values().sum()
+    c.rpc_counts().unwrap_or_default().values().sum()
 }
 
 /// Per-job RPCs of each message type in `k` beyond `plain`'s, largest first.
@@ -84,7 +56,7 @@ fn kinds_beyond(k: &BTreeMap<String, u64>, plain: &BTreeMap<String, u64>, jobs: 
 }
 
 fn reset_rpcs(c: &Cluster) {
-    c.run_ok("sdiag", &["-r"]).unwrap();
+    c.reset_rpc_counts().unwrap();
 }
 
 fn unix(c: &Cluster, text: &str) -> f64 {
@@ -126,7 +98,7 @@ fn phase(c: &Cluster, jobs: &[Vec<String>], limit: Duration) -> (Phase, Vec<u32>
         assert!(t0.elapsed() < limit, "{left} jobs never finished\n{}", c.slurmctld_log());
         std::thread::sleep(Duration::from_secs(2));
     }
-    let kinds = rpc_kinds(c);
+    let kinds = c.rpc_counts().unwrap_or_default();
     let rpcs = kinds.values().sum();
     let mut holds = Vec::new();
     let (mut first, mut last_end, mut last_start) = (f64::INFINITY, 0.0f64, 0.0f64);

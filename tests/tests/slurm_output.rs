@@ -130,4 +130,44 @@ fn kace_reads_what_this_slurm_prints() {
     assert_eq!(commands.job_gpus(partner, "n1").unwrap(), vec![1]);
     let q = commands.queued(partner).unwrap().expect("the partner, read singly");
     assert_eq!((q.workload.as_str(), q.node.as_str(), q.state.as_str()), ("partner", "n1", "R"));
+
+    // What each command costs slurmctld, against the table the decider, `kace metrics` and
+    // `kace doctor --controller` count with (CommandKind::rpcs): sdiag around each call.
+    let held = roles["held"];
+    let ops: Vec<(&str, Box<dyn Fn(&kace_node::slurm::Commands)>)> = vec![
+        ("the pass's listing", Box::new(|s| drop(s.kace_queue().unwrap()))),
+        ("one job, listed", Box::new(move |s| drop(s.queued(partner).unwrap()))),
+        ("one job's record", Box::new(move |s| drop(s.job(partner).unwrap()))),
+        ("one job's GPUs", Box::new(move |s| drop(s.job_gpus(partner, "n1").unwrap()))),
+        ("a step on the node", Box::new(move |s| assert!(s.steps_here(partner, "n1").unwrap()))),
+        ("the nodes", Box::new(|s| drop(s.nodes().unwrap()))),
+        (
+            "a pin",
+            Box::new(move |s| {
+                let to = Target { node: "n2".into(), kind: Some("g0".into()) };
+                s.pin(held, &to, 1, None).unwrap()
+            }),
+        ),
+        ("its release", Box::new(move |s| s.release(held).unwrap())),
+    ];
+    let mut over = Vec::new();
+    for (what, op) in &ops {
+        let s = common::commands(slurm, Duration::from_secs(10));
+        c.reset_rpc_counts().unwrap();
+        op(&s);
+        let seen = c.rpc_counts().unwrap();
+        // A released job's launch sends slurmd's own messages (prolog and step completions,
+        // registrations), which are not the command's.
+        let seen: BTreeMap<String, u64> = seen
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("MESSAGE_") && !k.contains("COMPLETE"))
+            .collect();
+        let total: u64 = seen.values().sum();
+        let table: u64 = s.counts.snapshot().iter().map(|(k, n)| k.rpcs() * n).sum();
+        eprintln!("slurm_output: {what}: {total} RPC(s) (table: {table}): {seen:?}");
+        if total > table {
+            over.push(format!("{what}: {total} > {table} ({seen:?})"));
+        }
+    }
+    assert!(over.is_empty(), "commands cost more than kace counts: {over:?}");
 }
