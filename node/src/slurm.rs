@@ -493,7 +493,12 @@ impl Commands {
         let id_text = id.to_string();
         let args = ["--local", "--json", "show", "job", &id_text];
         let (inv, timeout) = self.invocation(CommandKind::Job, &self.scontrol, &args)?;
-        let out = exec::run(&inv, timeout)?;
+        let out = match exec::run(&inv, timeout) {
+            // An scontrol that cannot be started says nothing of its options: squeue reads
+            // the job instead (the prolog's mark must not depend on scontrol).
+            Err(ExecError::Spawn { .. }) => return Ok(None),
+            r => r?,
+        };
         if out.success() {
             let _ = SCONTROL_JSON.set(true);
             return Ok(Some(self.read_json_jobs(&out.stdout, "scontrol")?));

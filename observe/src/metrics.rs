@@ -316,7 +316,8 @@ pub fn render(db: &Db, objective: Objective, live: &Live, now: f64) -> Result<St
             "kace_slurm_commands_total",
             "counter",
             "Slurm commands the decider ran, by kind (list: the pass's squeue; job: one job's \
-             read; whole_queue: a 22.05 squeue --json; nodes: sinfo; update; release).",
+             read; whole_queue: a 22.05 squeue --json; nodes: sinfo; update: a request change; \
+             update_nodes: one naming nodes; release; steps: scontrol listpids).",
         );
         for (kind, n) in counts {
             o.sample("kace_slurm_commands_total", &[("kind", kind)], *n as f64);
@@ -326,7 +327,8 @@ pub fn render(db: &Db, objective: Objective, live: &Live, now: f64) -> Result<St
         o.one(
             "kace_slurm_rpcs_last_minute",
             "gauge",
-            "Slurm RPCs the decider made in the last full minute (sinfo counts two).",
+            "Slurm RPCs the decider made in the last full minute (each command counted at its \
+             measured cost, ARCHITECTURE.md).",
             n as f64,
         );
     }

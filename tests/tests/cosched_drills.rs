@@ -284,8 +284,8 @@ fn drill_candidate_cancelled_between_choice_and_release() {
     let wrapper = e.c.dir().join("cancelling-scontrol");
     std::fs::write(
         &wrapper,
-        "#!/bin/bash\nif [ \"$1\" = update ] && [ ! -e {dir}/cancelled-once ]; then\n  \
-         touch {dir}/cancelled-once; {scancel} \"${2#jobid=}\"; sleep 0.3\nfi\n\
+        "#!/bin/bash\nif [ \"$1 $2\" = \"--local update\" ] && [ ! -e {dir}/cancelled-once ]; then\n  \
+         touch {dir}/cancelled-once; {scancel} \"${3#jobid=}\"; sleep 0.3\nfi\n\
          exec {scontrol} \"$@\"\n"
             .replace("{dir}", &e.c.dir().display().to_string())
             .replace("{scancel}", &e.c.slurm().program("scancel").display().to_string())

@@ -174,7 +174,9 @@ fn a_new_workload_profiles_itself_alone_is_paired_and_cannot_crash_its_partner()
     );
     let lead_opt = format!("--kace-colocate={lead_w}");
     let lead = c.sbatch(&[&lead_opt, "--gres=shard:1", "--wrap", &lead_script]).unwrap();
-    let partner = c.sbatch(&[&opt, "--gres=shard:1", "--wrap", &newcomer(5, v(6), true)]).unwrap();
+    // 10 s: the lead's first progress line comes after torch's import, which took over 5 s on
+    // a loaded CI machine (then no stretch was shared and the pair went unobserved).
+    let partner = c.sbatch(&[&opt, "--gres=shard:1", "--wrap", &newcomer(10, v(6), true)]).unwrap();
     kace(&c, &["dispatch"]);
     wait_done(&c, &[lead, partner], Duration::from_secs(120));
     let (l, p) = (c.job(lead).unwrap(), c.job(partner).unwrap());

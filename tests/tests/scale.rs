@@ -9,7 +9,7 @@
 //! Asserted: slurmctld alive and no node drained; every job completed; no job released twice
 //! (the decider's log); kace's makespan ≤ 1.25× and hold p95 ≤ 2× plain's; GPU occupancy by
 //! kace jobs ≥ 90 % while kace jobs are held; ≤ 8 slurmctld RPCs per kace job beyond a plain
-//! job's (sdiag, less the test's own); with nothing held, ≤ 0.2 RPC/s. Printed: the table row
+//! job's (sdiag, less the test's own; 11 on 22.05, see there); with nothing held, ≤ 0.2 RPC/s. Printed: the table row
 //! for docs/measurements (`--nocapture`).
 //!
 //! The bench size: `KACE_SCALE_NODES=16 KACE_SCALE_JOBS=600 cargo test -p kace-e2e --test scale
@@ -268,7 +268,18 @@ fn a_burst_on_many_nodes_pairs_without_racing_or_idling() {
         plain.hold_p95
     );
     assert!(occupancy >= 0.9, "GPU occupancy while held {:.3}", occupancy);
-    assert!(extra_rpcs <= 8.0, "{extra_rpcs:.2} RPCs per kace job beyond a plain one");
+    // The goal is 8. Slurm 22.05 forces three more commands per job through its command line
+    // (tests/tests/slurm_output.rs measures each): no `scontrol --json`, so the prolog's and the
+    // pin's one-job reads are `squeue -j` (+1 each, its partitions), and no direct untyped→typed
+    // GRES change (+1, the clear). One libslurm update would carry it all (ARCHITECTURE.md).
+    // `slurm 26.05.3`, or Debian's `slurm-wlm 22.05.8`.
+    let version = c.run_ok("scontrol", &["-V"]).unwrap_or_default();
+    let before_23 = version.split_whitespace().last().is_some_and(|v| v.starts_with("22."));
+    let budget = if before_23 { 11.0 } else { 8.0 };
+    assert!(
+        extra_rpcs <= budget,
+        "{extra_rpcs:.2} RPCs per kace job beyond a plain one (budget {budget})"
+    );
     assert!(idle as f64 <= 0.2 * idle_s, "{idle} RPCs in {idle_s} s with nothing held");
     // The pairing happened at all (the model accepts some of these pairs).
     assert!(paired > 0, "no kace job ran paired");
