@@ -62,6 +62,9 @@ pub struct DeciderState {
     pub commands_total: BTreeMap<String, u64>,
     /// The last [`MINUTES_KEPT`] minutes' counts, oldest first.
     pub minutes: Vec<Minute>,
+    /// The nodes and when they were read (Unix seconds), in this process only.
+    #[serde(skip)]
+    pub nodes: Option<(f64, Vec<crate::slurm::NodeGpus>)>,
 }
 
 impl DeciderState {
@@ -125,6 +128,14 @@ impl DeciderState {
         f.sync_all().map_err(io("sync", &tmp))?;
         let path = dir.join(FILE);
         std::fs::rename(&tmp, &path).map_err(io("rename into place", &path))
+    }
+
+    /// The nodes read at most `max_age_s` before `now`, if this process read them.
+    pub fn fresh_nodes(&self, now: f64, max_age_s: f64) -> Option<Vec<crate::slurm::NodeGpus>> {
+        self.nodes
+            .as_ref()
+            .filter(|(at, _)| (0.0..=max_age_s).contains(&(now - at)))
+            .map(|n| n.1.clone())
     }
 
     /// Adds the commands run since `before` (a snapshot of the same counter) at `now`.

@@ -136,6 +136,11 @@ impl<'a> Settings<'a> {
     }
 }
 
+/// How long the decider uses the nodes it read (`sinfo`, two RPCs) before reading them again:
+/// a pass runs on every job's start and end, and a node's GPUs and partitions rarely change. A
+/// node drained meanwhile gets at most this long of releases, which Slurm then keeps pending.
+const NODES_FRESH_S: f64 = 5.0;
+
 /// The decider while it holds the dispatch lock: its state and its Slurm commands' counter.
 pub struct Decider {
     _lock: std::fs::File,
@@ -515,7 +520,11 @@ pub fn run(
         .filter(|&i| held[i].hold_started().is_some_and(|t| now - t >= max_hold))
         .collect();
 
-    let nodes = match slurm.nodes() {
+    let read = match state.fresh_nodes(now, NODES_FRESH_S) {
+        Some(n) => Ok(n),
+        None => slurm.nodes().inspect(|n| state.nodes = Some((now, n.clone()))),
+    };
+    let nodes = match read {
         Ok(n) => n,
         Err(e) => {
             // max_hold is the gate's promise to the user: it does not depend on this read.
