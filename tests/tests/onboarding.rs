@@ -172,10 +172,13 @@ fn a_new_workload_profiles_itself_alone_is_paired_and_cannot_crash_its_partner()
         kace_test_support::real_python().display(),
         dir.display()
     );
+    // The lead's first progress line comes after torch's import, which from a cold page cache
+    // (the first real-library test of a CI run) outlasted the partner's run: nothing was shared
+    // and the pair went unobserved. One import beforehand warms the cache.
+    let warm = Command::new(kace_test_support::real_python()).args(["-c", "import torch"]).status();
+    assert!(warm.is_ok_and(|s| s.success()), "couldn't import torch");
     let lead_opt = format!("--kace-colocate={lead_w}");
     let lead = c.sbatch(&[&lead_opt, "--gres=shard:1", "--wrap", &lead_script]).unwrap();
-    // 10 s: the lead's first progress line comes after torch's import, which took over 5 s on
-    // a loaded CI machine (then no stretch was shared and the pair went unobserved).
     let partner = c.sbatch(&[&opt, "--gres=shard:1", "--wrap", &newcomer(10, v(6), true)]).unwrap();
     kace(&c, &["dispatch"]);
     wait_done(&c, &[lead, partner], Duration::from_secs(120));
@@ -200,7 +203,12 @@ fn a_new_workload_profiles_itself_alone_is_paired_and_cannot_crash_its_partner()
     let db = Db::open_read_only(&dir.join("kace.db")).unwrap();
     let lead_obs: Vec<_> =
         db.observations().unwrap().into_iter().filter(|o| o.job == lead.to_string()).collect();
-    assert!(lead_obs.iter().any(|o| o.partners.iter().any(|p| p.job == partner.to_string())));
+    assert!(
+        lead_obs.iter().any(|o| o.partners.iter().any(|p| p.job == partner.to_string())),
+        "{lead_obs:#?}\n{}",
+        std::fs::read_to_string(dir.join("log/kace-prolog.log")).unwrap_or_default()
+            + &std::fs::read_to_string(dir.join("log/kace-epilog.log")).unwrap_or_default()
+    );
     assert!(lead_obs.iter().any(|o| o.partners.is_empty()), "{lead_obs:#?}");
     let shown = json(&c, &["profile", "show", NEW]);
     assert_eq!(shown["sources"]["memcap_gib"], "observed-oom", "{shown}");

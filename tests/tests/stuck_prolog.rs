@@ -22,9 +22,10 @@ use std::time::{Duration, Instant};
 use common::{field, worker};
 use kace_e2e::{kace as setup, Cluster, NodeSpec};
 
-/// The `squeue` kace runs: the real one, 1.5 s late (and marked as called) while
-/// `{dir}/slow-squeue` exists, so that the test can kill slurmd while the prolog decides.
-fn slow_squeue(dir: &Path, real: &Path) -> String {
+/// A Slurm command kace runs (`squeue`, `scontrol`): the real one, 1.5 s late (and marked as
+/// called) while `{dir}/slow-squeue` exists, so that the test can kill slurmd while the prolog
+/// reads its job (with squeue on 22.05, scontrol --json from 23.02 on).
+fn slow_read(dir: &Path, real: &Path) -> String {
     let d = dir.display();
     format!(
         "#!/bin/bash\nif [ -e {d}/slow-squeue ]; then touch {d}/in-squeue; sleep 1.5; fi\nexec {} \"$@\"\n",
@@ -58,18 +59,19 @@ fn a_job_stuck_in_its_prolog_by_a_slurmd_crash_holds_no_other_kace_job() {
     // No decider runs on its own here (no PrologSlurmctld): the test passes by hand.
     let (stuck_w, others) = common::lead_with_candidates(&dir.join("kace.db"), 1);
 
-    let wrapper = dir.join("slow-squeue-wrapper");
-    std::fs::write(&wrapper, slow_squeue(&dir, &c.slurm().program("squeue"))).unwrap();
-    {
+    let conf_path = dir.join("etc/kace.conf");
+    let mut conf = std::fs::read_to_string(&conf_path).unwrap();
+    for program in ["squeue", "scontrol"] {
+        let wrapper = dir.join(format!("slow-{program}-wrapper"));
+        std::fs::write(&wrapper, slow_read(&dir, &c.slurm().program(program))).unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        conf = conf.replace(
+            &format!("{program} = \"{}\"", c.slurm().program(program).display()),
+            &format!("{program} = \"{}\"", wrapper.display()),
+        );
+        assert!(conf.contains(&format!("slow-{program}-wrapper")), "{conf}");
     }
-    let conf_path = dir.join("etc/kace.conf");
-    let conf = std::fs::read_to_string(&conf_path).unwrap().replace(
-        &format!("squeue = \"{}\"", c.slurm().program("squeue").display()),
-        &format!("squeue = \"{}\"", wrapper.display()),
-    );
-    assert!(conf.contains("slow-squeue-wrapper"), "{conf}");
     std::fs::write(&conf_path, conf).unwrap();
 
     // A kace job waiting for a partner, held by the gate: the one the stuck job's prolog picks.
