@@ -134,7 +134,8 @@ fn kace_reads_what_this_slurm_prints() {
     // What each command costs slurmctld, against the table the decider, `kace metrics` and
     // `kace doctor --controller` count with (CommandKind::rpcs): sdiag around each call.
     let held = roles["held"];
-    let ops: Vec<(&str, Box<dyn Fn(&kace_node::slurm::Commands)>)> = vec![
+    type Op = Box<dyn Fn(&kace_node::slurm::Commands)>;
+    let ops: Vec<(&str, Op)> = vec![
         ("the pass's listing", Box::new(|s| drop(s.kace_queue().unwrap()))),
         ("one job, listed", Box::new(move |s| drop(s.queued(partner).unwrap()))),
         ("one job's record", Box::new(move |s| drop(s.job(partner).unwrap()))),
