@@ -561,15 +561,7 @@ impl Slurm for Commands {
                     text: format!("it runs on {:?}, not {node}", j.nodes),
                 });
             }
-            let mut gpus: Vec<u32> = j
-                .gres
-                .iter()
-                .filter(|g| g.count > 0)
-                .flat_map(|g| g.indices.iter().copied())
-                .collect();
-            gpus.sort_unstable();
-            gpus.dedup();
-            return Ok(gpus);
+            return Ok(j.gpus());
         }
         let out = self.scontrol(CommandKind::Job, &["-o", "-d", "show", "job", &id.to_string()])?;
         detail_gpus(&out, node)
@@ -778,14 +770,7 @@ pub fn running_kace_jobs(jobs: Vec<slurm_json::JsonJob>) -> Vec<RunningJob> {
         .filter(|j| matches!(j.state.as_str(), "RUNNING" | "CONFIGURING" | "COMPLETING"))
         .filter(|j| j.admin_comment.starts_with(MARK))
         .map(|j| {
-            let mut gpus: Vec<u32> = j
-                .gres
-                .iter()
-                .filter(|g| g.count > 0)
-                .flat_map(|g| g.indices.iter().copied())
-                .collect();
-            gpus.sort_unstable();
-            gpus.dedup();
+            let gpus = j.gpus();
             let state = match j.state.as_str() {
                 "CONFIGURING" => "CF",
                 "COMPLETING" => "CG",

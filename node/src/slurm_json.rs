@@ -56,6 +56,21 @@ pub struct JsonJob {
     pub eligible: Option<f64>,
 }
 
+impl JsonJob {
+    /// The node-local indices of the GPUs its allocation holds shards (or GPUs) of, sorted.
+    pub fn gpus(&self) -> Vec<u32> {
+        let mut gpus: Vec<u32> = self
+            .gres
+            .iter()
+            .filter(|g| g.count > 0)
+            .flat_map(|g| g.indices.iter().copied())
+            .collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        gpus
+    }
+}
+
 /// A number, plain (22.05) or wrapped (`{"set": true, "number": 7}`, 23.02 on); `None` when
 /// unset, infinite or not a number.
 pub fn number(v: &Value) -> Option<u64> {

@@ -257,3 +257,11 @@ pub fn gpu_records(state_dir: &Path) -> Vec<GpuRecord> {
     }
     out
 }
+
+/// `builder` with slurmctld's PrologSlurmctld and EpilogSlurmctld running `kace-dispatch`: the
+/// nudges that wake the decider as kace jobs start and end.
+pub fn with_nudges(builder: crate::ClusterBuilder) -> Result<crate::ClusterBuilder, HarnessError> {
+    Ok(builder
+        .prolog_slurmctld(hook("kace-dispatch", "")?)
+        .epilog_slurmctld(hook("kace-dispatch", "")?))
+}

@@ -336,15 +336,16 @@ fn race_drill_many_deciders_at_once() {
     let test = "race_drill_many_deciders_at_once";
     kace_e2e::require_e2e(test);
     const HOLD: u64 = 45;
-    let c = Cluster::builder()
-        .nodes(vec![NodeSpec::new("n1", 2), NodeSpec::new("n2", 2)])
-        .typed_gpus(true)
-        .prolog(setup::hook("kace-prolog", "").unwrap())
-        .epilog(setup::hook("kace-epilog", "").unwrap())
-        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
-        .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
-        .start()
-        .unwrap();
+    let c = setup::with_nudges(
+        Cluster::builder()
+            .nodes(vec![NodeSpec::new("n1", 2), NodeSpec::new("n2", 2)])
+            .typed_gpus(true)
+            .prolog(setup::hook("kace-prolog", "").unwrap())
+            .epilog(setup::hook("kace-epilog", "").unwrap()),
+    )
+    .unwrap()
+    .start()
+    .unwrap();
     common::prepare(&c, HOLD);
     let names = {
         let db = kace_sql::Db::open_read_only(&c.dir().join("kace.db")).unwrap();
@@ -456,14 +457,15 @@ fn race_drill_many_deciders_at_once() {
 /// (workloads, predicted throughput sum, observed sum, the demo's true sum).
 fn saturated(jobs: usize, refill: bool) -> Saturated {
     use kace_e2e::demo;
-    let c = Cluster::builder()
-        .nodes(vec![NodeSpec::new("n1", 1), NodeSpec::new("n2", 1)])
-        .prolog(setup::hook("kace-prolog", "").unwrap())
-        .epilog(setup::hook("kace-epilog", "").unwrap())
-        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
-        .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
-        .start()
-        .unwrap();
+    let c = setup::with_nudges(
+        Cluster::builder()
+            .nodes(vec![NodeSpec::new("n1", 1), NodeSpec::new("n2", 1)])
+            .prolog(setup::hook("kace-prolog", "").unwrap())
+            .epilog(setup::hook("kace-epilog", "").unwrap()),
+    )
+    .unwrap()
+    .start()
+    .unwrap();
     let dir = c.dir().to_path_buf();
     let mut conf = setup::conf(&dir, 600);
     conf.push_str(&format!("[selection]\nrefill = {refill}\n"));

@@ -207,16 +207,17 @@ fn two_hundred_kace_jobs_through_faults_lose_and_mislabel_nothing() {
     let test = "two_hundred_kace_jobs_through_faults_lose_and_mislabel_nothing";
     kace_e2e::require_e2e(test);
     let node = |n: &str| NodeSpec { cpus: 8, ..NodeSpec::new(n, 2) };
-    let mut c = Cluster::builder()
-        .nodes(vec![node("n1"), node("n2")])
-        .typed_gpus(true)
-        .prolog(timed_hook("kace-prolog", "prolog-ms"))
-        .epilog(timed_hook("kace-epilog", "epilog-ms"))
-        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
-        .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
-        .slurm_conf_line("MinJobAge=3600")
-        .start()
-        .unwrap();
+    let mut c = setup::with_nudges(
+        Cluster::builder()
+            .nodes(vec![node("n1"), node("n2")])
+            .typed_gpus(true)
+            .prolog(timed_hook("kace-prolog", "prolog-ms"))
+            .epilog(timed_hook("kace-epilog", "epilog-ms")),
+    )
+    .unwrap()
+    .slurm_conf_line("MinJobAge=3600")
+    .start()
+    .unwrap();
     let dir = c.dir().to_path_buf();
     let spool = SpoolMount::new(&dir.join("kace-spool"));
     // The database in a directory of its own, so that it can be taken away whole (root ignores

@@ -32,20 +32,21 @@ fn a_large_queue_stops_neither_pairing_nor_max_hold() {
     let running = env_usize("KACE_QUEUE_RUNNING", 300);
     // Two plain nodes with many CPUs for the running sleeps, one GPU node for kace.
     let cpus = (running / 2 + 8) as u32;
-    let c = Cluster::builder()
-        .nodes(vec![
-            NodeSpec { cpus: 4, ..NodeSpec::new("n1", 1) },
-            NodeSpec { cpus, ..NodeSpec::new("n2", 0) },
-            NodeSpec { cpus, ..NodeSpec::new("n3", 0) },
-        ])
-        .typed_gpus(true)
-        .prolog(setup::hook("kace-prolog", "").unwrap())
-        .epilog(setup::hook("kace-epilog", "").unwrap())
-        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
-        .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
-        .slurm_conf_line("MaxJobCount=60000")
-        .start()
-        .unwrap();
+    let c = setup::with_nudges(
+        Cluster::builder()
+            .nodes(vec![
+                NodeSpec { cpus: 4, ..NodeSpec::new("n1", 1) },
+                NodeSpec { cpus, ..NodeSpec::new("n2", 0) },
+                NodeSpec { cpus, ..NodeSpec::new("n3", 0) },
+            ])
+            .typed_gpus(true)
+            .prolog(setup::hook("kace-prolog", "").unwrap())
+            .epilog(setup::hook("kace-epilog", "").unwrap()),
+    )
+    .unwrap()
+    .slurm_conf_line("MaxJobCount=60000")
+    .start()
+    .unwrap();
     let dir = c.dir().to_path_buf();
     common::prepare(&c, MAX_HOLD_S);
     // Without the refill, a job that arrives while the GPU is full is placed by max_hold alone.

@@ -142,16 +142,17 @@ fn a_burst_on_many_nodes_pairs_without_racing_or_idling() {
                 .shards_per_gpu(2)
         })
         .collect();
-    let c = Cluster::builder()
-        .nodes(specs)
-        .typed_gpus(true)
-        .prolog(setup::hook("kace-prolog", "").unwrap())
-        .epilog(setup::hook("kace-epilog", "").unwrap())
-        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
-        .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
-        .slurm_conf_line("MinJobAge=3600")
-        .start()
-        .unwrap();
+    let c = setup::with_nudges(
+        Cluster::builder()
+            .nodes(specs)
+            .typed_gpus(true)
+            .prolog(setup::hook("kace-prolog", "").unwrap())
+            .epilog(setup::hook("kace-epilog", "").unwrap()),
+    )
+    .unwrap()
+    .slurm_conf_line("MinJobAge=3600")
+    .start()
+    .unwrap();
     let dir = c.dir().to_path_buf();
     common::prepare(&c, 600);
     let names = {
