@@ -49,7 +49,8 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
     let log = |m: &str| (n.log)(&format!("kace: prolog: job {}: {m}", env.job));
     // slurmctld may be restarting (seconds) while a job it launched starts: a kace job whose mark
     // cannot be read runs as a plain one, and its partner's interval would then be stored as
-    // alone. So the read is retried for up to half the budget, leaving the rest for the decision.
+    // alone. So the read is retried for up to half the budget, leaving the rest for recording the
+    // job and starting MPS.
     let patience = Duration::from_millis(n.config.node.prolog_budget_ms / 2);
     let mut tries = 0u32;
     let listed = loop {
