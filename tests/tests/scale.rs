@@ -24,8 +24,14 @@ use common::{env_usize, field, kace, percentile};
 use kace_e2e::{kace as setup, Cluster, NodeSpec};
 
 const GPUS_PER_NODE: u32 = 4;
-/// Each job's run, seconds: long against Slurm's start latency (~0.3–2 s), short for CI.
-const JOB_S: u32 = 8;
+/// Each job's run, seconds: long against Slurm's start latency, short for CI. A released job
+/// starts at slurmctld's next background tick (`queue_job_scheduler` only counts a request;
+/// `_slurmctld_background` wakes at the next whole second, src/slurmctld/controller.c), unless
+/// an epilog's completion schedules at once: up to 1 s a start, plus the prolog, which plain jobs
+/// started at submission do not pay. With 8 s jobs 6–12 % of the GPU time
+/// went between jobs, most of it that (docs/measurements/2026-12-03-decider-scale.md); real GPU
+/// jobs run minutes.
+const JOB_S: u32 = 12;
 
 /// The stand-in: a progress line a second, from bash builtins only (`read -t` on a pipe that
 /// never has data is the sleep).
