@@ -103,6 +103,18 @@ local function quote(s)
   return "\"" .. shown .. "\""
 end
 
+-- kace places a held job on a node its partitions, -w and constraint allow, read from squeue;
+-- Slurm 22.05's squeue cannot show a job's excluded nodes, so kace could not honour --exclude:
+-- refused at submission and as an update of a kace job, with what to do instead.
+local function kace_exclude_refusal(job_desc)
+  local exc = job_desc.exc_nodes
+  if exc ~= nil and exc ~= "" then
+    return "kace: couldn't accept --exclude (" .. quote(exc) .. ") with --kace-colocate: "
+      .. "kace cannot see excluded nodes; use --partition, --nodelist or --constraint"
+  end
+  return nil
+end
+
 -- Why kace cannot take this --kace-colocate job as it was submitted, as one line for the user,
 -- or nil. kace pairs single jobs that ask for shards of one GPU, and holds them itself: an
 -- array would be held as one record, a het job's parts could not be placed together, a job
@@ -132,7 +144,7 @@ local function kace_shape_refusal(job_desc)
   if job_desc.priority == 0 then
     return "kace: couldn't accept --hold with --kace-colocate: kace holds the job until it pairs it; submit without --hold"
   end
-  return nil
+  return kace_exclude_refusal(job_desc)
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
@@ -201,6 +213,15 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
     return slurm.ESLURM_ACCESS_DENIED
   end
   local ac = job_rec.admin_comment
+  if not RELEASERS[modify_uid] and ac ~= nil and string.sub(ac, 1, #PREFIX) == PREFIX then
+    local exclude = kace_exclude_refusal(job_desc)
+    if exclude ~= nil then
+      slurm.log_user("%s", exclude)
+      slurm.log_info("kace: gate: refused uid %u excluding nodes from kace job %u", modify_uid,
+        job_rec.job_id)
+      return slurm.ESLURM_ACCESS_DENIED
+    end
+  end
   -- `scontrol release` arrives as priority = INFINITE; other updates carry NO_VAL.
   if not RELEASERS[modify_uid] and ac ~= nil and string.sub(ac, 1, #PREFIX) == PREFIX
       and job_desc.priority == slurm.INFINITE then

@@ -314,6 +314,10 @@ fn render_story(st: &Story) -> String {
                         }
                         _ => "by max_hold (held too long; kace dispatch)".into(),
                     },
+                    ReleasedBy::HandBack => format!(
+                        "to Slurm, unpinned and asking for a whole GPU (kace dispatch: {})",
+                        printable(r.why.as_deref().unwrap_or("no reason recorded"))
+                    ),
                 };
                 out.push_str(&format!("; released {when} {by}\n"));
             }

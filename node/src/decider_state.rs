@@ -8,7 +8,7 @@
 //! unreadable file is set aside as `state.json.bad` and the decider starts empty: it reads the
 //! GPUs again and finds begun releases by their pins ([`crate::dispatch`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -62,6 +62,16 @@ pub struct DeciderState {
     pub commands_total: BTreeMap<String, u64>,
     /// The last [`MINUTES_KEPT`] minutes' counts, oldest first.
     pub minutes: Vec<Minute>,
+    /// Jobs handed back to Slurm (unpinned, a whole GPU's shards): never held again by kace.
+    #[serde(default)]
+    pub handed_back: BTreeSet<u32>,
+    /// Jobs held again after Slurm kept them pending for a policy reason → until when (Unix
+    /// seconds) they are not released again, so that a limit that holds is not met each pass.
+    #[serde(default)]
+    pub resting: BTreeMap<u32, f64>,
+    /// Requeued jobs held again → the restart count that was dealt with.
+    #[serde(default)]
+    pub requeues: BTreeMap<u32, u32>,
     /// The nodes and when they were read (Unix seconds), in this process only.
     #[serde(skip)]
     pub nodes: Option<(f64, Vec<crate::slurm::NodeGpus>)>,

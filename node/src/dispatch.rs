@@ -38,7 +38,8 @@ use kace_sql::{DecisionCandidate, NewDecision};
 
 use crate::decider_state::{Begun, DeciderState};
 use crate::error::{io, Result};
-use crate::slurm::{Commands, QueuedJob, Slurm, Target};
+use crate::placement::{self, HandBack, Wants};
+use crate::slurm::{Commands, NodeGpus, QueuedJob, Slurm, Target};
 
 /// How long one pass may take in all, so that a hanging Slurm command cannot pile up passes.
 pub const BUDGET: Duration = Duration::from_secs(60);
@@ -46,6 +47,11 @@ pub const BUDGET: Duration = Duration::from_secs(60);
 /// At most this many candidates are tried for one open GPU when the chosen one cannot be
 /// released (cancelled meanwhile).
 const RELEASE_TRIES: usize = 3;
+
+/// How long a job held again for a policy reason (a QOS or association limit, a node Slurm
+/// will not give it) is left alone before it is offered again, seconds: long against a pass,
+/// short against a limit's life.
+pub const REST_S: f64 = 60.0;
 
 /// A GPU: its node, its index there and its type when typed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -329,8 +335,11 @@ pub struct Report {
     /// Jobs released because they were held longer than `max_hold`: (job, node, GPU index);
     /// node empty when released unpinned.
     pub expired: Vec<(u32, String, u32)>,
-    /// Jobs held longer than `max_hold` that fit nowhere yet: they wait for a free GPU.
-    pub waiting_expired: Vec<u32>,
+    /// Jobs handed back to Slurm, unpinned and asking for a whole GPU: (job, why).
+    pub handed_back: Vec<(u32, String)>,
+    /// Released jobs held again: Slurm kept them pending for a policy reason, or requeued
+    /// them: (job, why).
+    pub held_again: Vec<(u32, String)>,
     /// Releases an earlier pass began (pinned, not released) and this one finished.
     pub resumed: Vec<u32>,
     /// Whether kace jobs are still held after the pass.
@@ -370,10 +379,13 @@ impl Report {
         for (job, n, g) in &self.leads {
             out.push(format!("released job {job} as a lead onto {n} GPU {g}"));
         }
-        for job in &self.waiting_expired {
+        for (job, why) in &self.handed_back {
             out.push(format!(
-                "job {job} is held longer than {max_hold_s} s but fits on no GPU now; it waits for a free one"
+                "handed job {job} back to Slurm, unpinned and asking for a whole GPU: {why}"
             ));
+        }
+        for (job, why) in &self.held_again {
+            out.push(format!("held job {job} again and unpinned it: {why}"));
         }
         out
     }
@@ -409,12 +421,16 @@ struct Member {
     workload: String,
     user: String,
     starting: bool,
+    /// It holds every shard of the GPU (a job handed back to Slurm): nothing can join it.
+    whole: bool,
 }
 
 /// A GPU as the pass sees it.
 #[derive(Debug, Clone)]
 struct Slot {
     at: GpuAt,
+    /// Its node, as an index into the pass's nodes.
+    node_at: usize,
     /// Its type names no other GPU of its node: a job pinned to the type lands on this GPU.
     sole_of_kind: bool,
     /// Kace jobs starting or running on it.
@@ -433,7 +449,11 @@ impl Slot {
         self.jobs.is_empty() && !self.unknown && self.coming == 0
     }
     fn open(&self, limit: usize) -> bool {
-        !self.jobs.is_empty() && self.jobs.len() < limit && !self.unknown && self.coming == 0
+        !self.jobs.is_empty()
+            && self.jobs.len() < limit
+            && !self.jobs.iter().any(|m| m.whole)
+            && !self.unknown
+            && self.coming == 0
     }
     /// The kind of a joiner's record: the decision of a job that starts there (a lead's
     /// partner, or the next place a joiner leaves room for), a refill, or a late arrival.
@@ -496,6 +516,10 @@ pub fn run(
         .map(|j| j.id)
         .collect();
     state.gpus.retain(|id, _| on_a_gpu.contains(id));
+    let listed: BTreeSet<u32> = queue.iter().map(|j| j.id).collect();
+    state.handed_back.retain(|id| listed.contains(id));
+    state.requeues.retain(|id, _| listed.contains(id));
+    state.resting.retain(|id, until| listed.contains(id) && *until > now);
 
     // 0. What an earlier pass began, and the records it parked while the spool was full.
     finish_begun(slurm, s, state, &queue, &mut report);
@@ -505,12 +529,14 @@ pub fn run(
         }
     }
 
+    let held_again = hold_again(slurm, s, state, &queue, now, &mut report);
+
     // A job Slurm would not start yet (unmet dependency, --begin ahead) is neither offered nor
     // released for max_hold: its hold counts from when it may start.
     let held: Vec<&QueuedJob> = queue
         .iter()
         .filter(|j| j.held() && j.shards().is_some() && j.blocked(now).is_none())
-        .filter(|j| !report.resumed.contains(&j.id))
+        .filter(|j| !report.resumed.contains(&j.id) && !state.resting.contains_key(&j.id))
         .collect();
     if held.is_empty() {
         return Ok(report);
@@ -538,12 +564,35 @@ pub fn run(
             return Ok(report);
         }
     };
+    // Where each held job may go under the site's policies; what kace cannot place is handed
+    // back to Slurm now.
+    let wants: Vec<std::result::Result<Wants, HandBack>> = held
+        .iter()
+        .map(|j| {
+            let w = placement::wants(j)?;
+            let somewhere =
+                nodes.iter().any(|n| n.gpus.iter().any(|k| placement::allows(&w, n, k.as_deref())));
+            if somewhere {
+                Ok(w)
+            } else {
+                Err(HandBack::NoGpuNode)
+            }
+        })
+        .collect();
+    let mut taken: Vec<usize> = Vec::new(); // indices into `held` this pass dealt with
+    for (i, w) in wants.iter().enumerate() {
+        if let Err(why) = w {
+            taken.push(i);
+            hand_back(slurm, s, state, held[i], &nodes, why, now, &mut report);
+        }
+    }
     let mut slots: Vec<Slot> = Vec::new();
-    for n in nodes.iter().filter(|n| n.usable) {
+    for (node_at, n) in nodes.iter().enumerate().filter(|(_, n)| n.usable) {
         for (i, kind) in n.gpus.iter().enumerate() {
             let sole_of_kind = kind.is_some() && n.gpus.iter().filter(|k| *k == kind).count() == 1;
             slots.push(Slot {
                 at: GpuAt { node: n.name.clone(), index: GpuIndex(i as u32), kind: kind.clone() },
+                node_at,
                 sole_of_kind,
                 jobs: Vec::new(),
                 unknown: false,
@@ -601,16 +650,22 @@ pub fn run(
                 // A lead Slurm will not start until it is requeued: no partner beside it.
                 slots[k].unknown = true;
             } else {
+                let shards = nodes[slots[k].node_at].shards_per_gpu;
                 slots[k].jobs.push(Member {
                     id: j.id,
                     workload: j.workload.clone(),
                     user: j.user.clone(),
                     starting: j.starting(),
+                    whole: shards > 0 && j.shards().is_some_and(|n| n >= shards),
                 });
             }
         }
     }
-    for j in queue.iter().filter(|j| j.pending() && !j.held() && !j.req_nodes.is_empty()) {
+    for j in queue
+        .iter()
+        .filter(|j| j.pending() && !j.held() && !j.req_nodes.is_empty())
+        .filter(|j| !held_again.contains(&j.id))
+    {
         // An untyped pin may land on any GPU of its node: it counts against each.
         for slot in slots.iter_mut().filter(|x| in_flight_to(j, &x.at)) {
             slot.coming += 1;
@@ -670,7 +725,13 @@ pub fn run(
             model_version: Some(d.model_version),
         })
     };
-    let mut taken: Vec<usize> = Vec::new(); // indices into `held` this pass dealt with
+    // Whether held job `i` may go to slot `k` under the site's policies.
+    let fits = |i: usize, slot: &Slot| {
+        wants[i]
+            .as_ref()
+            .is_ok_and(|w| placement::allows(w, &nodes[slot.node_at], slot.at.kind.as_deref()))
+    };
+    let mut expired_left: Vec<usize> = Vec::new();
 
     // 1. Nothing waits forever, and nothing expired is crowded onto a full GPU.
     // Fitting is all that counts for a job that waited this long: no gain threshold.
@@ -681,14 +742,15 @@ pub fn run(
         },
         ..s.policy.clone()
     };
+    let expired: Vec<usize> = expired.into_iter().filter(|i| !taken.contains(i)).collect();
     for &i in &expired {
         let j = held[i];
-        let place = match slots.iter().position(Slot::free) {
+        let place = match slots.iter().position(|x| x.free() && fits(i, x)) {
             Some(k) => Some((k, None)),
             None => slots
                 .iter()
                 .enumerate()
-                .filter(|(_, x)| x.open(limit))
+                .filter(|(_, x)| x.open(limit) && fits(i, x))
                 .find_map(|(k, x)| match choose(x, &[i], &fit_only) {
                     Ok(c) if c.ranked == [i] => Some((k, c)),
                     _ => None,
@@ -696,7 +758,7 @@ pub fn run(
                 .map(|(k, c)| (k, Some(c))),
         };
         let Some((k, chosen)) = place else {
-            report.waiting_expired.push(j.id);
+            expired_left.push(i);
             continue;
         };
         taken.push(i);
@@ -719,9 +781,13 @@ pub fn run(
         if !slot.open(limit) || (!s.fill_open && slot.join_kind() != ReleaseKind::Lead) {
             continue;
         }
-        let cands: Vec<usize> = (0..held.len()).filter(|i| !taken.contains(i)).collect();
-        if cands.is_empty() {
+        if (0..held.len()).all(|i| taken.contains(&i)) {
             break;
+        }
+        let cands: Vec<usize> =
+            (0..held.len()).filter(|i| !taken.contains(i) && fits(*i, slot)).collect();
+        if cands.is_empty() {
+            continue;
         }
         let chosen = match choose(slot, &cands, &s.policy) {
             Ok(c) => c,
@@ -750,13 +816,14 @@ pub fn run(
         }
     }
 
-    // 3. Leads onto free GPUs, oldest first (expired ones that still wait come first).
-    let mut leads = (0..held.len()).filter(|i| !taken.contains(i)).collect::<Vec<_>>().into_iter();
+    // 3. Leads onto free GPUs, oldest first, each onto the first free GPU it may use.
     for slot in slots.iter_mut() {
         if !slot.free() {
             continue;
         }
-        let Some(i) = leads.next() else { break };
+        let Some(i) = (0..held.len()).find(|i| !taken.contains(i) && fits(*i, slot)) else {
+            continue;
+        };
         taken.push(i);
         match release(slurm, s, state, held[i], slot, ReleaseKind::LeadRelease, None, now) {
             Ok((d, p)) => {
@@ -764,12 +831,18 @@ pub fn run(
                 report.records.push(d);
                 report.leads.push((held[i].id, slot.at.node.clone(), slot.at.index.0));
                 slot.coming += 1;
-                report.waiting_expired.retain(|j| *j != held[i].id);
+                expired_left.retain(|k| *k != i);
             }
             Err(e) => report.problems.push(e),
         }
     }
-    let released = report.leads.len() + report.joiners.len() + report.expired.len();
+    // 4. max_hold is a bound: an expired job no GPU takes now goes to Slurm.
+    for i in expired_left {
+        taken.push(i);
+        hand_back(slurm, s, state, held[i], &nodes, &HandBack::MaxHold, now, &mut report);
+    }
+    let released =
+        report.leads.len() + report.joiners.len() + report.expired.len() + report.handed_back.len();
     report.still_held = held.len() > released;
     let released_ids: BTreeSet<u32> = report
         .leads
@@ -777,6 +850,7 @@ pub fn run(
         .chain(&report.joiners)
         .chain(&report.expired)
         .map(|(j, _, _)| *j)
+        .chain(report.handed_back.iter().map(|(j, _)| *j))
         .collect();
     report.next_expiry = held
         .iter()
@@ -958,4 +1032,113 @@ fn release_unpinned(
             report.problems.push(format!("couldn't release job {}: {e}", j.id));
         }
     }
+}
+
+/// The shards of one whole GPU where `j` may run: the most any GPU node of its partitions has
+/// per GPU (its own request when none is known), so that wherever Slurm starts it no kace job
+/// can be crowded beside it on a GPU kace shares.
+fn whole_gpu(j: &QueuedJob, nodes: &[NodeGpus]) -> u32 {
+    let partitions = crate::slurm::split_words(&j.partition);
+    nodes
+        .iter()
+        .filter(|n| partitions.is_empty() || n.partitions.iter().any(|p| partitions.contains(p)))
+        .map(|n| n.shards_per_gpu)
+        .max()
+        .filter(|n| *n > 0)
+        .unwrap_or_else(|| j.shards().unwrap_or(1))
+}
+
+/// Hands held job `j` back to Slurm (see [`Slurm::hand_back`]) and records why (a
+/// [`ReleaseKind::HandBack`] record; the job is never held by kace again).
+#[allow(clippy::too_many_arguments)]
+fn hand_back(
+    slurm: &dyn Slurm,
+    s: &Settings<'_>,
+    state: &mut DeciderState,
+    j: &QueuedJob,
+    nodes: &[NodeGpus],
+    why: &HandBack,
+    now: f64,
+    report: &mut Report,
+) {
+    let d = SpooledDecision {
+        key: release_key(ReleaseKind::HandBack, &s.cluster, &j.id.to_string(), "any", now),
+        created_at: now,
+        decision: NewDecision {
+            lead_job: Some(j.id.to_string()),
+            lead_workload: j.workload.clone(),
+            chosen_workload: None,
+            chosen_job: None,
+            model_version: None,
+            candidates: vec![DecisionCandidate {
+                rejected: Some(why.to_string()),
+                ..candidate_record(j, now)
+            }],
+        },
+    };
+    let spooled = spool_decision(s, &d, &mut report.problems).map_err(|e| report.problems.push(e));
+    match slurm.hand_back(j.id, whole_gpu(j, nodes)) {
+        Ok(()) => {
+            state.handed_back.insert(j.id);
+            report.handed_back.push((j.id, why.to_string()));
+            report.records.push(d);
+        }
+        Err(e) => {
+            match spooled {
+                Ok(None) => drop(withdraw_decision(s.spool, &d.key)),
+                Ok(Some(parked)) => drop(std::fs::remove_file(parked)),
+                Err(()) => {}
+            }
+            report.problems.push(format!("couldn't hand job {} back to Slurm: {e}", j.id));
+        }
+    }
+}
+
+/// Holds again the jobs kace released that Slurm will not start where or when kace put them:
+/// pending for a policy reason ([`placement::policy_reason`]: a node Slurm will not give it, a
+/// QOS or association limit), so that their GPU is not kept for them; and requeued ones
+/// (preemption, a node's failure), which come back pinned to their old GPU. Each rests
+/// [`REST_S`] (policy) or is offered at once (requeue). The ids held again.
+fn hold_again(
+    slurm: &dyn Slurm,
+    s: &Settings<'_>,
+    state: &mut DeciderState,
+    queue: &[QueuedJob],
+    now: f64,
+    report: &mut Report,
+) -> BTreeSet<u32> {
+    let mut done = BTreeSet::new();
+    for j in queue.iter().filter(|j| j.pending() && !j.held() && !j.req_nodes.is_empty()) {
+        if state.handed_back.contains(&j.id) || state.begun.contains_key(&j.id) {
+            continue;
+        }
+        let requeued = j.restarts > 0 && state.requeues.get(&j.id) != Some(&j.restarts);
+        let why = if requeued {
+            format!("Slurm requeued it (restart {}); it was pinned to {}", j.restarts, j.req_nodes)
+        } else if placement::policy_reason(&j.reason) {
+            format!("Slurm keeps it pending on {}: {}", j.req_nodes, j.reason)
+        } else {
+            continue;
+        };
+        match slurm.hold_again(j.id) {
+            Ok(()) => {
+                if requeued {
+                    state.requeues.insert(j.id, j.restarts);
+                } else {
+                    state.resting.insert(j.id, now + REST_S);
+                }
+                done.insert(j.id);
+                report.held_again.push((j.id, why));
+            }
+            Err(e) => {
+                report.problems.push(format!("couldn't hold job {} again ({why}): {e}", j.id))
+            }
+        }
+    }
+    if !done.is_empty() {
+        if let Err(e) = state.save(s.state_dir) {
+            report.problems.push(format!("couldn't save the decider's state: {e}"));
+        }
+    }
+    done
 }

@@ -168,9 +168,45 @@ pub fn node_gpus(gres: &str) -> Vec<Option<String>> {
         .collect()
 }
 
+/// The shards each GPU of a node has, from its configured GRES (`gpu:g0:1,shard:g0:4,…` typed,
+/// or `gpu:2,shard:8` shared out evenly): the fewest of any GPU type, 0 without GPUs or shards.
+pub fn shards_per_gpu(gres: &str) -> u32 {
+    let specs = parse_specs(gres);
+    let count = |name: &str, kind: &Option<String>| -> u32 {
+        specs.iter().filter(|g| g.name == name && g.kind == *kind).map(|g| g.count).sum()
+    };
+    let mut kinds: Vec<Option<String>> =
+        specs.iter().filter(|g| g.name == "gpu").map(|g| g.kind.clone()).collect();
+    kinds.sort();
+    kinds.dedup();
+    kinds
+        .iter()
+        .filter_map(|k| {
+            let gpus = count("gpu", k);
+            // Untyped shards on a node with typed GPUs are shared across all of them.
+            let shards = match count("shard", k) {
+                0 if k.is_some() => count("shard", &None) / kinds.len().max(1) as u32,
+                n => n,
+            };
+            (gpus > 0).then(|| shards / gpus)
+        })
+        .min()
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shards_of_each_gpu() {
+        assert_eq!(shards_per_gpu("gpu:g0:1,gpu:g1:1,shard:g0:4,shard:g1:4"), 4);
+        assert_eq!(shards_per_gpu("gpu:g0:1(S:0),shard:g0:2(S:0)"), 2);
+        assert_eq!(shards_per_gpu("gpu:2,shard:8"), 4);
+        assert_eq!(shards_per_gpu("gpu:a100:2,shard:a100:4,gpu:h100:1,shard:h100:4"), 2);
+        assert_eq!(shards_per_gpu("gpu:2"), 0);
+        assert_eq!(shards_per_gpu("(null)"), 0);
+    }
 
     #[test]
     fn requests_in_every_release_form() {

@@ -38,6 +38,7 @@ pub mod hook;
 pub mod measure;
 pub mod mps;
 pub mod nudge;
+pub mod placement;
 pub mod prolog;
 pub mod slurm;
 pub mod slurm_json;

@@ -29,10 +29,17 @@ pub const MARK: &str = "kace:";
 /// The `squeue -O` format kace reads its jobs with: only fields no user can write.
 pub const QUEUE_FORMAT: &str = "JobID:|,admin_comment:|,UserName:|,Reason:|,tres-per-node:|,\
                                 SubmitTime:|,ReqNodes:|,StateCompact:|,Dependency:|,EligibleTime:|,\
-                                StartTime:|,EndTime:|,NodeList:|";
+                                StartTime:|,EndTime:|,NodeList:|,Partition:|,Reservation:|,\
+                                Feature:|,RestartCnt:|,TimeLimit:|";
 
 /// The number of fields in [`QUEUE_FORMAT`].
-const QUEUE_FIELDS: usize = 13;
+const QUEUE_FIELDS: usize = 18;
+
+/// The `sinfo -N -O` format kace reads the nodes with: one line per node and partition.
+pub const NODES_FORMAT: &str = "NodeList:|,PartitionName:|,Gres:|,StateLong:|,Features:|";
+
+/// The number of fields in [`NODES_FORMAT`].
+const NODES_FIELDS: usize = 5;
 
 /// How long past its budget (`node.prolog_budget_ms`) a kace prolog or epilog may still run:
 /// slurmd launches the hook a moment after slurmctld allocates, and clocks differ a little.
@@ -87,6 +94,16 @@ pub struct QueuedJob {
     pub ended: Option<f64>,
     /// The node it runs on (starting, running or completing; empty while pending).
     pub node: String,
+    /// The partitions it may run in, as Slurm lists them (`pa,pb`).
+    pub partition: String,
+    /// The reservation it asked for (empty when none).
+    pub reservation: String,
+    /// Its constraint (`--constraint`, Slurm's `Features`; empty when none).
+    pub features: String,
+    /// How often Slurm requeued it (preemption, node failure, `scontrol requeue`).
+    pub restarts: u32,
+    /// Its time limit, seconds; `None` when unlimited or unreadable.
+    pub time_limit_s: Option<f64>,
 }
 
 impl QueuedJob {
@@ -237,8 +254,14 @@ pub struct NodeGpus {
     pub name: String,
     /// GPU types in index order (`None` entries when untyped).
     pub gpus: Vec<Option<String>>,
-    /// Whether Slurm may start jobs there (not down, drained or draining).
+    /// The shards each of its GPUs has (the fewest, when they differ); 0 when it has none.
+    pub shards_per_gpu: u32,
+    /// Whether Slurm may start jobs there ([`state_takes_jobs`]).
     pub usable: bool,
+    /// The partitions it is in.
+    pub partitions: Vec<String>,
+    /// Its available features (for `--constraint`).
+    pub features: Vec<String>,
 }
 
 /// A running, configuring or completing kace job.
@@ -292,6 +315,14 @@ pub trait Slurm {
     fn pin(&self, id: u32, target: &Target, shards: u32, ours: Option<&str>) -> Result<()>;
     /// Releases a held job.
     fn release(&self, id: u32) -> Result<()>;
+    /// Hands a held job back to Slurm: asks for `shards` shards of one GPU (of the type it
+    /// asks for, if any; a whole GPU's, so that wherever Slurm starts it no kace job is crowded
+    /// beside it) and releases it, unpinned. Like [`Slurm::pin`], it re-reads the job first and
+    /// leaves it alone unless it is still held.
+    fn hand_back(&self, id: u32, shards: u32) -> Result<()>;
+    /// Holds a released kace job again with the gate's kind of hold (`scontrol uhold`, which
+    /// kace releases; an admin's `hold` it never does) and clears kace's pin.
+    fn hold_again(&self, id: u32) -> Result<()>;
     /// Whether `node`'s slurmd (on this host) runs a step of job `id` now: `scontrol listpids
     /// ID NODE`, which asks that node's slurmstepd over its local socket, not slurmctld (no RPC).
     /// `false` also when the job has no step yet (its prolog runs) or no process left.
@@ -317,13 +348,15 @@ pub enum CommandKind {
     UpdateNodes,
     /// `scontrol release`.
     Release,
+    /// `scontrol uhold`.
+    Hold,
     /// `scontrol listpids`: asks a node's slurmstepd, not slurmctld.
     Steps,
 }
 
 impl CommandKind {
     /// Every kind, in the order metrics list them.
-    pub const ALL: [CommandKind; 8] = [
+    pub const ALL: [CommandKind; 9] = [
         CommandKind::List,
         CommandKind::Job,
         CommandKind::WholeQueue,
@@ -331,6 +364,7 @@ impl CommandKind {
         CommandKind::Update,
         CommandKind::UpdateNodes,
         CommandKind::Release,
+        CommandKind::Hold,
         CommandKind::Steps,
     ];
 
@@ -344,6 +378,7 @@ impl CommandKind {
             CommandKind::Update => "update",
             CommandKind::UpdateNodes => "update_nodes",
             CommandKind::Release => "release",
+            CommandKind::Hold => "hold",
             CommandKind::Steps => "steps",
         }
     }
@@ -362,7 +397,7 @@ impl CommandKind {
                 2
             }
             CommandKind::UpdateNodes => 3,
-            CommandKind::Update | CommandKind::Release => 1,
+            CommandKind::Update | CommandKind::Release | CommandKind::Hold => 1,
             CommandKind::Steps => 0,
         }
     }
@@ -655,6 +690,34 @@ impl Slurm for Commands {
         self.scontrol(CommandKind::Release, &["release", &id.to_string()]).map(drop)
     }
 
+    fn hand_back(&self, id: u32, shards: u32) -> Result<()> {
+        let taken = |why: String| Error::Taken { job: id, why };
+        let Some(now) = self.queued(id)? else {
+            return Err(taken("Slurm lists it no longer".into()));
+        };
+        if !now.held() {
+            return Err(taken(format!("it is no longer held ({} {})", now.state, now.reason)));
+        }
+        let job = format!("jobid={id}");
+        // The same typed-ness as before: Slurm up to 25.05 refuses a change between an untyped
+        // and a typed request (shared/reference/slurm-lab-2.md §2).
+        let gres = match gres::request_kind(&now.tres_per_node, "shard") {
+            Some(kind) => format!("Gres=shard:{kind}:{shards}"),
+            None => format!("Gres=shard:{shards}"),
+        };
+        if now.shards() != Some(shards) {
+            self.scontrol(CommandKind::Update, &["update", &job, &gres])?;
+        }
+        self.release(id)
+    }
+
+    fn hold_again(&self, id: u32) -> Result<()> {
+        let id_text = id.to_string();
+        self.scontrol(CommandKind::Hold, &["uhold", &id_text])?;
+        let job = format!("jobid={id}");
+        self.scontrol(CommandKind::UpdateNodes, &["update", &job, "NodeList="]).map(drop)
+    }
+
     fn steps_here(&self, id: u32, node: &str) -> Result<bool> {
         // scontrol's listpids (src/scontrol/info_job.c, scontrol_list_pids) lists the steps in
         // the node's SlurmdSpoolDir (stepd_available) and prints "PID JOBID STEPID LOCALID
@@ -669,7 +732,7 @@ impl Slurm for Commands {
     }
 
     fn nodes(&self) -> Result<Vec<NodeGpus>> {
-        let args = ["-h", "-N", "-O", "NodeList:|,Gres:|,StateLong:|"];
+        let args = ["-h", "-N", "-O", NODES_FORMAT];
         let out = self.call(CommandKind::Nodes, &self.sinfo, &args)?;
         Ok(parse_nodes(&out))
     }
@@ -722,6 +785,11 @@ pub fn parse_queue(out: &str) -> (Vec<QueuedJob>, Vec<String>) {
             started: parse_utc(f[10]),
             ended: parse_utc(f[11]),
             node: none(f[12]),
+            partition: none(f[13]),
+            reservation: none(f[14]),
+            features: none(f[15]),
+            restarts: f[16].parse().unwrap_or(0),
+            time_limit_s: parse_duration(f[17]),
         });
     }
     jobs.sort_by_key(|j| j.id);
@@ -760,6 +828,11 @@ pub fn queued_from_json(j: slurm_json::JsonJob) -> Option<QueuedJob> {
         started: j.started,
         ended: j.ended,
         node: j.nodes,
+        partition: j.partition,
+        reservation: j.reservation,
+        features: j.features,
+        restarts: j.restarts,
+        time_limit_s: j.time_limit_s,
     })
 }
 
@@ -835,23 +908,75 @@ pub fn detail_gpus(text: &str, node: &str) -> Result<Vec<u32>> {
     }
 }
 
-/// Parses `sinfo -h -N -O NodeList:|,Gres:|,StateLong:|`.
+/// Whether Slurm starts new jobs on a node in this `StateLong` (`mixed`, `idle~`, `mixed$`,
+/// `allocated+drain`, …). The base states that take jobs are idle, mixed, allocated and
+/// completing (and `planned`, backfill's); any suffix (`*` not responding, `~` powered off,
+/// `#`/`%`/`!` powering, `$` in a maintenance reservation, `@`/`^` rebooting; `-` planned is
+/// harmless) or other flag (`+drain`, `+maint`, `+reserved`, …) keeps kace off it
+/// (src/common/slurm_protocol_defs.c, node_state_string and its suffixes in sinfo's print.c).
+pub fn state_takes_jobs(state: &str) -> bool {
+    let state = state.trim().to_ascii_lowercase();
+    let base = state.trim_end_matches(['-']);
+    if base.ends_with(['*', '~', '#', '%', '!', '$', '@', '^']) {
+        return false;
+    }
+    let mut parts = base.split('+');
+    let first = parts.next().unwrap_or("");
+    matches!(first, "idle" | "mixed" | "allocated" | "alloc" | "completing" | "planned")
+        && parts.all(|f| matches!(f, "completing" | "planned"))
+}
+
+/// Parses `sinfo -h -N -O` [`NODES_FORMAT`]: one entry per node, its partitions gathered from
+/// its lines (a node in two partitions has two).
 pub fn parse_nodes(out: &str) -> Vec<NodeGpus> {
     let mut nodes: BTreeMap<String, NodeGpus> = BTreeMap::new();
     for line in out.lines() {
-        let Some(f) = strict_fields(line, 3) else { continue };
+        let Some(f) = strict_fields(line, NODES_FIELDS) else { continue };
         if f[0].is_empty() {
             continue;
         }
-        let state = f[2].to_ascii_lowercase();
-        let usable = !["down", "drain", "fail", "maint", "reserved", "not_responding"]
-            .iter()
-            .any(|s| state.contains(s))
-            && !state.ends_with('*');
-        let gpus = gres::node_gpus(f[1]);
-        nodes.insert(f[0].to_string(), NodeGpus { name: f[0].to_string(), gpus, usable });
+        let node = nodes.entry(f[0].to_string()).or_insert_with(|| NodeGpus {
+            name: f[0].to_string(),
+            gpus: gres::node_gpus(f[2]),
+            shards_per_gpu: gres::shards_per_gpu(f[2]),
+            usable: state_takes_jobs(f[3]),
+            partitions: Vec::new(),
+            features: split_words(f[4]),
+        });
+        if !f[1].is_empty() && !node.partitions.iter().any(|p| p == f[1]) {
+            node.partitions.push(f[1].to_string());
+        }
     }
     nodes.into_values().collect()
+}
+
+/// The comma-separated words of a Slurm list field, `(null)` and `N/A` being none.
+pub fn split_words(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|w| !w.is_empty() && !matches!(*w, "(null)" | "N/A"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Parses a Slurm duration as squeue prints a time limit (`UNLIMITED`, `5:00` minutes and
+/// seconds, `1:00:00`, `2-00:00:00`), in seconds; `None` when unlimited or unreadable.
+pub fn parse_duration(s: &str) -> Option<f64> {
+    let s = s.trim();
+    let (days, rest) = match s.split_once('-') {
+        Some((d, r)) => (d.parse::<u64>().ok()?, r),
+        None => (0, s),
+    };
+    let parts: Vec<u64> = rest.split(':').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    let (h, m, sec) = match parts.as_slice() {
+        [m] if days == 0 => (0, *m, 0),
+        [h] => (*h, 0, 0),
+        [m, sec] if days == 0 => (0, *m, *sec),
+        [h, m] => (*h, *m, 0),
+        [h, m, sec] => (*h, *m, *sec),
+        _ => return None,
+    };
+    Some((days * 86_400 + h * 3600 + m * 60 + sec) as f64)
 }
 
 /// Parses Slurm's `YYYY-MM-DDTHH:MM:SS` (printed in UTC: kace runs Slurm commands with TZ=UTC).
@@ -880,10 +1005,10 @@ mod tests {
 
     #[test]
     fn pending_kace_jobs_are_read_and_others_skipped() {
-        let out = "12|kace:bert|alice|JobHeldUser|gres:shard:1|2026-11-29T06:58:46|(null)|PD|(null)|N/A|N/A|N/A||\n\
-                   11|(null)|bob|Resources|N/A|2026-11-29T06:58:40||PD|(null)|N/A|N/A|N/A||\n\
-                   10|kace:lstm|alice|None|gres/shard:g1:2|2026-11-29T06:58:00|n1|PD|(null)|2026-11-29T06:58:00|2026-11-29T07:00:00|NONE||\n\
-                   14|kace:wav|alice|Prolog|gres/shard:1|2026-11-29T06:58:00|n2|R|(null)|N/A|2026-11-29T06:58:40|2026-11-29T07:58:40|n2|\n";
+        let out = "12|kace:bert|alice|JobHeldUser|gres:shard:1|2026-11-29T06:58:46|(null)|PD|(null)|N/A|N/A|N/A||pa,pb|(null)|fa&fb|0|1:30:00|\n\
+                   11|(null)|bob|Resources|N/A|2026-11-29T06:58:40||PD|(null)|N/A|N/A|N/A||debug|(null)|(null)|0|UNLIMITED|\n\
+                   10|kace:lstm|alice|None|gres/shard:g1:2|2026-11-29T06:58:00|n1|PD|(null)|2026-11-29T06:58:00|2026-11-29T07:00:00|NONE||debug|maint|(null)|2|5:00|\n\
+                   14|kace:wav|alice|Prolog|gres/shard:1|2026-11-29T06:58:00|n2|R|(null)|N/A|2026-11-29T06:58:40|2026-11-29T07:58:40|n2|debug|(null)|(null)|0|UNLIMITED|\n";
         let (jobs, bad) = parse_queue(out);
         assert!(bad.is_empty(), "{bad:?}");
         assert_eq!(jobs.len(), 3);
@@ -906,14 +1031,58 @@ mod tests {
         }
         assert_eq!(jobs[1].submitted, Some(1_795_935_526.0));
         assert_eq!(jobs[1].req_nodes, "");
+        // The facts of the site's policies.
+        let bert = &jobs[1];
+        assert_eq!((bert.partition.as_str(), bert.features.as_str()), ("pa,pb", "fa&fb"));
+        assert_eq!((bert.reservation.as_str(), bert.time_limit_s), ("", Some(5400.0)));
+        assert_eq!((jobs[0].reservation.as_str(), jobs[0].restarts), ("maint", 2));
+        assert_eq!((jobs[0].time_limit_s, jobs[2].time_limit_s), (Some(300.0), None));
+    }
+
+    #[test]
+    fn durations_as_squeue_prints_them() {
+        assert_eq!(parse_duration("5:00"), Some(300.0));
+        assert_eq!(parse_duration("1:00:00"), Some(3600.0));
+        assert_eq!(parse_duration("2-00:00:00"), Some(172_800.0));
+        assert_eq!(parse_duration("1-02:03"), Some(93_780.0));
+        assert_eq!(parse_duration("1-02"), Some(93_600.0));
+        assert_eq!(parse_duration("UNLIMITED"), None);
+        assert_eq!(parse_duration("N/A"), None);
+        assert_eq!(parse_duration("1:x"), None);
+    }
+
+    #[test]
+    fn node_states_that_take_jobs() {
+        for s in ["idle", "mixed", "allocated", "completing", "mixed-", "idle+planned"] {
+            assert!(state_takes_jobs(s), "{s}");
+        }
+        for s in [
+            "mixed$",
+            "idle~",
+            "idle*",
+            "drained",
+            "draining",
+            "down*",
+            "mixed+drain",
+            "idle#",
+            "mixed@",
+            "reserved",
+            "maint",
+            "idle+maint",
+            "allocated+drain",
+            "fail",
+            "unknown",
+        ] {
+            assert!(!state_takes_jobs(s), "{s}");
+        }
     }
 
     #[test]
     fn a_newline_in_one_admin_comment_skips_only_its_pieces() {
         // 26.05.3, root: scontrol update jobid=8 AdminComment=$'line1\nline2|x'.
         let out = "8|line1\n\
-                   line2|x|root|None|gres/shard:1|2026-12-01T01:12:57||PD|(null)|2026-12-01T01:12:57|N/A|N/A||\n\
-                   5|kace:bert|root|JobHeldUser|gres/shard:1|2026-12-01T01:12:56||PD|(null)|N/A|N/A|N/A||\n\
+                   line2|x|root|None|gres/shard:1|2026-12-01T01:12:57||PD|(null)|2026-12-01T01:12:57|N/A|N/A||debug|(null)|(null)|0|UNLIMITED|\n\
+                   5|kace:bert|root|JobHeldUser|gres/shard:1|2026-12-01T01:12:56||PD|(null)|N/A|N/A|N/A||debug|(null)|(null)|0|UNLIMITED|\n\
                    garbage\n";
         let (jobs, bad) = parse_queue(out);
         assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![5]);
@@ -949,10 +1118,17 @@ mod tests {
 
     #[test]
     fn nodes_and_their_gpus() {
-        let out = "n1|gpu:g0:1,gpu:g1:1,shard:g0:2,shard:g1:2|idle|\n\
-                   n2|gpu:1,shard:4|mixed|\nn3|gpu:2(S:0),shard:8|drained|\nn4|(null)|idle|\n";
+        let out = "n1|pa|gpu:g0:1,gpu:g1:1,shard:g0:2,shard:g1:2|idle|fa,fb|\n\
+                   n1|debug|gpu:g0:1,gpu:g1:1,shard:g0:2,shard:g1:2|idle|fa,fb|\n\
+                   n2|debug|gpu:1,shard:4|mixed|(null)|\nn3|debug|gpu:2(S:0),shard:8|drained|(null)|\n\
+                   n4|debug|(null)|idle|(null)|\n";
         let n = parse_nodes(out);
         assert_eq!(n[0].gpus, vec![Some("g0".to_string()), Some("g1".to_string())]);
+        assert_eq!(
+            (n[0].partitions.clone(), n[0].features.clone()),
+            (vec!["pa".to_string(), "debug".to_string()], vec!["fa".to_string(), "fb".to_string()])
+        );
+        assert_eq!((n[0].shards_per_gpu, n[1].shards_per_gpu, n[2].shards_per_gpu), (2, 4, 4));
         assert_eq!((n[1].gpus.len(), n[1].usable), (1, true));
         assert_eq!((n[2].gpus.len(), n[2].usable), (2, false));
         assert!(n[3].gpus.is_empty());

@@ -54,6 +54,16 @@ pub struct JsonJob {
     pub dependency: String,
     /// `eligible_time` when set (`--begin`), Unix seconds.
     pub eligible: Option<f64>,
+    /// `partition`: the partitions it may run in (`pa,pb`).
+    pub partition: String,
+    /// `resv_name`: the reservation it asked for (empty when none).
+    pub reservation: String,
+    /// `features`: its constraint (empty when none).
+    pub features: String,
+    /// `restart_cnt`.
+    pub restarts: u32,
+    /// `time_limit` (minutes in the record), seconds; `None` when unlimited or unset.
+    pub time_limit_s: Option<f64>,
 }
 
 impl JsonJob {
@@ -141,6 +151,12 @@ pub fn job(record: &Value) -> Option<JsonJob> {
         tres_per_node: text(record, "tres_per_node"),
         dependency: text(record, "dependency"),
         eligible: time("eligible_time"),
+        partition: text(record, "partition"),
+        reservation: text(record, "resv_name"),
+        features: text(record, "features"),
+        restarts: record.get("restart_cnt").and_then(number).unwrap_or(0).min(u32::MAX as u64)
+            as u32,
+        time_limit_s: record.get("time_limit").and_then(number).map(|m| m as f64 * 60.0),
     })
 }
 

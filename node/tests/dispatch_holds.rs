@@ -45,11 +45,25 @@ impl Slurm for Queue {
         self.released.borrow_mut().push(id);
         Ok(())
     }
+    fn hand_back(&self, id: u32, _shards: u32) -> Result<()> {
+        self.released.borrow_mut().push(id);
+        Ok(())
+    }
+    fn hold_again(&self, _id: u32) -> Result<()> {
+        Ok(())
+    }
     fn steps_here(&self, _id: u32, _node: &str) -> Result<bool> {
         Ok(false)
     }
     fn nodes(&self) -> Result<Vec<NodeGpus>> {
-        Ok(vec![NodeGpus { name: "n1".into(), gpus: vec![None, None, None, None], usable: true }])
+        Ok(vec![NodeGpus {
+            name: "n1".into(),
+            gpus: vec![None, None, None, None],
+            shards_per_gpu: 4,
+            usable: true,
+            partitions: vec!["debug".into()],
+            features: Vec::new(),
+        }])
     }
 }
 

@@ -134,6 +134,25 @@ impl Slurm for FakeSlurm {
         j.reason = "None".into();
         Ok(())
     }
+    fn hand_back(&self, id: u32, shards: u32) -> Result<()> {
+        self.calls.borrow_mut().push(format!("hand back {id} {shards}"));
+        let mut p = self.pending.borrow_mut();
+        let Some(j) = p.iter_mut().find(|j| j.id == id && j.held()) else {
+            return Err(failed("scontrol release"));
+        };
+        j.reason = "None".into();
+        Ok(())
+    }
+    fn hold_again(&self, id: u32) -> Result<()> {
+        self.calls.borrow_mut().push(format!("hold again {id}"));
+        let mut p = self.pending.borrow_mut();
+        let Some(j) = p.iter_mut().find(|j| j.id == id && j.pending()) else {
+            return Err(failed("scontrol uhold"));
+        };
+        j.reason = "JobHeldUser".into();
+        j.req_nodes.clear();
+        Ok(())
+    }
     fn steps_here(&self, id: u32, _node: &str) -> Result<bool> {
         self.calls.borrow_mut().push(format!("steps {id}"));
         Ok(self.stepped.borrow().contains(&id))
@@ -402,7 +421,14 @@ fn starting_lead(id: u32, w: &str, gpu: u32) -> RunningJob {
 /// n1 with one typed GPU per entry of `kinds` (index order).
 fn node_n1(kinds: &[&str]) -> Vec<NodeGpus> {
     let gpus = kinds.iter().map(|k| Some(k.to_string()).filter(|k| !k.is_empty())).collect();
-    vec![NodeGpus { name: "n1".into(), gpus, usable: true }]
+    vec![NodeGpus {
+        shards_per_gpu: 4,
+        partitions: Vec::new(),
+        features: Vec::new(),
+        name: "n1".into(),
+        gpus,
+        usable: true,
+    }]
 }
 
 /// When a lead starts, the decider chooses its partner by the one decision, pins it to the
@@ -674,11 +700,21 @@ fn dispatch_releases_leads_onto_free_gpus_and_places_expired_holds() {
     s.pending.borrow_mut()[3].submitted = Some(0.0);
     s.nodes = vec![
         NodeGpus {
+            shards_per_gpu: 4,
+            partitions: Vec::new(),
+            features: Vec::new(),
             name: "n1".into(),
             gpus: vec![Some("g0".into()), Some("g1".into())],
             usable: true,
         },
-        NodeGpus { name: "n2".into(), gpus: vec![None], usable: false },
+        NodeGpus {
+            shards_per_gpu: 4,
+            partitions: Vec::new(),
+            features: Vec::new(),
+            name: "n2".into(),
+            gpus: vec![None],
+            usable: false,
+        },
     ];
     // GPU g0 is full (two kace jobs), g1 is free.
     *s.running.borrow_mut() = vec![
@@ -784,6 +820,9 @@ fn a_job_stuck_in_its_prolog_gets_no_partner_and_holds_nothing_back() {
 fn dispatch_fills_open_gpus_before_free_ones() {
     let mut s = lead_slurm(Some("g1"));
     s.nodes = vec![NodeGpus {
+        shards_per_gpu: 4,
+        partitions: Vec::new(),
+        features: Vec::new(),
         name: "n1".into(),
         gpus: vec![Some("g0".into()), Some("g1".into())],
         usable: true,
@@ -837,8 +876,14 @@ fn dispatch_fills_open_gpus_before_free_ones() {
     let mut s2 = FakeSlurm::default();
     *s2.pending.borrow_mut() = w2.slurm.pending.borrow().clone();
     s2.details.borrow_mut().insert(10, running_detail(10, "alpha", 1, Some("g1")));
-    s2.nodes =
-        vec![NodeGpus { name: "n1".into(), gpus: vec![None, Some("g1".into())], usable: true }];
+    s2.nodes = vec![NodeGpus {
+        shards_per_gpu: 4,
+        partitions: Vec::new(),
+        features: Vec::new(),
+        name: "n1".into(),
+        gpus: vec![None, Some("g1".into())],
+        usable: true,
+    }];
     *s2.running.borrow_mut() = vec![RunningJob {
         id: 10,
         node: "n1".into(),
@@ -861,7 +906,14 @@ fn dispatch_places_an_expired_hold_on_an_open_gpu_and_records_it() {
     old.submitted = Some(100.0);
     *s.pending.borrow_mut() = vec![old];
     let s = FakeSlurm {
-        nodes: vec![NodeGpus { name: "n1".into(), gpus: vec![Some("g1".into())], usable: true }],
+        nodes: vec![NodeGpus {
+            shards_per_gpu: 4,
+            partitions: Vec::new(),
+            features: Vec::new(),
+            name: "n1".into(),
+            gpus: vec![Some("g1".into())],
+            usable: true,
+        }],
         ..s
     };
     *s.running.borrow_mut() = vec![RunningJob {
@@ -1824,4 +1876,118 @@ fn a_job_released_onto_a_gpu_of_its_own_type_is_not_read_again() {
         let calls = w.slurm.calls.borrow().clone();
         assert_eq!(calls.contains(&"gpus 5".to_string()), read, "{kinds:?}: {calls:?}");
     }
+}
+
+fn policy_node(name: &str, partition: &str) -> NodeGpus {
+    NodeGpus {
+        name: name.into(),
+        gpus: vec![Some("g0".into())],
+        shards_per_gpu: 2,
+        usable: true,
+        partitions: vec![partition.into()],
+        features: Vec::new(),
+    }
+}
+
+/// Each job goes only where its partitions and its user's `-w` allow; what kace cannot place
+/// (several `-w` nodes, a partition without GPUs) goes back to Slurm, unpinned and asking for
+/// a whole GPU, at once and recorded.
+#[test]
+fn dispatch_places_jobs_only_where_their_policies_allow() {
+    let s = FakeSlurm {
+        nodes: vec![policy_node("n1", "pa"), policy_node("n2", "pb")],
+        ..FakeSlurm::default()
+    };
+    let job = |id: u32, partition: &str, req_nodes: &str| QueuedJob {
+        partition: partition.into(),
+        req_nodes: req_nodes.into(),
+        ..held(id, "alpha", "alice", "gres:shard:1")
+    };
+    *s.pending.borrow_mut() =
+        vec![job(5, "pb", ""), job(6, "pa,pb", "n1"), job(7, "pa", "n[1-2]"), job(8, "pc", "")];
+    let w = World::new("policies", s);
+    let r = pass(&w, 1010.0);
+    let mut leads = r.leads.clone();
+    leads.sort();
+    assert_eq!(leads, vec![(5, "n2".to_string(), 0), (6, "n1".to_string(), 0)], "{r:?}");
+    let back: Vec<u32> = r.handed_back.iter().map(|(j, _)| *j).collect();
+    assert_eq!(back, vec![7, 8], "{r:?}");
+    assert!(r.handed_back[0].1.contains("several nodes"), "{r:?}");
+    let calls = w.slurm.calls.borrow();
+    assert!(calls.contains(&"hand back 7 2".to_string()), "{calls:?}");
+    let kinds: Vec<ReleaseKind> =
+        r.records.iter().map(|d| ReleaseKind::of_key(Some(&d.key))).collect();
+    assert_eq!(kinds.iter().filter(|k| **k == ReleaseKind::HandBack).count(), 2, "{kinds:?}");
+    let rec = r.records.iter().find(|d| d.decision.lead_job.as_deref() == Some("8")).unwrap();
+    assert!(rec.decision.candidates[0].rejected.as_deref().unwrap().contains("no GPU node"));
+}
+
+/// max_hold is a bound: a job held past it that no GPU takes (its only GPU is full) goes to
+/// Slurm asking for the whole GPU, so that Slurm cannot crowd it beside the kace jobs there.
+#[test]
+fn dispatch_hands_an_expired_job_no_gpu_takes_back_asking_for_a_whole_gpu() {
+    let s = FakeSlurm { nodes: vec![policy_node("n1", "debug")], ..FakeSlurm::default() };
+    let mut old = held(12, "beta", "alice", "gres:shard:1");
+    old.submitted = Some(0.0);
+    *s.pending.borrow_mut() = vec![old];
+    let on_gpu = |id: u32| RunningJob {
+        id,
+        node: "n1".into(),
+        gpus: vec![0],
+        state: "R".into(),
+        workload: "alpha".into(),
+        user: "alice".into(),
+        ..Default::default()
+    };
+    *s.running.borrow_mut() = vec![on_gpu(10), on_gpu(11)];
+    let w = World::new("expired-full", s);
+    let r = pass(&w, 1100.0);
+    assert!(r.expired.is_empty() && r.leads.is_empty() && r.joiners.is_empty(), "{r:?}");
+    assert_eq!(r.handed_back.iter().map(|(j, _)| *j).collect::<Vec<_>>(), vec![12], "{r:?}");
+    assert!(w.slurm.calls.borrow().contains(&"hand back 12 2".to_string()));
+    assert!(!r.still_held, "{r:?}");
+}
+
+/// A released job Slurm keeps pending for a policy reason, and a requeued one (pinned to its
+/// old GPU), are held again and unpinned; the first rests before it is offered again, the
+/// requeued one is placed anew at once; one waiting for its GPU is left alone.
+#[test]
+fn dispatch_holds_again_jobs_slurm_will_not_start_where_kace_put_them() {
+    let s = FakeSlurm { nodes: vec![policy_node("n1", "debug")], ..FakeSlurm::default() };
+    let released = |id: u32, reason: &str, restarts: u32| QueuedJob {
+        reason: reason.into(),
+        req_nodes: "n1".into(),
+        restarts,
+        ..held(id, "alpha", "alice", "gres:shard:1")
+    };
+    *s.pending.borrow_mut() = vec![
+        released(20, "QOSMaxJobsPerUserLimit", 0),
+        released(21, "BeginTime", 1),
+        released(22, "Resources", 0),
+    ];
+    let w = World::new("hold-again", s);
+    let settings = dispatch_settings(&w);
+    let mut state = kace_node::decider_state::DeciderState::default();
+    let r = dispatch::run(&w.slurm, &settings, &mut state, 1010.0).unwrap();
+    let again: Vec<u32> = r.held_again.iter().map(|(j, _)| *j).collect();
+    assert_eq!(again, vec![20, 21], "{r:?}");
+    // Job 22 is on its way to the only GPU: nothing else is released there.
+    assert!(r.leads.is_empty(), "{r:?}");
+    // Next pass: 22 has started; 21 is placed again, 20 rests.
+    w.slurm.pending.borrow_mut().retain(|j| j.id != 22);
+    *w.slurm.running.borrow_mut() = vec![RunningJob {
+        id: 22,
+        node: "n1".into(),
+        gpus: vec![0],
+        state: "R".into(),
+        workload: "alpha".into(),
+        user: "alice".into(),
+        ..Default::default()
+    }];
+    let r = dispatch::run(&w.slurm, &settings, &mut state, 1012.0).unwrap();
+    assert!(r.held_again.is_empty(), "{r:?}");
+    let placed: Vec<u32> =
+        r.leads.iter().chain(&r.joiners).chain(&r.expired).map(|(j, _, _)| *j).collect();
+    assert!(!placed.contains(&20), "a resting job was released: {r:?}");
+    assert!(state.resting.contains_key(&20) && state.requeues.get(&21) == Some(&1));
 }

@@ -26,6 +26,9 @@ pub enum ReleasedBy {
     /// gain (from dispatch's record; inferred for records from before dispatch kept them: no
     /// decision names it and it started after the deadline).
     MaxHold,
+    /// The decider handed it back to Slurm unpinned, asking for a whole GPU (the record's
+    /// candidate says why).
+    HandBack,
 }
 
 /// The release.
@@ -40,6 +43,8 @@ pub struct Release {
     pub lead_job: Option<String>,
     /// Where it went, when a record says so.
     pub place: Option<Place>,
+    /// Why the decider handed it back to Slurm (hand-backs only).
+    pub why: Option<String>,
 }
 
 /// What Slurm says about the job now.
@@ -147,8 +152,9 @@ pub fn story(
             ReleaseKind::LateArrival => ReleasedBy::LateArrival,
             ReleaseKind::MaxHold => ReleasedBy::MaxHold,
             ReleaseKind::LeadRelease => ReleasedBy::Lead,
+            ReleaseKind::HandBack => ReleasedBy::HandBack,
         };
-        Some(Release { by, at: Some(r.at), lead_job: r.beside, place: Some(r.place) })
+        Some(Release { by, at: Some(r.at), lead_job: r.beside, place: Some(r.place), why: r.why })
     } else if let Some((_, at, _)) = as_lead {
         // Only its prolog's decision (dispatch kept no records before): it led a free GPU.
         Some(Release {
@@ -156,6 +162,7 @@ pub fn story(
             at: Some(*at),
             lead_job: None,
             place: Some(Place::FreeGpu),
+            why: None,
         })
     } else {
         facts.as_ref().and_then(|f| {
@@ -166,6 +173,7 @@ pub fn story(
                 at: Some(deadline),
                 lead_job: None,
                 place: None,
+                why: None,
             })
         })
     };
@@ -218,6 +226,12 @@ mod tests {
             Ok(())
         }
         fn release(&self, _: u32) -> kace_node::Result<()> {
+            Ok(())
+        }
+        fn hand_back(&self, _: u32, _: u32) -> kace_node::Result<()> {
+            Ok(())
+        }
+        fn hold_again(&self, _: u32) -> kace_node::Result<()> {
             Ok(())
         }
         fn steps_here(&self, _: u32, _: &str) -> kace_node::Result<bool> {

@@ -17,6 +17,8 @@ pub enum Place {
     FreeGpu,
     /// A GPU already running kace jobs: it joins them (a group is formed).
     OpenGpu,
+    /// Wherever Slurm puts it: kace handed it back unpinned, asking for a whole GPU.
+    Slurm,
 }
 
 impl Place {
@@ -25,6 +27,7 @@ impl Place {
         match self {
             Place::FreeGpu => "free_gpu",
             Place::OpenGpu => "open_gpu",
+            Place::Slurm => "slurm",
         }
     }
 }
@@ -45,6 +48,8 @@ pub struct Released {
     pub at: f64,
     /// How long it had been held then, seconds (`None` in records from before it was kept).
     pub held_s: Option<f64>,
+    /// Why it was handed back to Slurm (hand-backs only: the record's candidate's reason).
+    pub why: Option<String>,
 }
 
 fn kind_name<S: serde::Serializer>(k: &ReleaseKind, s: S) -> Result<S::Ok, S::Error> {
@@ -73,11 +78,13 @@ pub fn released(d: &NewDecision, at: f64, key: Option<&str>) -> Option<Released>
         (None, ReleaseKind::MaxHold | ReleaseKind::LeadRelease) => {
             (d.lead_job.clone()?, Place::FreeGpu, None)
         }
+        (None, ReleaseKind::HandBack) => (d.lead_job.clone()?, Place::Slurm, None),
         (None, _) => return None,
     };
-    let held_s =
-        d.candidates.iter().find(|c| c.job.as_deref() == Some(&job)).and_then(|c| c.held_s);
-    Some(Released { kind, job, place, beside, at, held_s })
+    let own = d.candidates.iter().find(|c| c.job.as_deref() == Some(&job));
+    let held_s = own.and_then(|c| c.held_s);
+    let why = own.filter(|_| kind == ReleaseKind::HandBack).and_then(|c| c.rejected.clone());
+    Some(Released { kind, job, place, beside, at, held_s, why })
 }
 
 /// Releases counted by (`by` label, place), every combination that can occur listed (zero
@@ -90,6 +97,7 @@ pub fn count_by(releases: &[Released]) -> BTreeMap<(&'static str, &'static str),
         ("late_arrival", Place::OpenGpu),
         ("max_hold", Place::FreeGpu),
         ("max_hold", Place::OpenGpu),
+        ("hand_back", Place::Slurm),
     ]
     .into_iter()
     .map(|(by, p)| ((by, p.name()), 0))

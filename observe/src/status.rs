@@ -496,6 +496,12 @@ mod tests {
         fn release(&self, _: u32) -> kace_node::Result<()> {
             panic!("status changes nothing")
         }
+        fn hand_back(&self, _: u32, _: u32) -> kace_node::Result<()> {
+            panic!("status changes nothing")
+        }
+        fn hold_again(&self, _: u32) -> kace_node::Result<()> {
+            panic!("status changes nothing")
+        }
         fn steps_here(&self, _: u32, _: &str) -> kace_node::Result<bool> {
             panic!("status asks no slurmstepd")
         }
@@ -530,8 +536,14 @@ mod tests {
     }
 
     fn cluster() -> Cluster {
-        let node =
-            |name: &str, usable: bool| NodeGpus { name: name.into(), gpus: vec![None], usable };
+        let node = |name: &str, usable: bool| NodeGpus {
+            name: name.into(),
+            gpus: vec![None],
+            shards_per_gpu: 4,
+            usable,
+            partitions: Vec::new(),
+            features: Vec::new(),
+        };
         Cluster {
             queue: vec![held(10, "alice", 950.0), held(11, "bob", 990.0)],
             running: vec![run(1, "n1", "alice"), run(2, "n1", "bob"), run(3, "n2", "alice")],

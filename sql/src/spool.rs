@@ -74,16 +74,21 @@ pub enum ReleaseKind {
     /// Dispatch released the oldest held job as a lead onto a free GPU (`…/lead_release`; its
     /// prolog's own decision follows under `…/decision`).
     LeadRelease,
+    /// The decider handed a held job back to Slurm unpinned, asking for a whole GPU
+    /// (`…/hand_back`): kace could not place it within the site's policies, or not within
+    /// `max_hold`. The record's candidate names why (`rejected`).
+    HandBack,
 }
 
 impl ReleaseKind {
     /// Every kind, in a fixed order (for counting).
-    pub const ALL: [ReleaseKind; 5] = [
+    pub const ALL: [ReleaseKind; 6] = [
         ReleaseKind::Lead,
         ReleaseKind::Refill,
         ReleaseKind::LateArrival,
         ReleaseKind::MaxHold,
         ReleaseKind::LeadRelease,
+        ReleaseKind::HandBack,
     ];
 
     /// The last part of its records' keys.
@@ -94,6 +99,7 @@ impl ReleaseKind {
             ReleaseKind::LateArrival => "join",
             ReleaseKind::MaxHold => "max_hold",
             ReleaseKind::LeadRelease => "lead_release",
+            ReleaseKind::HandBack => "hand_back",
         }
     }
 
@@ -105,6 +111,7 @@ impl ReleaseKind {
             ReleaseKind::LateArrival => "late_arrival",
             ReleaseKind::MaxHold => "max_hold",
             ReleaseKind::LeadRelease => "lead_release",
+            ReleaseKind::HandBack => "hand_back",
         }
     }
 

@@ -69,6 +69,7 @@ fn kace_reads_what_this_slurm_prints() {
     let dep = format!("--dependency=afterok:{lead}");
     roles.insert("dependent", kace("dependent", &[&dep, "--wrap", "sleep 600"]));
     roles.insert("begin", kace("begin", &["--begin=now+1hour", "--wrap", "sleep 600"]));
+    roles.insert("timed", kace("timed", &["--time=5", "--wrap", "sleep 600"]));
     let plain = c.sbatch(&["--gres=shard:1", "-w", "n2", "--wrap", "sleep 600"]).unwrap();
     roles.insert("plain", plain);
     let note = c.sbatch(&["--hold", "--gres=shard:1", "--wrap", "true"]).unwrap();
@@ -111,7 +112,7 @@ fn kace_reads_what_this_slurm_prints() {
         std::fs::write(out.join("scontrol-held.json"), &sc.stdout).unwrap();
     }
     save("running.json", "squeue", &["--json", "-t", "R,CF"]);
-    save("nodes.txt", "sinfo", &["-h", "-N", "-O", "NodeList:|,Gres:|,StateLong:|"]);
+    save("nodes.txt", "sinfo", &["-h", "-N", "-O", kace_node::slurm::NODES_FORMAT]);
     save("on-n1.txt", "squeue", &["-h", "-w", "n1", "-O", "JobID:|"]);
     save("scontrol-partner.txt", "scontrol", &["-o", "-d", "show", "job", &partner.to_string()]);
     std::fs::write(out.join("roles.json"), serde_json::to_string_pretty(&roles).unwrap() + "\n")

@@ -98,6 +98,12 @@ impl Slurm for LocalJobs {
     fn release(&self, _id: u32) -> kace_node::Result<()> {
         no_slurm("scontrol release")
     }
+    fn hand_back(&self, _id: u32, _shards: u32) -> kace_node::Result<()> {
+        no_slurm("scontrol release")
+    }
+    fn hold_again(&self, _id: u32) -> kace_node::Result<()> {
+        no_slurm("scontrol uhold")
+    }
     fn steps_here(&self, _id: u32, _node: &str) -> kace_node::Result<bool> {
         no_slurm("scontrol listpids")
     }
