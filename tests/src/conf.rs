@@ -15,17 +15,25 @@ pub struct NodeSpec {
     pub shards_per_gpu: u32,
     /// CPUs advertised (`SlurmdParameters=config_overrides` lets this exceed the real cores).
     pub cpus: u32,
+    /// Its features (`Feature=` in slurm.conf; `--constraint` matches them), none by default.
+    pub features: Vec<String>,
 }
 
 impl NodeSpec {
     /// A node with `gpus` fake GPUs of 4 shards each and 4 CPUs.
     pub fn new(name: &str, gpus: u32) -> NodeSpec {
-        NodeSpec { name: name.to_string(), gpus, shards_per_gpu: 4, cpus: 4 }
+        NodeSpec { name: name.to_string(), gpus, shards_per_gpu: 4, cpus: 4, features: Vec::new() }
     }
 
     /// `n` shards per GPU instead of 4.
     pub fn shards_per_gpu(mut self, n: u32) -> NodeSpec {
         self.shards_per_gpu = n;
+        self
+    }
+
+    /// These features.
+    pub fn features(mut self, features: &[&str]) -> NodeSpec {
+        self.features = features.iter().map(|f| f.to_string()).collect();
         self
     }
 }
@@ -158,11 +166,16 @@ impl Layout {
             let _ = writeln!(
                 s,
                 "NodeName={} NodeHostname={} NodeAddr=127.0.0.1 Port={port} CPUs={} \
-                 RealMemory=4000 Gres={} State=UNKNOWN",
+                 RealMemory=4000 Gres={}{} State=UNKNOWN",
                 node.name,
                 node.name,
                 node.cpus,
-                self.node_gres(node)
+                self.node_gres(node),
+                if node.features.is_empty() {
+                    String::new()
+                } else {
+                    format!(" Feature={}", node.features.join(","))
+                }
             );
         }
         let _ = writeln!(s, "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP");

@@ -1,0 +1,135 @@
+//! The site's Slurm policies on a real cluster (issue 29): two nodes of one typed fake GPU each
+//! (2 shards), in partitions `pa` (n1, feature `fa`) and `pb` (n2, feature `fb`) beside the
+//! default `debug` (both), the gate, the real prolog and epilog, the decider service with its
+//! slurmctld nudges. Each kace job must run where its partition, `-w` and constraint let it;
+//! `--exclude` is refused at submission with one line; a job kace cannot place (a `-w` of two
+//! nodes) is handed back and runs; a job whose only node is drained is never pinned there and
+//! goes to Slurm at `max_hold`, asking for the whole GPU, and runs once the node is back; a
+//! requeued kace job is held again and unpinned instead of staying pinned to its old GPU.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::field;
+use kace_e2e::{kace as setup, Cluster, NodeSpec};
+
+const MAX_HOLD_S: u64 = 8;
+
+fn wait_for(c: &Cluster, what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !done() {
+        assert!(t0.elapsed() < limit, "{what} within {limit:?}\n{}", c.slurmctld_log());
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+#[ignore = "needs root and Slurm"]
+fn kace_jobs_run_only_where_the_sites_policies_let_them() {
+    let test = "kace_jobs_run_only_where_the_sites_policies_let_them";
+    kace_e2e::require_e2e(test);
+    let node = |n: &str, f: &str| NodeSpec::new(n, 1).shards_per_gpu(2).features(&[f]);
+    let c = setup::with_nudges(
+        Cluster::builder()
+            .nodes(vec![node("n1", "fa"), node("n2", "fb")])
+            .typed_gpus(true)
+            .prolog(setup::hook("kace-prolog", "").unwrap())
+            .epilog(setup::hook("kace-epilog", "").unwrap()),
+    )
+    .unwrap()
+    .slurm_conf_line("MinJobAge=3600")
+    .slurm_conf_line("PartitionName=pa Nodes=n1 MaxTime=INFINITE State=UP")
+    .slurm_conf_line("PartitionName=pb Nodes=n2 MaxTime=INFINITE State=UP")
+    .start()
+    .unwrap();
+    let dir = c.dir().to_path_buf();
+    common::prepare(&c, MAX_HOLD_S);
+    let mut watch = setup::watch(&dir, c.conf()).unwrap();
+    let kace_job = |extra: &[&str], script: &str| {
+        let mut args = vec!["--kace-colocate=bert-infer", "--gres=shard:1"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--wrap", script]);
+        c.sbatch(&args)
+    };
+    let done = |id: u32| {
+        let j = c.wait_done(id, Duration::from_secs(60)).unwrap();
+        assert_eq!(field(&j, "JobState"), "COMPLETED", "{j:?}\n{}", c.slurmctld_log());
+        j
+    };
+
+    // 1. Partitions, the user's own -w and constraints decide the node.
+    let cases: [(&[&str], &str); 4] = [
+        (&["-p", "pb"], "n2"),
+        (&["-p", "pa"], "n1"),
+        (&["-w", "n2"], "n2"),
+        (&["-C", "fa"], "n1"),
+    ];
+    for (extra, want) in cases {
+        let id = kace_job(extra, "sleep 1").unwrap();
+        let j = done(id);
+        assert_eq!(field(&j, "NodeList"), want, "{extra:?}: {j:?}");
+    }
+
+    // 2. --exclude cannot be honoured (22.05's squeue cannot show it): one line at submission.
+    let refused = c
+        .run(
+            "sbatch",
+            &["--kace-colocate=bert-infer", "--gres=shard:1", "-x", "n1", "--wrap", "true"],
+        )
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("--exclude"), "{said}");
+
+    // 3. A job kace cannot place (it must span two nodes) goes back to Slurm, and runs.
+    let both = kace_job(&["-N", "2", "-w", "n[1-2]"], "sleep 1").unwrap();
+    done(both);
+
+    // 4. A drained node is never pinned to; at max_hold the job goes to Slurm asking for the
+    //    whole GPU, and runs once the node is back.
+    c.run_ok("scontrol", &["update", "nodename=n1", "state=drain", "reason=maintenance"]).unwrap();
+    // The decider reads the nodes at most every 5 s (dispatch's NODES_FRESH_S): a job released
+    // onto a node drained since is held again once Slurm says ReqNodeNotAvail; here the drain
+    // is older than that.
+    std::thread::sleep(Duration::from_secs(6));
+    let drained = kace_job(&["-p", "pa"], "sleep 1").unwrap();
+    let t0 = Instant::now();
+    wait_for(&c, "the hand-back at max_hold", Duration::from_secs(MAX_HOLD_S + 20), || {
+        let j = c.job(drained).unwrap();
+        assert!(field(&j, "ReqNodeList").is_empty() || field(&j, "ReqNodeList") == "(null)");
+        field(&j, "Reason") != "JobHeldUser"
+    });
+    assert!(t0.elapsed() >= Duration::from_secs(MAX_HOLD_S - 2), "handed back before max_hold");
+    let j = c.job(drained).unwrap();
+    assert_eq!(field(&j, "JobState"), "PENDING", "{j:?}");
+    let tres = field(&j, "TresPerNode");
+    assert!(tres.ends_with("shard:2"), "asks for the whole GPU: {j:?}");
+    c.run_ok("scontrol", &["update", "nodename=n1", "state=resume"]).unwrap();
+    assert_eq!(field(&done(drained), "NodeList"), "n1");
+
+    // 5. A requeued kace job is held again and unpinned, not left pinned to its old GPU.
+    let long = kace_job(&["-p", "pb"], "sleep 60").unwrap();
+    wait_for(&c, "the long job running", Duration::from_secs(30), || {
+        field(&c.job(long).unwrap(), "JobState") == "RUNNING"
+    });
+    c.run_ok("scontrol", &["requeue", &long.to_string()]).unwrap();
+    wait_for(&c, "the requeued job held again", Duration::from_secs(30), || {
+        let j = c.job(long).unwrap();
+        field(&j, "JobState") == "PENDING"
+            && field(&j, "Reason") == "JobHeldUser"
+            && matches!(field(&j, "ReqNodeList"), "" | "(null)")
+    });
+    c.run_ok("scancel", &[&long.to_string()]).unwrap();
+
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let log = std::fs::read_to_string(dir.join("dispatch-watch.out")).unwrap_or_default()
+        + &std::fs::read_to_string(dir.join("log/kace-kace-dispatch.log")).unwrap_or_default();
+    assert!(log.contains(&format!("handed job {both} back to Slurm")), "{log}");
+    assert!(log.contains(&format!("handed job {drained} back to Slurm")), "{log}");
+    assert!(log.contains(&format!("held job {long} again")), "{log}");
+    // Recorded for `kace explain`.
+    common::kace(&c, &["ingest"]);
+    let why = common::kace(&c, &["explain", &drained.to_string()]);
+    assert!(why.contains("to Slurm, unpinned"), "{why}");
+}
