@@ -19,6 +19,8 @@
 //! min_gain = 0.0          # predicted normalised progress must beat the GPU without a joiner by this fraction
 //! objective = "throughput-sum"   # or "normalised-progress"
 //! max_jobs_per_gpu = 2    # kace jobs sharing one GPU (3-4 make sense on 80-141 GiB GPUs)
+//! time_limit = "extend"   # lengthen time limits by sharing's predicted cost; "refuse"; "ignore"
+//! time_limit_cap = 2.0    # at most this multiple of a job's own limit
 //! refill = true           # false: fill a GPU only at its lead's start (for comparison)
 //! refuse_likely_harm = true   # a doubtful group needs a larger predicted gain
 //!
@@ -181,6 +183,28 @@ pub struct Selection {
     /// from about 10 % to 2–3 % and keeps as much of an oracle's gain (docs/models.md). false
     /// forms any pair predicted to beat the GPU without it.
     pub refuse_likely_harm: bool,
+    /// What sharing does to time limits, which it must not make kill a job: `"extend"`
+    /// (default) lengthens the joiner's and its GPU's jobs' limits by what sharing is
+    /// predicted to cost them (the group's predicted normalised progress per member), and
+    /// refuses a pair that would need more than `time_limit_cap` times a limit or more than
+    /// its partition's MaxTime; `"refuse"` pairs only jobs without a time limit; `"ignore"`
+    /// leaves limits alone (a shared job may be killed at its `--time`).
+    pub time_limit: TimeLimit,
+    /// The most a time limit is lengthened to, as a multiple of the job's own. Default 2.0;
+    /// in [1, 10].
+    pub time_limit_cap: f64,
+}
+
+/// `[selection] time_limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TimeLimit {
+    /// Lengthen limits by the predicted cost of sharing (within the cap), or do not pair.
+    Extend,
+    /// Pair only jobs without a time limit.
+    Refuse,
+    /// Leave limits alone.
+    Ignore,
 }
 
 impl Default for Selection {
@@ -194,6 +218,8 @@ impl Default for Selection {
             max_jobs_per_gpu: kace_selector::decision::Policy::default().max_jobs_per_gpu,
             refill: true,
             refuse_likely_harm: true,
+            time_limit: TimeLimit::Extend,
+            time_limit_cap: 2.0,
         }
     }
 }
@@ -544,6 +570,12 @@ impl Config {
         }
         if !(s.min_gain.is_finite() && s.min_gain > -1.0) {
             return Err(format!("selection.min_gain = {}: must be a number above -1", s.min_gain));
+        }
+        if !(1.0..=10.0).contains(&s.time_limit_cap) {
+            return Err(format!(
+                "selection.time_limit_cap = {}: must be in [1, 10]",
+                s.time_limit_cap
+            ));
         }
         if !(2..=16).contains(&s.max_jobs_per_gpu) {
             return Err(format!(

@@ -72,6 +72,10 @@ pub struct DeciderState {
     /// Requeued jobs held again → the restart count that was dealt with.
     #[serde(default)]
     pub requeues: BTreeMap<u32, u32>,
+    /// Jobs whose time limit kace lengthened for sharing → their limit before (seconds): the
+    /// cap (`selection.time_limit_cap`) counts from it.
+    #[serde(default)]
+    pub own_limits: BTreeMap<u32, f64>,
     /// The nodes and when they were read (Unix seconds), in this process only.
     #[serde(skip)]
     pub nodes: Option<(f64, Vec<crate::slurm::NodeGpus>)>,

@@ -120,6 +120,10 @@ pub struct Settings<'a> {
     /// After how long starting or completing a kace job counts as stuck
     /// ([`crate::slurm::stuck_after_s`]).
     pub stuck_after_s: f64,
+    /// `selection.time_limit`.
+    pub time_limit: kace_config::TimeLimit,
+    /// `selection.time_limit_cap`.
+    pub time_limit_cap: f64,
 }
 
 impl<'a> Settings<'a> {
@@ -138,6 +142,8 @@ impl<'a> Settings<'a> {
                 .unwrap_or_else(|| "cluster".into()),
             state_dir: &config.dispatch.state_dir,
             stuck_after_s: crate::slurm::stuck_after_s(&config.node),
+            time_limit: config.selection.time_limit,
+            time_limit_cap: config.selection.time_limit_cap,
         }
     }
 }
@@ -340,6 +346,10 @@ pub struct Report {
     /// Released jobs held again: Slurm kept them pending for a policy reason, or requeued
     /// them: (job, why).
     pub held_again: Vec<(u32, String)>,
+    /// Time limits lengthened because a job shares its GPU: (job, old, new), seconds.
+    pub lengthened: Vec<(u32, f64, f64)>,
+    /// Candidates not paired because of a time limit (`selection.time_limit`): (job, why).
+    pub time_refused: Vec<(u32, String)>,
     /// Releases an earlier pass began (pinned, not released) and this one finished.
     pub resumed: Vec<u32>,
     /// Whether kace jobs are still held after the pass.
@@ -387,6 +397,13 @@ impl Report {
         for (job, why) in &self.held_again {
             out.push(format!("held job {job} again and unpinned it: {why}"));
         }
+        for (job, old, new) in &self.lengthened {
+            out.push(format!(
+                "lengthened job {job}'s time limit from {:.0} to {:.0} min: it shares its GPU",
+                old / 60.0,
+                new / 60.0
+            ));
+        }
         out
     }
 
@@ -421,6 +438,12 @@ struct Member {
     workload: String,
     user: String,
     starting: bool,
+    /// Its time limit, seconds (`None`: unlimited).
+    limit_s: Option<f64>,
+    /// When it started, Unix seconds.
+    started: Option<f64>,
+    /// Its partitions.
+    partitions: Vec<String>,
     /// It holds every shard of the GPU (a job handed back to Slurm): nothing can join it.
     whole: bool,
 }
@@ -488,6 +511,8 @@ struct Chosen {
     records: Vec<DecisionCandidate>,
     /// The model that predicted.
     model_version: Option<i64>,
+    /// Each ranked candidate's group's predicted normalised progress, when the model tells it.
+    progress: std::collections::BTreeMap<usize, f64>,
 }
 
 /// One pass at time `now` (Unix seconds), with `state` the decider's memory.
@@ -520,6 +545,7 @@ pub fn run(
     state.handed_back.retain(|id| listed.contains(id));
     state.requeues.retain(|id, _| listed.contains(id));
     state.resting.retain(|id, until| listed.contains(id) && *until > now);
+    state.own_limits.retain(|id, _| listed.contains(id));
 
     // 0. What an earlier pass began, and the records it parked while the spool was full.
     finish_begun(slurm, s, state, &queue, &mut report);
@@ -656,6 +682,9 @@ pub fn run(
                     workload: j.workload.clone(),
                     user: j.user.clone(),
                     starting: j.starting(),
+                    limit_s: j.time_limit_s,
+                    started: j.started,
+                    partitions: crate::slurm::split_words(&j.partition),
                     whole: shards > 0 && j.shards().is_some_and(|n| n >= shards),
                 });
             }
@@ -723,6 +752,11 @@ pub fn run(
             ranked: d.ranked.iter().map(|&k| cands[k]).collect(),
             records,
             model_version: Some(d.model_version),
+            progress: cands
+                .iter()
+                .enumerate()
+                .filter_map(|(k, &i)| Some((i, d.selection.verdicts.get(k)?.progress?)))
+                .collect(),
         })
     };
     // Whether held job `i` may go to slot `k` under the site's policies.
@@ -752,16 +786,26 @@ pub fn run(
                 .enumerate()
                 .filter(|(_, x)| x.open(limit) && fits(i, x))
                 .find_map(|(k, x)| match choose(x, &[i], &fit_only) {
-                    Ok(c) if c.ranked == [i] => Some((k, c)),
+                    Ok(c) if c.ranked == [i] => {
+                        let progress = c.progress.get(&i).copied();
+                        let plan = time_plan(s, state, &nodes[x.node_at], x, j, progress, now);
+                        plan.ok().map(|plan| (k, c, plan))
+                    }
                     _ => None,
                 })
-                .map(|(k, c)| (k, Some(c))),
+                .map(|(k, c, plan)| (k, Some((c, plan)))),
         };
         let Some((k, chosen)) = place else {
             expired_left.push(i);
             continue;
         };
         taken.push(i);
+        let plan = chosen.as_ref().map(|c| c.1.clone()).unwrap_or_default();
+        if let Err(e) = lengthen(slurm, state, &plan, |id| id == j.id, &mut report) {
+            report.problems.push(e);
+            continue;
+        }
+        let chosen = chosen.map(|c| c.0);
         let done =
             release(slurm, s, state, j, &slots[k], ReleaseKind::MaxHold, chosen.as_ref(), now);
         match done {
@@ -770,6 +814,9 @@ pub fn run(
                 report.records.push(d);
                 report.expired.push((j.id, slots[k].at.node.clone(), slots[k].at.index.0));
                 slots[k].coming += 1;
+                if let Err(e) = lengthen(slurm, state, &plan, |id| id != j.id, &mut report) {
+                    report.problems.push(e);
+                }
             }
             Err(e) => report.problems.push(e),
         }
@@ -801,14 +848,38 @@ pub fn run(
             }
         };
         let kind = slot.join_kind();
-        for &i in chosen.ranked.iter().take(RELEASE_TRIES) {
+        let mut tries = 0;
+        for &i in &chosen.ranked {
+            if tries == RELEASE_TRIES {
+                break;
+            }
+            let node = &nodes[slot.node_at];
+            let progress = chosen.progress.get(&i).copied();
+            let plan = match time_plan(s, state, node, slot, held[i], progress, now) {
+                Ok(p) => p,
+                Err(why) => {
+                    report.time_refused.push((held[i].id, why));
+                    continue;
+                }
+            };
+            tries += 1;
             taken.push(i);
+            // The joiner's own limit first, while it is held: it never runs short.
+            if let Err(e) = lengthen(slurm, state, &plan, |id| id == held[i].id, &mut report) {
+                report.problems.push(e);
+                continue;
+            }
             match release(slurm, s, state, held[i], slot, kind, Some(&chosen), now) {
                 Ok((d, p)) => {
                     report.problems.extend(p);
                     report.records.push(d);
                     report.joiners.push((held[i].id, slot.at.node.clone(), slot.at.index.0));
                     slot.coming += 1;
+                    if let Err(e) =
+                        lengthen(slurm, state, &plan, |id| id != held[i].id, &mut report)
+                    {
+                        report.problems.push(e);
+                    }
                     break;
                 }
                 Err(e) => report.problems.push(e),
@@ -1141,4 +1212,71 @@ fn hold_again(
         }
     }
     done
+}
+
+/// The time limits a group needs when `j` joins `slot`'s jobs (`selection.time_limit`):
+/// (job, its limit now, the limit it needs), seconds, for each member whose limit is too short
+/// at the group's predicted speed ([`placement::shared_limit`]). Each member runs at the
+/// group's predicted normalised progress shared out evenly (the model predicts the group, not
+/// each member); without that prediction, at 1 / members (time-slicing's share). `Err` says
+/// why the pair is not formed.
+fn time_plan(
+    s: &Settings<'_>,
+    state: &DeciderState,
+    node: &NodeGpus,
+    slot: &Slot,
+    j: &QueuedJob,
+    progress: Option<f64>,
+    now: f64,
+) -> std::result::Result<Vec<(u32, f64, f64)>, String> {
+    use kace_config::TimeLimit;
+    if s.time_limit == TimeLimit::Ignore {
+        return Ok(Vec::new());
+    }
+    let joiner = (j.id, j.time_limit_s, 0.0, crate::slurm::split_words(&j.partition));
+    let members: Vec<(u32, Option<f64>, f64, Vec<String>)> = slot
+        .jobs
+        .iter()
+        .map(|m| (m.id, m.limit_s, m.started.map_or(0.0, |t| now - t), m.partitions.clone()))
+        .chain(std::iter::once(joiner))
+        .collect();
+    if s.time_limit == TimeLimit::Refuse {
+        if let Some((id, _, _, _)) = members.iter().find(|m| m.1.is_some()) {
+            return Err(format!("job {id} has a time limit (selection.time_limit = refuse)"));
+        }
+        return Ok(Vec::new());
+    }
+    let n = members.len() as f64;
+    let speed = progress.map_or(1.0 / n, |p| p / n);
+    let mut plan = Vec::new();
+    for (id, limit, elapsed, partitions) in members {
+        let Some(limit) = limit else { continue };
+        let own = state.own_limits.get(&id).copied().unwrap_or(limit);
+        let max = placement::max_time(&partitions, node);
+        match placement::shared_limit(limit, own, elapsed, speed, s.time_limit_cap, max) {
+            Ok(Some(needed)) => plan.push((id, limit, needed)),
+            Ok(None) => {}
+            Err(why) => return Err(format!("job {id}: {why}")),
+        }
+    }
+    Ok(plan)
+}
+
+/// Sets the time limits of `plan`'s jobs that `which` picks, remembering each job's own limit
+/// the first time (the cap counts from it).
+fn lengthen(
+    slurm: &dyn Slurm,
+    state: &mut DeciderState,
+    plan: &[(u32, f64, f64)],
+    which: impl Fn(u32) -> bool,
+    report: &mut Report,
+) -> std::result::Result<(), String> {
+    for &(id, old, new) in plan.iter().filter(|p| which(p.0)) {
+        slurm
+            .set_time_limit(id, (new / 60.0).ceil() as u64)
+            .map_err(|e| format!("couldn't lengthen job {id}'s time limit for sharing: {e}"))?;
+        state.own_limits.entry(id).or_insert(old);
+        report.lengthened.push((id, old, new));
+    }
+    Ok(())
 }

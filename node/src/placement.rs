@@ -115,6 +115,65 @@ pub fn allows(w: &Wants, node: &NodeGpus, kind: Option<&str>) -> bool {
     partition && named && features && typed && node.shards_per_gpu > 0
 }
 
+/// The time limit, seconds, a job needs when it runs the rest of its time beside others at
+/// `speed` (its predicted shared rate over its alone rate, in (0, 1]): what it has run, plus
+/// what remains of `limit_s` stretched by 1 / speed, in whole minutes (Slurm's unit), rounded
+/// up. `Ok(None)` when no change is needed; `Err` when that is more than `cap` × `own_s` (the
+/// job's limit before kace lengthened it) or more than `max_s` (its partition's MaxTime): then
+/// the pair would risk killing it, and is not formed.
+pub fn shared_limit(
+    limit_s: f64,
+    own_s: f64,
+    elapsed_s: f64,
+    speed: f64,
+    cap: f64,
+    max_s: Option<f64>,
+) -> Result<Option<f64>, String> {
+    let speed = if speed.is_finite() { speed.clamp(0.01, 1.0) } else { 0.01 };
+    if speed >= 0.999 {
+        return Ok(None);
+    }
+    let elapsed = elapsed_s.clamp(0.0, limit_s);
+    let needed = ((elapsed + (limit_s - elapsed) / speed) / 60.0).ceil() * 60.0;
+    if needed <= limit_s {
+        return Ok(None);
+    }
+    let mins = |s: f64| s / 60.0;
+    if needed > cap * own_s {
+        return Err(format!(
+            "sharing at {:.0} % of its speed needs a {:.0} min time limit, more than {cap} × its own {:.0} min",
+            speed * 100.0,
+            mins(needed),
+            mins(own_s)
+        ));
+    }
+    if let Some(max) = max_s.filter(|m| needed > *m) {
+        return Err(format!(
+            "sharing at {:.0} % of its speed needs a {:.0} min time limit, past its partition's MaxTime ({:.0} min)",
+            speed * 100.0,
+            mins(needed),
+            mins(max)
+        ));
+    }
+    Ok(Some(needed))
+}
+
+/// The MaxTime of a job's partition on `node` (the longest of its partitions there), seconds;
+/// `None` when unlimited or unknown.
+pub fn max_time(partitions: &[String], node: &NodeGpus) -> Option<f64> {
+    let limits: Vec<Option<f64>> = node
+        .partitions
+        .iter()
+        .zip(&node.max_time_s)
+        .filter(|(p, _)| partitions.is_empty() || partitions.contains(p))
+        .map(|(_, t)| *t)
+        .collect();
+    if limits.iter().any(Option::is_none) {
+        return None;
+    }
+    limits.into_iter().flatten().max_by(f64::total_cmp)
+}
+
 /// Whether Slurm's reason for keeping a job pending means that where or when kace released it
 /// is not allowed (so it must be held again, unpinned, and its GPU freed), rather than that it
 /// waits for its GPU (`Resources`, `Priority`, `None`). The names are Slurm's
@@ -146,6 +205,7 @@ mod tests {
             shards_per_gpu: 4,
             usable: true,
             partitions: partitions.iter().map(|p| p.to_string()).collect(),
+            max_time_s: partitions.iter().map(|_| None).collect(),
             features: features.iter().map(|p| p.to_string()).collect(),
         }
     }
@@ -187,6 +247,23 @@ mod tests {
         assert!(matches!(back(job("pa", "", "[a|b]", "")), HandBack::Constraint(_)));
         let r = QueuedJob { reservation: "maint".into(), ..job("pa", "", "", "") };
         assert_eq!(back(r), HandBack::Reservation("maint".into()));
+    }
+
+    #[test]
+    fn sharing_lengthens_time_limits_within_the_cap_and_maxtime() {
+        // A 60 min job, 20 min in, sharing at half speed: 20 + 40 × 2 = 100 min.
+        assert_eq!(shared_limit(3600.0, 3600.0, 1200.0, 0.5, 2.0, None), Ok(Some(6000.0)));
+        // A joiner (nothing run yet) at 70 %: 60 / 0.7 = 85.7 → 86 min.
+        assert_eq!(shared_limit(3600.0, 3600.0, 0.0, 0.7, 2.0, None), Ok(Some(5160.0)));
+        // Alone speed, or an already long enough limit: nothing.
+        assert_eq!(shared_limit(3600.0, 3600.0, 0.0, 1.0, 2.0, None), Ok(None));
+        // Past the cap of the job's own limit, or the partition's MaxTime: refused.
+        assert!(shared_limit(3600.0, 3600.0, 0.0, 0.4, 2.0, None).is_err());
+        assert!(shared_limit(5160.0, 3600.0, 0.0, 0.5, 2.0, None).is_err());
+        assert!(shared_limit(3600.0, 3600.0, 0.0, 0.7, 2.0, Some(4000.0))
+            .unwrap_err()
+            .contains("MaxTime"));
+        assert!(shared_limit(3600.0, 3600.0, 0.0, f64::NAN, 2.0, None).is_err());
     }
 
     #[test]

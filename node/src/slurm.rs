@@ -36,10 +36,10 @@ pub const QUEUE_FORMAT: &str = "JobID:|,admin_comment:|,UserName:|,Reason:|,tres
 const QUEUE_FIELDS: usize = 18;
 
 /// The `sinfo -N -O` format kace reads the nodes with: one line per node and partition.
-pub const NODES_FORMAT: &str = "NodeList:|,PartitionName:|,Gres:|,StateLong:|,Features:|";
+pub const NODES_FORMAT: &str = "NodeList:|,PartitionName:|,Gres:|,StateLong:|,Features:|,Time:|";
 
 /// The number of fields in [`NODES_FORMAT`].
-const NODES_FIELDS: usize = 5;
+const NODES_FIELDS: usize = 6;
 
 /// How long past its budget (`node.prolog_budget_ms`) a kace prolog or epilog may still run:
 /// slurmd launches the hook a moment after slurmctld allocates, and clocks differ a little.
@@ -248,7 +248,7 @@ impl JobDetail {
 }
 
 /// A node and its GPUs, for `kace dispatch`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct NodeGpus {
     /// Node name.
     pub name: String,
@@ -260,6 +260,8 @@ pub struct NodeGpus {
     pub usable: bool,
     /// The partitions it is in.
     pub partitions: Vec<String>,
+    /// Each partition's MaxTime, seconds (parallel to `partitions`; `None`: unlimited).
+    pub max_time_s: Vec<Option<f64>>,
     /// Its available features (for `--constraint`).
     pub features: Vec<String>,
 }
@@ -323,6 +325,8 @@ pub trait Slurm {
     /// Holds a released kace job again with the gate's kind of hold (`scontrol uhold`, which
     /// kace releases; an admin's `hold` it never does) and clears kace's pin.
     fn hold_again(&self, id: u32) -> Result<()>;
+    /// Sets a job's time limit (whole minutes; root may lengthen a running job's).
+    fn set_time_limit(&self, id: u32, minutes: u64) -> Result<()>;
     /// Whether `node`'s slurmd (on this host) runs a step of job `id` now: `scontrol listpids
     /// ID NODE`, which asks that node's slurmstepd over its local socket, not slurmctld (no RPC).
     /// `false` also when the job has no step yet (its prolog runs) or no process left.
@@ -711,6 +715,12 @@ impl Slurm for Commands {
         self.release(id)
     }
 
+    fn set_time_limit(&self, id: u32, minutes: u64) -> Result<()> {
+        let job = format!("jobid={id}");
+        let limit = format!("TimeLimit={minutes}");
+        self.scontrol(CommandKind::Update, &["update", &job, &limit]).map(drop)
+    }
+
     fn hold_again(&self, id: u32) -> Result<()> {
         let id_text = id.to_string();
         self.scontrol(CommandKind::Hold, &["uhold", &id_text])?;
@@ -941,10 +951,12 @@ pub fn parse_nodes(out: &str) -> Vec<NodeGpus> {
             shards_per_gpu: gres::shards_per_gpu(f[2]),
             usable: state_takes_jobs(f[3]),
             partitions: Vec::new(),
+            max_time_s: Vec::new(),
             features: split_words(f[4]),
         });
         if !f[1].is_empty() && !node.partitions.iter().any(|p| p == f[1]) {
             node.partitions.push(f[1].to_string());
+            node.max_time_s.push(parse_duration(f[5]));
         }
     }
     nodes.into_values().collect()
@@ -1118,10 +1130,10 @@ mod tests {
 
     #[test]
     fn nodes_and_their_gpus() {
-        let out = "n1|pa|gpu:g0:1,gpu:g1:1,shard:g0:2,shard:g1:2|idle|fa,fb|\n\
-                   n1|debug|gpu:g0:1,gpu:g1:1,shard:g0:2,shard:g1:2|idle|fa,fb|\n\
-                   n2|debug|gpu:1,shard:4|mixed|(null)|\nn3|debug|gpu:2(S:0),shard:8|drained|(null)|\n\
-                   n4|debug|(null)|idle|(null)|\n";
+        let out = "n1|pa|gpu:g0:1,gpu:g1:1,shard:g0:2,shard:g1:2|idle|fa,fb|1:00:00|\n\
+                   n1|debug|gpu:g0:1,gpu:g1:1,shard:g0:2,shard:g1:2|idle|fa,fb|infinite|\n\
+                   n2|debug|gpu:1,shard:4|mixed|(null)|infinite|\nn3|debug|gpu:2(S:0),shard:8|drained|(null)|infinite|\n\
+                   n4|debug|(null)|idle|(null)|infinite|\n";
         let n = parse_nodes(out);
         assert_eq!(n[0].gpus, vec![Some("g0".to_string()), Some("g1".to_string())]);
         assert_eq!(
@@ -1129,6 +1141,7 @@ mod tests {
             (vec!["pa".to_string(), "debug".to_string()], vec!["fa".to_string(), "fb".to_string()])
         );
         assert_eq!((n[0].shards_per_gpu, n[1].shards_per_gpu, n[2].shards_per_gpu), (2, 4, 4));
+        assert_eq!(n[0].max_time_s, vec![Some(3600.0), None]);
         assert_eq!((n[1].gpus.len(), n[1].usable), (1, true));
         assert_eq!((n[2].gpus.len(), n[2].usable), (2, false));
         assert!(n[3].gpus.is_empty());

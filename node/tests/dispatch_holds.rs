@@ -49,6 +49,9 @@ impl Slurm for Queue {
         self.released.borrow_mut().push(id);
         Ok(())
     }
+    fn set_time_limit(&self, _id: u32, _minutes: u64) -> Result<()> {
+        Ok(())
+    }
     fn hold_again(&self, _id: u32) -> Result<()> {
         Ok(())
     }
@@ -62,6 +65,7 @@ impl Slurm for Queue {
             shards_per_gpu: 4,
             usable: true,
             partitions: vec!["debug".into()],
+            max_time_s: vec![None],
             features: Vec::new(),
         }])
     }

@@ -143,6 +143,10 @@ impl Slurm for FakeSlurm {
         j.reason = "None".into();
         Ok(())
     }
+    fn set_time_limit(&self, id: u32, minutes: u64) -> Result<()> {
+        self.calls.borrow_mut().push(format!("time limit {id} {minutes}"));
+        Ok(())
+    }
     fn hold_again(&self, id: u32) -> Result<()> {
         self.calls.borrow_mut().push(format!("hold again {id}"));
         let mut p = self.pending.borrow_mut();
@@ -424,6 +428,7 @@ fn node_n1(kinds: &[&str]) -> Vec<NodeGpus> {
     vec![NodeGpus {
         shards_per_gpu: 4,
         partitions: Vec::new(),
+        max_time_s: Vec::new(),
         features: Vec::new(),
         name: "n1".into(),
         gpus,
@@ -702,6 +707,7 @@ fn dispatch_releases_leads_onto_free_gpus_and_places_expired_holds() {
         NodeGpus {
             shards_per_gpu: 4,
             partitions: Vec::new(),
+            max_time_s: Vec::new(),
             features: Vec::new(),
             name: "n1".into(),
             gpus: vec![Some("g0".into()), Some("g1".into())],
@@ -710,6 +716,7 @@ fn dispatch_releases_leads_onto_free_gpus_and_places_expired_holds() {
         NodeGpus {
             shards_per_gpu: 4,
             partitions: Vec::new(),
+            max_time_s: Vec::new(),
             features: Vec::new(),
             name: "n2".into(),
             gpus: vec![None],
@@ -822,6 +829,7 @@ fn dispatch_fills_open_gpus_before_free_ones() {
     s.nodes = vec![NodeGpus {
         shards_per_gpu: 4,
         partitions: Vec::new(),
+        max_time_s: Vec::new(),
         features: Vec::new(),
         name: "n1".into(),
         gpus: vec![Some("g0".into()), Some("g1".into())],
@@ -879,6 +887,7 @@ fn dispatch_fills_open_gpus_before_free_ones() {
     s2.nodes = vec![NodeGpus {
         shards_per_gpu: 4,
         partitions: Vec::new(),
+        max_time_s: Vec::new(),
         features: Vec::new(),
         name: "n1".into(),
         gpus: vec![None, Some("g1".into())],
@@ -909,6 +918,7 @@ fn dispatch_places_an_expired_hold_on_an_open_gpu_and_records_it() {
         nodes: vec![NodeGpus {
             shards_per_gpu: 4,
             partitions: Vec::new(),
+            max_time_s: Vec::new(),
             features: Vec::new(),
             name: "n1".into(),
             gpus: vec![Some("g1".into())],
@@ -1885,6 +1895,7 @@ fn policy_node(name: &str, partition: &str) -> NodeGpus {
         shards_per_gpu: 2,
         usable: true,
         partitions: vec![partition.into()],
+        max_time_s: vec![None],
         features: Vec::new(),
     }
 }
@@ -1990,4 +2001,63 @@ fn dispatch_holds_again_jobs_slurm_will_not_start_where_kace_put_them() {
         r.leads.iter().chain(&r.joiners).chain(&r.expired).map(|(j, _, _)| *j).collect();
     assert!(!placed.contains(&20), "a resting job was released: {r:?}");
     assert!(state.resting.contains_key(&20) && state.requeues.get(&21) == Some(&1));
+}
+
+/// Sharing must not kill a job at its time limit: a job joining an open GPU, and the job there,
+/// get their limits lengthened by what sharing is predicted to cost them (the joiner's while
+/// it is still held), from their own limits; past the cap the pair is not formed.
+#[test]
+fn dispatch_lengthens_time_limits_of_a_group_or_does_not_pair() {
+    let setup = |limit_s: f64| {
+        let s = FakeSlurm::default();
+        let mut old = held(11, "beta", "alice", "gres:shard:1");
+        old.submitted = Some(100.0);
+        old.time_limit_s = Some(limit_s);
+        *s.pending.borrow_mut() = vec![old];
+        let s = FakeSlurm {
+            nodes: vec![NodeGpus {
+                shards_per_gpu: 4,
+                partitions: Vec::new(),
+                max_time_s: Vec::new(),
+                features: Vec::new(),
+                name: "n1".into(),
+                gpus: vec![Some("g1".into())],
+                usable: true,
+            }],
+            ..s
+        };
+        *s.running.borrow_mut() = vec![RunningJob {
+            id: 10,
+            node: "n1".into(),
+            gpus: vec![0],
+            state: "R".into(),
+            workload: "alpha".into(),
+            user: "alice".into(),
+            started: Some(1000.0),
+        }];
+        s
+    };
+    let s = setup(3600.0);
+    let w = World::new("time-limits", s);
+    // The running job's limit as the listing gives it.
+    let mut state = kace_node::decider_state::DeciderState::default();
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1100.0).unwrap();
+    assert_eq!(r.expired, vec![(11, "n1".to_string(), 0)], "{r:?}");
+    let [(job, old, new)] = r.lengthened.as_slice() else { panic!("{r:?}") };
+    assert_eq!((*job, *old), (11, 3600.0), "{r:?}");
+    assert!(*new > 3600.0 && *new <= 7200.0, "{r:?}");
+    let calls = w.slurm.calls.borrow().clone();
+    let set = calls.iter().position(|c| c.starts_with("time limit 11 ")).expect("set");
+    let released = calls.iter().position(|c| c == "release 11").expect("released");
+    assert!(set < released, "the joiner's limit is set while it is held: {calls:?}");
+    assert_eq!(state.own_limits.get(&11), Some(&3600.0));
+
+    // A limit already at the cap of its own: not paired; max_hold then hands it to Slurm.
+    let s = setup(7200.0);
+    let w = World::new("time-limits-cap", s);
+    let mut state = kace_node::decider_state::DeciderState::default();
+    state.own_limits.insert(11, 3600.0);
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1100.0).unwrap();
+    assert!(r.expired.is_empty() && r.lengthened.is_empty(), "{r:?}");
+    assert_eq!(r.handed_back.iter().map(|(j, _)| *j).collect::<Vec<_>>(), vec![11], "{r:?}");
 }

@@ -231,6 +231,9 @@ mod tests {
         fn hand_back(&self, _: u32, _: u32) -> kace_node::Result<()> {
             Ok(())
         }
+        fn set_time_limit(&self, _: u32, _: u64) -> kace_node::Result<()> {
+            Ok(())
+        }
         fn hold_again(&self, _: u32) -> kace_node::Result<()> {
             Ok(())
         }

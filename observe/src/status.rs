@@ -499,6 +499,9 @@ mod tests {
         fn hand_back(&self, _: u32, _: u32) -> kace_node::Result<()> {
             panic!("status changes nothing")
         }
+        fn set_time_limit(&self, _: u32, _: u64) -> kace_node::Result<()> {
+            panic!("status changes nothing")
+        }
         fn hold_again(&self, _: u32) -> kace_node::Result<()> {
             panic!("status changes nothing")
         }
@@ -542,6 +545,7 @@ mod tests {
             shards_per_gpu: 4,
             usable,
             partitions: Vec::new(),
+            max_time_s: Vec::new(),
             features: Vec::new(),
         };
         Cluster {
@@ -554,7 +558,7 @@ mod tests {
     #[test]
     fn a_held_jobs_reasons_are_counted_by_kind_in_one_bounded_line() {
         use kace_selector::{Rejection, Verdict};
-        let v = |r: Rejection| Verdict { prediction: None, rejection: Some(r) };
+        let v = |r: Rejection| Verdict { rejection: Some(r), ..Verdict::default() };
         let mut verdicts: Vec<Verdict> = (0..5000)
             .map(|i| v(Rejection::MemoryDoesNotFit { needed_gib: f64::from(i), usable_gib: 28.0 }))
             .collect();

@@ -112,8 +112,8 @@ pub fn decide(
         let verdicts = candidates
             .iter()
             .map(|_| crate::selection::Verdict {
-                prediction: None,
                 rejection: Some(rejection.clone()),
+                ..Default::default()
             })
             .collect();
         return Decision {

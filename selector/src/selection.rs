@@ -185,10 +185,14 @@ impl std::fmt::Display for Rejection {
 }
 
 /// The verdict on one candidate.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Verdict {
     /// The predicted group objective, when the candidate got that far.
     pub prediction: Option<f64>,
+    /// The group's predicted normalised progress (Σ colocated / exclusive rate over its
+    /// members), for a candidate that passed, when the predictor tells it: what sharing costs
+    /// each member's run time (the decider extends time limits by it).
+    pub progress: Option<f64>,
     /// Why it was refused, if it was.
     pub rejection: Option<Rejection>,
 }
@@ -241,7 +245,7 @@ pub fn select(
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            let reject = |r| Verdict { prediction: None, rejection: Some(r) };
+            let reject = |r| Verdict { rejection: Some(r), ..Verdict::default() };
             let Some(p) = c.profile else { return reject(Rejection::UnknownProfile) };
             if rules.require_same_user && !c.same_user {
                 return reject(Rejection::DifferentUser);
@@ -259,6 +263,7 @@ pub fn select(
             group.pop();
             let below = |predicted, required, progress| Verdict {
                 prediction: Some(predicted),
+                progress: None,
                 rejection: Some(Rejection::BelowGainThreshold { predicted, required, progress }),
             };
             // NaN predictions fail these tests too, so they are never chosen.
@@ -288,6 +293,7 @@ pub fn select(
                     let (predicted_progress, required) = (progress, needed);
                     return Verdict {
                         prediction: Some(predicted),
+                        progress: None,
                         rejection: Some(if new {
                             Rejection::DoubtfulNewWorkload {
                                 predicted: predicted_progress,
@@ -302,7 +308,11 @@ pub fn select(
             if chosen.is_none_or(|(_, best)| predicted > best) {
                 chosen = Some((i, predicted));
             }
-            Verdict { prediction: Some(predicted), rejection: None }
+            Verdict {
+                prediction: Some(predicted),
+                progress: in_progress.then_some(progress),
+                rejection: None,
+            }
         })
         .collect();
     Selection { verdicts, chosen: chosen.map(|c| c.0), baseline }

@@ -5,7 +5,8 @@
 //! `--exclude` is refused at submission with one line; a job kace cannot place (a `-w` of two
 //! nodes) is handed back and runs; a job whose only node is drained is never pinned there and
 //! goes to Slurm at `max_hold`, asking for the whole GPU, and runs once the node is back; a
-//! requeued kace job is held again and unpinned instead of staying pinned to its old GPU.
+//! requeued kace job is held again and unpinned instead of staying pinned to its old GPU; a
+//! pair of jobs with `--time` gets its limits lengthened by what sharing costs.
 
 mod common;
 
@@ -121,6 +122,42 @@ fn kace_jobs_run_only_where_the_sites_policies_let_them() {
     });
     c.run_ok("scancel", &[&long.to_string()]).unwrap();
 
+    // 6. Sharing must not kill a job at its time limit: a pair on n2 (the only GPU of `pb`)
+    //    gets its limits lengthened by what sharing is predicted to cost.
+    let (lead_w, partner_w) = {
+        let db = kace_sql::Db::open_read_only(&dir.join("kace.db")).unwrap();
+        let names = common::profiled_workloads(&db);
+        names
+            .iter()
+            .find_map(|lead| {
+                let others: Vec<&String> = names.iter().filter(|w| *w != lead).collect();
+                let d = common::decision(&db, lead, &others);
+                common::passing(&d, &others).first().map(|(_, p)| (lead.clone(), p.clone()))
+            })
+            .expect("a pair the model accepts")
+    };
+    let timed = |w: &str| {
+        let opt = format!("--kace-colocate={w}");
+        c.sbatch(&[&opt, "--gres=shard:1", "-p", "pb", "--time=10", "--wrap", "sleep 20"]).unwrap()
+    };
+    let lead = timed(&lead_w);
+    wait_for(&c, "the timed lead running", Duration::from_secs(30), || {
+        field(&c.job(lead).unwrap(), "JobState") == "RUNNING"
+    });
+    let partner = timed(&partner_w);
+    wait_for(&c, "the partner running beside it", Duration::from_secs(30), || {
+        field(&c.job(partner).unwrap(), "JobState") == "RUNNING"
+    });
+    for id in [lead, partner] {
+        let j = c.job(id).unwrap();
+        assert_eq!(field(&j, "NodeList"), "n2", "{j:?}");
+        // `TimeLimit=00:10:00` as submitted; longer (and at most twice) once lengthened.
+        let limit = kace_node::slurm::parse_duration(field(&j, "TimeLimit")).unwrap();
+        assert!(limit > 600.0 && limit <= 1200.0, "job {id}'s time limit {limit} s: {j:?}");
+    }
+    done(lead);
+    done(partner);
+
     let _ = watch.kill();
     let _ = watch.wait();
     let log = std::fs::read_to_string(dir.join("dispatch-watch.out")).unwrap_or_default()
@@ -128,6 +165,7 @@ fn kace_jobs_run_only_where_the_sites_policies_let_them() {
     assert!(log.contains(&format!("handed job {both} back to Slurm")), "{log}");
     assert!(log.contains(&format!("handed job {drained} back to Slurm")), "{log}");
     assert!(log.contains(&format!("held job {long} again")), "{log}");
+    assert!(log.contains(&format!("lengthened job {partner}'s time limit from 10 to")), "{log}");
     // Recorded for `kace explain`.
     common::kace(&c, &["ingest"]);
     let why = common::kace(&c, &["explain", &drained.to_string()]);

@@ -101,6 +101,9 @@ impl Slurm for LocalJobs {
     fn hand_back(&self, _id: u32, _shards: u32) -> kace_node::Result<()> {
         no_slurm("scontrol release")
     }
+    fn set_time_limit(&self, _id: u32, _minutes: u64) -> kace_node::Result<()> {
+        no_slurm("scontrol update")
+    }
     fn hold_again(&self, _id: u32) -> kace_node::Result<()> {
         no_slurm("scontrol uhold")
     }
