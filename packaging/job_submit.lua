@@ -214,6 +214,16 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
   end
   local ac = job_rec.admin_comment
   if not RELEASERS[modify_uid] and ac ~= nil and string.sub(ac, 1, #PREFIX) == PREFIX then
+    -- A kace job is placed by its shard request: an update that drops it would leave nothing
+    -- kace can pair (the decider would hand it back); refused with what to do instead.
+    local tres = job_desc.tres_per_node
+    if tres ~= nil and tres ~= "" and not string.find(tres, "gres[:/]shard") then
+      slurm.log_user("kace: couldn't change kace job %u's GRES to %s: it must ask for a shard; scancel it and submit it without --kace-colocate",
+        job_rec.job_id, quote(tres))
+      slurm.log_info("kace: gate: refused uid %u dropping the shard of kace job %u", modify_uid,
+        job_rec.job_id)
+      return slurm.ESLURM_ACCESS_DENIED
+    end
     local exclude = kace_exclude_refusal(job_desc)
     if exclude ~= nil then
       slurm.log_user("%s", exclude)

@@ -33,6 +33,8 @@ pub enum HandBack {
     NoGpuNode,
     /// It was held longer than `max_hold` and no GPU takes it.
     MaxHold,
+    /// It asks for no shard (its user changed its request): nothing kace can pair.
+    NoShard,
 }
 
 impl HandBack {
@@ -44,6 +46,7 @@ impl HandBack {
             HandBack::Constraint(_) => "constraint",
             HandBack::NoGpuNode => "no_gpu_node",
             HandBack::MaxHold => "max_hold",
+            HandBack::NoShard => "no_shard",
         }
     }
 }
@@ -60,6 +63,7 @@ impl std::fmt::Display for HandBack {
             HandBack::MaxHold => {
                 f.write_str("it was held longer than max_hold and no GPU takes it")
             }
+            HandBack::NoShard => f.write_str("it asks for no shard of a GPU"),
         }
     }
 }

@@ -319,7 +319,7 @@ pub trait Slurm {
     fn release(&self, id: u32) -> Result<()>;
     /// Hands a held job back to Slurm: asks for `shards` shards of one GPU (of the type it
     /// asks for, if any; a whole GPU's, so that wherever Slurm starts it no kace job is crowded
-    /// beside it) and releases it, unpinned. Like [`Slurm::pin`], it re-reads the job first and
+    /// beside it; a job asking for no shard keeps its request) and releases it, unpinned. Like [`Slurm::pin`], it re-reads the job first and
     /// leaves it alone unless it is still held.
     fn hand_back(&self, id: u32, shards: u32) -> Result<()>;
     /// Holds a released kace job again with the gate's kind of hold (`scontrol uhold`, which
@@ -709,7 +709,8 @@ impl Slurm for Commands {
             Some(kind) => format!("Gres=shard:{kind}:{shards}"),
             None => format!("Gres=shard:{shards}"),
         };
-        if now.shards() != Some(shards) {
+        // A job that asks for no shard (its user removed it) cannot be crowded onto a GPU.
+        if now.shards().is_some_and(|n| n != shards) {
             self.scontrol(CommandKind::Update, &["update", &job, &gres])?;
         }
         self.release(id)

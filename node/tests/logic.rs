@@ -1914,21 +1914,28 @@ fn dispatch_places_jobs_only_where_their_policies_allow() {
         req_nodes: req_nodes.into(),
         ..held(id, "alpha", "alice", "gres:shard:1")
     };
-    *s.pending.borrow_mut() =
-        vec![job(5, "pb", ""), job(6, "pa,pb", "n1"), job(7, "pa", "n[1-2]"), job(8, "pc", "")];
+    *s.pending.borrow_mut() = vec![
+        job(5, "pb", ""),
+        job(6, "pa,pb", "n1"),
+        job(7, "pa", "n[1-2]"),
+        job(8, "pc", ""),
+        QueuedJob { tres_per_node: "gres/gpu:1".into(), ..job(9, "pa", "") },
+    ];
     let w = World::new("policies", s);
     let r = pass(&w, 1010.0);
     let mut leads = r.leads.clone();
     leads.sort();
     assert_eq!(leads, vec![(5, "n2".to_string(), 0), (6, "n1".to_string(), 0)], "{r:?}");
-    let back: Vec<u32> = r.handed_back.iter().map(|(j, _)| *j).collect();
-    assert_eq!(back, vec![7, 8], "{r:?}");
-    assert!(r.handed_back[0].1.contains("several nodes"), "{r:?}");
+    let mut back: Vec<u32> = r.handed_back.iter().map(|(j, _)| *j).collect();
+    back.sort_unstable();
+    assert_eq!(back, vec![7, 8, 9], "{r:?}");
+    let why = |id: u32| r.handed_back.iter().find(|(j, _)| *j == id).unwrap().1.clone();
+    assert!(why(7).contains("several nodes") && why(9).contains("no shard"), "{r:?}");
     let calls = w.slurm.calls.borrow();
     assert!(calls.contains(&"hand back 7 2".to_string()), "{calls:?}");
     let kinds: Vec<ReleaseKind> =
         r.records.iter().map(|d| ReleaseKind::of_key(Some(&d.key))).collect();
-    assert_eq!(kinds.iter().filter(|k| **k == ReleaseKind::HandBack).count(), 2, "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| **k == ReleaseKind::HandBack).count(), 3, "{kinds:?}");
     let rec = r.records.iter().find(|d| d.decision.lead_job.as_deref() == Some("8")).unwrap();
     assert!(rec.decision.candidates[0].rejected.as_deref().unwrap().contains("no GPU node"));
 }

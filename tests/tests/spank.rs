@@ -308,6 +308,22 @@ fn only_root_releases_a_kace_job() {
     let hold = as_nobody("scontrol", &["hold", &id.to_string()]);
     assert!(!hold.status.success(), "nobody held a kace job");
     assert_eq!(field(&c.job(id).unwrap(), "Reason"), "JobHeldUser");
+    // Updates kace could not honour: dropping the shard, excluding nodes.
+    let job_arg = format!("jobid={id}");
+    let refusals = [
+        ("Gres=gpu:1", "must ask for a shard", format!("dropping the shard of kace job {id}")),
+        ("ExcNodeList=n1", "--exclude", format!("excluding nodes from kace job {id}")),
+    ];
+    for (update, said, logged) in refusals {
+        let upd = as_nobody("scontrol", &["update", &job_arg, update]);
+        assert!(!upd.status.success(), "nobody's {update} was taken");
+        // The user sees the gate's line where Slurm passes job_modify's log.user on (not
+        // 22.05); the refusal is in slurmctld's log on every release.
+        let seen = stderr(&upd).contains(said) || c.slurmctld_log().contains(&logged);
+        assert!(seen, "{update}: {}", stderr(&upd));
+    }
+    let tres = field(&c.job(id).unwrap(), "TresPerNode").to_string();
+    assert!(tres.contains("shard"), "{tres}");
 
     c.run_ok("scontrol", &["release", &id.to_string()]).unwrap();
     let job = c.wait_done(id, WAIT).unwrap();
