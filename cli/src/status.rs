@@ -165,7 +165,12 @@ fn render(s: &Status) -> String {
                     (None, Some(why)) => format!("none: {why}"),
                     (None, None) => "-".into(),
                 };
+                let offer = match &h.handed_back {
+                    Some(why) => format!("goes to Slurm at the next pass: {why}"),
+                    None => offer,
+                };
                 vec![
+                    h.place.to_string(),
                     h.job.to_string(),
                     h.workload.clone(),
                     h.user.clone(),
@@ -177,6 +182,7 @@ fn render(s: &Status) -> String {
             .collect();
         out.push_str(&table(
             &[
+                "place",
                 "job",
                 "workload",
                 "user",

@@ -467,7 +467,14 @@ fn the_decider_releases_the_predicted_best_beside_a_starting_lead_and_spools_eve
     assert_eq!(state.gpus.get(&10), Some(&("n1".to_string(), vec![0])));
     assert!(state.begun.is_empty(), "finished releases are forgotten");
 
-    let [d] = r.records.as_slice() else { panic!("{r:?}") };
+    // Job 15 asks for no shard: nothing to pair, handed back to Slurm (its own record).
+    assert_eq!(r.handed_back.iter().map(|(j, _)| *j).collect::<Vec<_>>(), vec![15], "{r:?}");
+    let placed: Vec<_> = r
+        .records
+        .iter()
+        .filter(|d| ReleaseKind::of_key(Some(&d.key)) != ReleaseKind::HandBack)
+        .collect();
+    let [d] = placed.as_slice() else { panic!("{r:?}") };
     assert_eq!(ReleaseKind::of_key(Some(&d.key)), ReleaseKind::Lead);
     assert!(d.key.starts_with("cluster/10/"), "keyed by the lead: {}", d.key);
     assert_eq!(d.decision.chosen_job, Some(expected.to_string()));
@@ -478,8 +485,9 @@ fn the_decider_releases_the_predicted_best_beside_a_starting_lead_and_spools_eve
     assert!(by_job["14"].rejected.as_deref().unwrap().contains("unknown profile"));
     assert!(by_job[&expected.to_string()].prediction.is_some());
     assert_eq!(by_job["11"].held_s, Some(489.0));
+    // The pair's decision and job 15's hand-back.
     let spooled = kace_sql::spool::spooled_decisions(&w.config.spool.dir).unwrap();
-    assert_eq!(spooled.len(), 1);
+    assert_eq!(spooled.len(), 2);
 
     // The next pass knows the lead's GPU: no read.
     let before = w.slurm.calls.borrow().len();
@@ -865,15 +873,15 @@ fn dispatch_fills_open_gpus_before_free_ones() {
     // same predictions a lead would make) and the lead with its hold.
     let kinds: Vec<ReleaseKind> =
         r.records.iter().map(|d| ReleaseKind::of_key(Some(&d.key))).collect();
-    assert_eq!(kinds, [ReleaseKind::LateArrival, ReleaseKind::LeadRelease]);
-    let join = &r.records[0].decision;
+    assert_eq!(kinds, [ReleaseKind::HandBack, ReleaseKind::LateArrival, ReleaseKind::LeadRelease]);
+    let join = &r.records[1].decision;
     assert_eq!(join.lead_job.as_deref(), Some("10"));
     assert_eq!(join.chosen_job, Some(expected.to_string()));
     assert!(join.model_version.is_some());
     let c = join.candidates.iter().find(|c| c.job == join.chosen_job).unwrap();
     assert!(c.prediction.is_some() && c.rejected.is_none(), "{c:?}");
     assert_eq!(c.held_s, Some(100.0 - f64::from(expected)));
-    let lead = &r.records[1].decision;
+    let lead = &r.records[2].decision;
     assert_eq!(
         (lead.lead_job.clone(), lead.chosen_job.clone()),
         (Some(first_left.to_string()), None)

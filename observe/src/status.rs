@@ -117,6 +117,12 @@ pub struct Held {
     pub would_pair_with: Option<Offer>,
     /// Why there is none, when there is none.
     pub no_partner: Option<String>,
+    /// Its place in the decider's line (1 = next): held jobs are offered oldest first, to the
+    /// GPUs their policies allow.
+    pub place: usize,
+    /// Why the decider hands it back to Slurm at its next pass instead of placing it, if it does
+    /// (a `-w` of several nodes, a reservation, no shard, …).
+    pub handed_back: Option<String>,
 }
 
 /// A would-be partner.
@@ -297,6 +303,14 @@ pub fn gather(
             max_hold_at: j.hold_started().filter(|_| blocked.is_none()).map(|s| s + max_hold),
             would_pair_with: offer,
             no_partner: why,
+            place: k + 1,
+            handed_back: match kace_node::placement::wants(j) {
+                Err(why) => Some(why.to_string()),
+                Ok(_) if j.shards().is_none() => {
+                    Some(kace_node::placement::HandBack::NoShard.to_string())
+                }
+                Ok(_) => None,
+            },
         });
     }
     Ok(Status {
@@ -616,5 +630,20 @@ mod tests {
         // The GPU is still full: bob's job takes its place whether shown or not.
         assert_eq!(s.gpus[0].state, GpuState::Full);
         assert_eq!(s.held.iter().map(|h| h.job).collect::<Vec<_>>(), vec![10]);
+        // Its place counts every user's held jobs ahead of it.
+        let all =
+            gather(&cluster(), None, &Config::default(), 1000.0, &Options::default()).unwrap();
+        let place = |st: &Status, id: u32| st.held.iter().find(|h| h.job == id).unwrap().place;
+        assert_eq!(place(&s, 10), place(&all, 10));
+    }
+
+    #[test]
+    fn a_held_job_kace_will_hand_back_says_so() {
+        let mut c = cluster();
+        c.queue[0].req_nodes = "n[1-2]".into();
+        let s = gather(&c, None, &Config::default(), 1000.0, &Options::default()).unwrap();
+        let h = s.held.iter().find(|h| h.job == c.queue[0].id).unwrap();
+        assert!(h.handed_back.as_deref().unwrap().contains("several nodes"), "{h:?}");
+        assert_eq!((h.place, s.held.iter().filter(|h| h.handed_back.is_none()).count()), (1, 1));
     }
 }
