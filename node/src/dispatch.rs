@@ -338,8 +338,8 @@ pub struct Report {
     pub leads: Vec<(u32, String, u32)>,
     /// Jobs released to join open GPUs: (job, node, GPU index).
     pub joiners: Vec<(u32, String, u32)>,
-    /// Jobs released because they were held longer than `max_hold`: (job, node, GPU index);
-    /// node empty when released unpinned.
+    /// Jobs released because they were held longer than `max_hold`: (job, node, GPU index).
+    /// Those no GPU takes are in `handed_back`.
     pub expired: Vec<(u32, String, u32)>,
     /// Jobs handed back to Slurm, unpinned and asking for a whole GPU: (job, why).
     pub handed_back: Vec<(u32, String)>,
@@ -374,14 +374,9 @@ impl Report {
             out.push(format!("finished the release of job {job} an earlier pass began"));
         }
         for (job, n, g) in &self.expired {
-            out.push(match n.as_str() {
-                "" => format!(
-                    "released job {job} wherever Slurm places it: held longer than {max_hold_s} s"
-                ),
-                _ => {
-                    format!("released job {job} onto {n} GPU {g}: held longer than {max_hold_s} s")
-                }
-            });
+            out.push(format!(
+                "released job {job} onto {n} GPU {g}: held longer than {max_hold_s} s"
+            ));
         }
         for (job, n, g) in &self.joiners {
             out.push(format!("released job {job} to join the kace jobs on {n} GPU {g}"));
@@ -589,10 +584,12 @@ pub fn run(
             report.problems.push(format!(
                 "couldn't list the nodes ({e}); jobs held longer than max_hold go to Slurm unpinned"
             ));
+            // Asking for a whole GPU of the nodes last read, if any were.
+            let last: Vec<NodeGpus> = state.nodes.as_ref().map(|n| n.1.clone()).unwrap_or_default();
             for &i in &expired {
-                release_unpinned(slurm, s, held[i], now, &mut report);
+                hand_back(slurm, s, state, held[i], &last, &HandBack::MaxHold, now, &mut report);
             }
-            report.still_held = held.len() > report.expired.len();
+            report.still_held = held.len() > report.handed_back.len();
             return Ok(report);
         }
     };
@@ -1072,44 +1069,6 @@ fn release(
             }
             problems.insert(0, format!("couldn't release job {}: {e}", j.id));
             Err(problems.join("; "))
-        }
-    }
-}
-
-/// Releases an expired job without pinning it (the nodes could not be read): Slurm places it
-/// as it would a plain job.
-fn release_unpinned(
-    slurm: &dyn Slurm,
-    s: &Settings<'_>,
-    j: &QueuedJob,
-    now: f64,
-    report: &mut Report,
-) {
-    let d = SpooledDecision {
-        key: release_key(ReleaseKind::MaxHold, &s.cluster, &j.id.to_string(), "any", now),
-        created_at: now,
-        decision: NewDecision {
-            lead_job: Some(j.id.to_string()),
-            lead_workload: j.workload.clone(),
-            chosen_workload: None,
-            chosen_job: None,
-            model_version: None,
-            candidates: vec![candidate_record(j, now)],
-        },
-    };
-    let spooled = spool_decision(s, &d, &mut report.problems).map_err(|e| report.problems.push(e));
-    match slurm.release(j.id) {
-        Ok(()) => {
-            report.expired.push((j.id, String::new(), 0));
-            report.records.push(d);
-        }
-        Err(e) => {
-            match spooled {
-                Ok(None) => drop(withdraw_decision(s.spool, &d.key)),
-                Ok(Some(parked)) => drop(std::fs::remove_file(parked)),
-                Err(()) => {}
-            }
-            report.problems.push(format!("couldn't release job {}: {e}", j.id));
         }
     }
 }
