@@ -69,6 +69,10 @@ pub struct DeciderState {
     /// seconds) they are not released again, so that a limit that holds is not met each pass.
     #[serde(default)]
     pub resting: BTreeMap<u32, f64>,
+    /// Released jobs first seen pending for a policy reason → when (Unix seconds): held again
+    /// only once it lasts (`dispatch::POLICY_GRACE_S`).
+    #[serde(default)]
+    pub policy_seen: BTreeMap<u32, f64>,
     /// Requeued jobs held again → the restart count that was dealt with.
     #[serde(default)]
     pub requeues: BTreeMap<u32, u32>,

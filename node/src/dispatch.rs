@@ -53,6 +53,11 @@ const RELEASE_TRIES: usize = 3;
 /// short against a limit's life.
 pub const REST_S: f64 = 60.0;
 
+/// How long a released job must stay pending for a policy reason before it is held again,
+/// seconds: Slurm gives some reasons for a moment (a node it plans for another job, one still
+/// completing), and holding a job again for one of those costs it [`REST_S`].
+pub const POLICY_GRACE_S: f64 = 5.0;
+
 /// A GPU: its node, its index there and its type when typed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuAt {
@@ -541,6 +546,7 @@ pub fn run(
     state.requeues.retain(|id, _| listed.contains(id));
     state.resting.retain(|id, until| listed.contains(id) && *until > now);
     state.own_limits.retain(|id, _| listed.contains(id));
+    state.policy_seen.retain(|id, _| listed.contains(id));
 
     // 0. What an earlier pass began, and the records it parked while the spool was full.
     finish_begun(slurm, s, state, &queue, &mut report);
@@ -1147,6 +1153,7 @@ fn hold_again(
     report: &mut Report,
 ) -> BTreeSet<u32> {
     let mut done = BTreeSet::new();
+    let mut first_seen = false;
     for j in queue.iter().filter(|j| j.pending() && !j.held() && !j.req_nodes.is_empty()) {
         if state.handed_back.contains(&j.id) || state.begun.contains_key(&j.id) {
             continue;
@@ -1155,8 +1162,16 @@ fn hold_again(
         let why = if requeued {
             format!("Slurm requeued it (restart {}); it was pinned to {}", j.restarts, j.req_nodes)
         } else if placement::policy_reason(&j.reason) {
+            let since = *state.policy_seen.entry(j.id).or_insert_with(|| {
+                first_seen = true;
+                now
+            });
+            if now - since < POLICY_GRACE_S {
+                continue;
+            }
             format!("Slurm keeps it pending on {}: {}", j.req_nodes, j.reason)
         } else {
+            state.policy_seen.remove(&j.id);
             continue;
         };
         match slurm.hold_again(j.id) {
@@ -1166,6 +1181,7 @@ fn hold_again(
                 } else {
                     state.resting.insert(j.id, now + REST_S);
                 }
+                state.policy_seen.remove(&j.id);
                 done.insert(j.id);
                 report.held_again.push((j.id, why));
             }
@@ -1174,7 +1190,7 @@ fn hold_again(
             }
         }
     }
-    if !done.is_empty() {
+    if !done.is_empty() || first_seen {
         if let Err(e) = state.save(s.state_dir) {
             report.problems.push(format!("couldn't save the decider's state: {e}"));
         }

@@ -183,6 +183,11 @@ pub fn max_time(partitions: &[String], node: &NodeGpus) -> Option<f64> {
 /// waits for its GPU (`Resources`, `Priority`, `None`). The names are Slurm's
 /// (src/common/slurm_protocol_defs.c, job_state_reason_string).
 pub fn policy_reason(reason: &str) -> bool {
+    // Slurm says so of a node backfill plans for another job, and of a busy node it holds
+    // for one (src/slurmctld/node_scheduler.c): the job waits for its GPU, as with Resources.
+    if reason.contains("May be reserved for other job") {
+        return false;
+    }
     const PREFIXES: [&str; 10] = [
         "ReqNodeNotAvail",
         "Nodes required for job are DOWN",
@@ -282,7 +287,15 @@ mod tests {
         ] {
             assert!(policy_reason(r), "{r}");
         }
-        for r in ["Resources", "Priority", "None", "JobHeldUser", "BeginTime", "Dependency"] {
+        for r in [
+            "Resources",
+            "Priority",
+            "None",
+            "JobHeldUser",
+            "BeginTime",
+            "Dependency",
+            "ReqNodeNotAvail, May be reserved for other job",
+        ] {
             assert!(!policy_reason(r), "{r}");
         }
     }
