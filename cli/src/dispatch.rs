@@ -90,6 +90,7 @@ pub fn run(args: DispatchArgs, ctx: &Ctx) -> Result<()> {
             "expired": at(&r.expired),
             "handed_back": r.handed_back.iter().map(|(j, w)| json!({"job": j, "why": w})).collect::<Vec<_>>(),
             "held_again": r.held_again.iter().map(|(j, w)| json!({"job": j, "why": w})).collect::<Vec<_>>(),
+            "time_refused": r.time_refused.iter().map(|(j, w)| json!({"job": j, "why": w})).collect::<Vec<_>>(),
             "resumed": r.resumed,
             "stuck": r.stuck.iter().map(|(j, t, w)| json!({"job": j, "seconds": t, "state": w})).collect::<Vec<_>>(),
             "still_held": r.still_held,

@@ -557,21 +557,16 @@ pub fn run(
     }
 
     let held_again = hold_again(slurm, s, state, &queue, now, &mut report);
-    // A held job asking for no shard (its user changed its request) is nothing kace can pair:
-    // Slurm runs it as it asks, now rather than never.
-    let unshared: Vec<&QueuedJob> = queue
-        .iter()
-        .filter(|j| j.held() && j.shards().is_none() && j.blocked(now).is_none())
-        .collect();
 
     // A job Slurm would not start yet (unmet dependency, --begin ahead) is neither offered nor
-    // released for max_hold: its hold counts from when it may start.
+    // released for max_hold: its hold counts from when it may start. One asking for no shard
+    // (its user changed its request) is handed back below (`placement::wants`).
     let held: Vec<&QueuedJob> = queue
         .iter()
-        .filter(|j| j.held() && j.shards().is_some() && j.blocked(now).is_none())
+        .filter(|j| j.held() && j.blocked(now).is_none())
         .filter(|j| !report.resumed.contains(&j.id) && !state.resting.contains_key(&j.id))
         .collect();
-    if held.is_empty() && unshared.is_empty() {
+    if held.is_empty() {
         return Ok(report);
     }
     let max_hold = s.max_hold_s as f64;
@@ -615,9 +610,6 @@ pub fn run(
         })
         .collect();
     let mut taken: Vec<usize> = Vec::new(); // indices into `held` this pass dealt with
-    for j in unshared {
-        hand_back(slurm, s, state, j, &nodes, &HandBack::NoShard, now, &mut report);
-    }
     for (i, w) in wants.iter().enumerate() {
         if let Err(why) = w {
             taken.push(i);

@@ -70,6 +70,9 @@ impl std::fmt::Display for HandBack {
 
 /// What `job` (held, so any node it names is its user's) allows, or why kace hands it back.
 pub fn wants(job: &QueuedJob) -> Result<Wants, HandBack> {
+    if job.shards().is_none() {
+        return Err(HandBack::NoShard);
+    }
     if !job.reservation.is_empty() {
         return Err(HandBack::Reservation(job.reservation.clone()));
     }
@@ -250,12 +253,19 @@ mod tests {
     #[test]
     fn what_kace_cannot_place_is_handed_back() {
         let back = |j: QueuedJob| wants(&j).unwrap_err();
-        assert_eq!(back(job("pa", "n[1-2]", "", "")), HandBack::SeveralNodes("n[1-2]".into()));
-        assert_eq!(back(job("pa", "n1,n2", "", "")), HandBack::SeveralNodes("n1,n2".into()));
-        assert!(matches!(back(job("pa", "", "a*2", "")), HandBack::Constraint(_)));
-        assert!(matches!(back(job("pa", "", "[a|b]", "")), HandBack::Constraint(_)));
-        let r = QueuedJob { reservation: "maint".into(), ..job("pa", "", "", "") };
+        assert_eq!(
+            back(job("pa", "n[1-2]", "", "gres/shard:1")),
+            HandBack::SeveralNodes("n[1-2]".into())
+        );
+        assert_eq!(
+            back(job("pa", "n1,n2", "", "gres/shard:1")),
+            HandBack::SeveralNodes("n1,n2".into())
+        );
+        assert!(matches!(back(job("pa", "", "a*2", "gres/shard:1")), HandBack::Constraint(_)));
+        assert!(matches!(back(job("pa", "", "[a|b]", "gres/shard:1")), HandBack::Constraint(_)));
+        let r = QueuedJob { reservation: "maint".into(), ..job("pa", "", "", "gres/shard:1") };
         assert_eq!(back(r), HandBack::Reservation("maint".into()));
+        assert_eq!(back(job("pa", "", "", "gres/gpu:1")), HandBack::NoShard);
     }
 
     #[test]

@@ -26,11 +26,14 @@ use crate::slurm_json;
 /// `admin_comment` prefix the gate (job_submit.lua) gives kace jobs; only root can set it.
 pub const MARK: &str = "kace:";
 
-/// The `squeue -O` format kace reads its jobs with: only fields no user can write.
+/// The `squeue -O` format kace reads its jobs with: no field a user writes as free text. The
+/// constraint (`Feature`) is the user's, but Slurm accepts only the admin's feature names and
+/// the operators `&|,[]*()!` and digits; it comes last because `|` is one of them (see
+/// [`parse_queue`]).
 pub const QUEUE_FORMAT: &str = "JobID:|,admin_comment:|,UserName:|,Reason:|,tres-per-node:|,\
                                 SubmitTime:|,ReqNodes:|,StateCompact:|,Dependency:|,EligibleTime:|,\
                                 StartTime:|,EndTime:|,NodeList:|,Partition:|,Reservation:|,\
-                                Feature:|,RestartCnt:|,TimeLimit:|";
+                                RestartCnt:|,TimeLimit:|,Feature:|";
 
 /// The number of fields in [`QUEUE_FORMAT`].
 const QUEUE_FIELDS: usize = 18;
@@ -771,7 +774,13 @@ pub fn parse_queue(out: &str) -> (Vec<QueuedJob>, Vec<String>) {
     let mut jobs = Vec::new();
     let mut unreadable = Vec::new();
     for line in out.lines().filter(|l| !l.trim().is_empty()) {
-        let Some(f) = strict_fields(line, QUEUE_FIELDS) else {
+        // The last field, the constraint, may hold `|` (an OR): every `|` past the others is
+        // its own. A line shifted by a `|` elsewhere has no number as its restart count.
+        let f: Option<Vec<&str>> = line.strip_suffix('|').and_then(|body| {
+            let f: Vec<&str> = body.splitn(QUEUE_FIELDS, '|').map(str::trim).collect();
+            (f.len() == QUEUE_FIELDS && f[15].parse::<u32>().is_ok()).then_some(f)
+        });
+        let Some(f) = f else {
             unreadable.push(short(line));
             continue;
         };
@@ -798,9 +807,9 @@ pub fn parse_queue(out: &str) -> (Vec<QueuedJob>, Vec<String>) {
             node: none(f[12]),
             partition: none(f[13]),
             reservation: none(f[14]),
-            features: none(f[15]),
-            restarts: f[16].parse().unwrap_or(0),
-            time_limit_s: parse_duration(f[17]),
+            restarts: f[15].parse().unwrap_or(0),
+            time_limit_s: parse_duration(f[16]),
+            features: none(f[17]),
         });
     }
     jobs.sort_by_key(|j| j.id);
@@ -1018,10 +1027,10 @@ mod tests {
 
     #[test]
     fn pending_kace_jobs_are_read_and_others_skipped() {
-        let out = "12|kace:bert|alice|JobHeldUser|gres:shard:1|2026-11-29T06:58:46|(null)|PD|(null)|N/A|N/A|N/A||pa,pb|(null)|fa&fb|0|1:30:00|\n\
-                   11|(null)|bob|Resources|N/A|2026-11-29T06:58:40||PD|(null)|N/A|N/A|N/A||debug|(null)|(null)|0|UNLIMITED|\n\
-                   10|kace:lstm|alice|None|gres/shard:g1:2|2026-11-29T06:58:00|n1|PD|(null)|2026-11-29T06:58:00|2026-11-29T07:00:00|NONE||debug|maint|(null)|2|5:00|\n\
-                   14|kace:wav|alice|Prolog|gres/shard:1|2026-11-29T06:58:00|n2|R|(null)|N/A|2026-11-29T06:58:40|2026-11-29T07:58:40|n2|debug|(null)|(null)|0|UNLIMITED|\n";
+        let out = "12|kace:bert|alice|JobHeldUser|gres:shard:1|2026-11-29T06:58:46|(null)|PD|(null)|N/A|N/A|N/A||pa,pb|(null)|0|1:30:00|fa&fb|fc|\n\
+                   11|(null)|bob|Resources|N/A|2026-11-29T06:58:40||PD|(null)|N/A|N/A|N/A||debug|(null)|0|UNLIMITED|(null)|\n\
+                   10|kace:lstm|alice|None|gres/shard:g1:2|2026-11-29T06:58:00|n1|PD|(null)|2026-11-29T06:58:00|2026-11-29T07:00:00|NONE||debug|maint|2|5:00|(null)|\n\
+                   14|kace:wav|alice|Prolog|gres/shard:1|2026-11-29T06:58:00|n2|R|(null)|N/A|2026-11-29T06:58:40|2026-11-29T07:58:40|n2|debug|(null)|0|UNLIMITED|(null)|\n";
         let (jobs, bad) = parse_queue(out);
         assert!(bad.is_empty(), "{bad:?}");
         assert_eq!(jobs.len(), 3);
@@ -1046,7 +1055,7 @@ mod tests {
         assert_eq!(jobs[1].req_nodes, "");
         // The facts of the site's policies.
         let bert = &jobs[1];
-        assert_eq!((bert.partition.as_str(), bert.features.as_str()), ("pa,pb", "fa&fb"));
+        assert_eq!((bert.partition.as_str(), bert.features.as_str()), ("pa,pb", "fa&fb|fc"));
         assert_eq!((bert.reservation.as_str(), bert.time_limit_s), ("", Some(5400.0)));
         assert_eq!((jobs[0].reservation.as_str(), jobs[0].restarts), ("maint", 2));
         assert_eq!((jobs[0].time_limit_s, jobs[2].time_limit_s), (Some(300.0), None));
@@ -1094,8 +1103,8 @@ mod tests {
     fn a_newline_in_one_admin_comment_skips_only_its_pieces() {
         // 26.05.3, root: scontrol update jobid=8 AdminComment=$'line1\nline2|x'.
         let out = "8|line1\n\
-                   line2|x|root|None|gres/shard:1|2026-12-01T01:12:57||PD|(null)|2026-12-01T01:12:57|N/A|N/A||debug|(null)|(null)|0|UNLIMITED|\n\
-                   5|kace:bert|root|JobHeldUser|gres/shard:1|2026-12-01T01:12:56||PD|(null)|N/A|N/A|N/A||debug|(null)|(null)|0|UNLIMITED|\n\
+                   line2|x|root|None|gres/shard:1|2026-12-01T01:12:57||PD|(null)|2026-12-01T01:12:57|N/A|N/A||debug|(null)|0|UNLIMITED|(null)|\n\
+                   5|kace:bert|root|JobHeldUser|gres/shard:1|2026-12-01T01:12:56||PD|(null)|N/A|N/A|N/A||debug|(null)|0|UNLIMITED|(null)|\n\
                    garbage\n";
         let (jobs, bad) = parse_queue(out);
         assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![5]);

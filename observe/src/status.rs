@@ -304,13 +304,7 @@ pub fn gather(
             would_pair_with: offer,
             no_partner: why,
             place: k + 1,
-            handed_back: match kace_node::placement::wants(j) {
-                Err(why) => Some(why.to_string()),
-                Ok(_) if j.shards().is_none() => {
-                    Some(kace_node::placement::HandBack::NoShard.to_string())
-                }
-                Ok(_) => None,
-            },
+            handed_back: kace_node::placement::wants(j).err().map(|why| why.to_string()),
         });
     }
     Ok(Status {

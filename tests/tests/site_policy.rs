@@ -60,11 +60,13 @@ fn kace_jobs_run_only_where_the_sites_policies_let_them() {
     };
 
     // 1. Partitions, the user's own -w and constraints decide the node.
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["-p", "pb"], "n2"),
         (&["-p", "pa"], "n1"),
         (&["-w", "n2"], "n2"),
         (&["-C", "fa"], "n1"),
+        // An OR in the constraint (`|` is also the listing's delimiter).
+        (&["-p", "pb", "-C", "fa|fb"], "n2"),
     ];
     for (extra, want) in cases {
         let id = kace_job(extra, "sleep 1").unwrap();

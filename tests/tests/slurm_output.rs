@@ -30,8 +30,8 @@ fn kace_reads_what_this_slurm_prints() {
     kace_e2e::require_e2e(test);
     let c = Cluster::builder()
         .nodes(vec![
-            NodeSpec::new("n1", 2).shards_per_gpu(2),
-            NodeSpec::new("n2", 2).shards_per_gpu(2),
+            NodeSpec::new("n1", 2).shards_per_gpu(2).features(&["fa"]),
+            NodeSpec::new("n2", 2).shards_per_gpu(2).features(&["fb"]),
         ])
         .typed_gpus(true)
         .start()
@@ -70,6 +70,8 @@ fn kace_reads_what_this_slurm_prints() {
     roles.insert("dependent", kace("dependent", &[&dep, "--wrap", "sleep 600"]));
     roles.insert("begin", kace("begin", &["--begin=now+1hour", "--wrap", "sleep 600"]));
     roles.insert("timed", kace("timed", &["--time=5", "--wrap", "sleep 600"]));
+    // A constraint with an OR: `|` is also the listing's delimiter.
+    roles.insert("either", kace("either", &["--begin=now+1hour", "-C", "fa|fb", "--wrap", "true"]));
     let plain = c.sbatch(&["--gres=shard:1", "-w", "n2", "--wrap", "sleep 600"]).unwrap();
     roles.insert("plain", plain);
     let note = c.sbatch(&["--hold", "--gres=shard:1", "--wrap", "true"]).unwrap();
