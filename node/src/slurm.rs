@@ -3,10 +3,11 @@
 //! runs the real programs by absolute path with a timeout each; the parsers are pure and tested
 //! on what Slurm 22.05, 25.11 and 26.05 print (`node/tests/fixtures/`).
 //!
-//! Nothing kace reads can be written by a job's user. The pending-queue listing asks `squeue -O`
-//! only for fields users cannot set (ids, the admin-only AdminComment, Slurm's own state, reason,
-//! GRES, dependency and time fields) and reads each line strictly: the field count and a
-//! numeric id, or the line is skipped and logged (a newline in one job's AdminComment must not
+//! No free text a job's user writes is read. The pending-queue listing asks `squeue -O` only
+//! for fields Slurm fills or checks (ids, the admin-only AdminComment, Slurm's own state,
+//! reason, GRES, dependency, partition, reservation and time fields, and last the constraint,
+//! which Slurm accepts only as the admin's feature names and operators) and reads each line
+//! strictly: the field count, a numeric restart count and id, or the line is skipped and logged (a newline in one job's AdminComment must not
 //! make the whole queue unreadable). Job details (state, allocation) come from JSON
 //! ([`crate::slurm_json`]), never from `scontrol show job`, whose one-line text mixes user text
 //! (`JobName=`, `Comment=`, and from 25.11 `SubmitLine=`) with the admin fields.
