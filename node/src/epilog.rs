@@ -191,13 +191,8 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
     if let Err(e) = kace_layout::memory_limit::write(&n.config.node.progress_root, env.job, None) {
         log(&format!("couldn't remove the job's memory limit file: {e}"));
     }
-    match std::fs::symlink_metadata(&path) {
-        Ok(m) if m.file_type().is_file() || m.file_type().is_symlink() => {
-            if let Err(e) = std::fs::remove_file(&path) {
-                log(&format!("couldn't remove {}: {e}", path.display()));
-            }
-        }
-        _ => {}
+    if let Err(e) = progress::remove_for_job(&path) {
+        log(&format!("couldn't remove the job's progress file: {e}"));
     }
     Outcome::Done { observations, profile, stopped_mps }
 }

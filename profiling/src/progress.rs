@@ -6,12 +6,15 @@
 //! The file is written by user code, so it is untrusted: reading is bounded, and malformed or
 //! backwards-going lines are skipped and counted rather than trusted. Its creation by the root
 //! prolog ([`create_for_job`]) lives here too: only in a root-owned directory, handed to the job
-//! user through the open descriptor, never by path.
+//! user through the open descriptor, never by path, with the inode it made recorded beside it
+//! ([`recorded_identity`]) for the sampler's cap; and its removal by the epilog
+//! ([`remove_for_job`]).
 
 use std::fmt;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 /// Environment variable that tells a job where to write its progress.
@@ -135,6 +138,12 @@ pub fn create_for_job(root: &Path, file: &Path, uid: u32) -> Result<(), CreateEr
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io("remove old progress file")(e)),
     }
+    let id = identity_file(file);
+    match std::fs::remove_file(&id) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io("remove old progress file identity")(e)),
+    }
     let f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -142,7 +151,85 @@ pub fn create_for_job(root: &Path, file: &Path, uid: u32) -> Result<(), CreateEr
         .custom_flags(libc::O_NOFOLLOW)
         .open(file)
         .map_err(io("create progress file"))?;
-    std::os::unix::fs::fchown(&f, Some(uid), None).map_err(io("hand over progress file"))
+    std::os::unix::fs::fchown(&f, Some(uid), None).map_err(io("hand over progress file"))?;
+    // The identity is taken from the descriptor the file was created through, so it names
+    // this inode whatever links the job adds to it later.
+    let meta = f.metadata().map_err(io("inspect progress file"))?;
+    let text = FileId { dev: meta.dev(), ino: meta.ino() }.to_string();
+    let mut idf = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&id)
+        .map_err(io("create progress file identity"))?;
+    idf.write_all(text.as_bytes()).map_err(io("write progress file identity"))
+}
+
+/// The inode of a job's progress file as its prolog created it: `(device, inode)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    /// `st_dev`.
+    pub dev: u64,
+    /// `st_ino`.
+    pub ino: u64,
+}
+
+impl fmt::Display for FileId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.dev, self.ino)
+    }
+}
+
+/// Where the prolog records the identity of `file` (a job's progress file): beside it, named
+/// `<job>.progress.id`, root's and 0600. The directory is root's and not writable by others,
+/// so a job's user can neither forge this file nor put another inode under the progress
+/// file's name; a hard link the user makes elsewhere to the progress file leaves both alone.
+pub fn identity_file(file: &Path) -> std::path::PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(".id");
+    std::path::PathBuf::from(name)
+}
+
+/// The identity the prolog recorded for `file`, if there is a readable one: a regular file of
+/// this process's user (root on a node), not a link, at most a line long. `None` otherwise
+/// (a progress file made by an older prolog has none).
+pub fn recorded_identity(file: &Path) -> Option<FileId> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(identity_file(file))
+        .ok()?;
+    let meta = f.metadata().ok()?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if !meta.file_type().is_file() || meta.uid() != me || meta.nlink() != 1 {
+        return None;
+    }
+    let mut text = String::new();
+    f.take(64).read_to_string(&mut text).ok()?;
+    let mut it = text.split_whitespace();
+    let (dev, ino) = (it.next()?.parse().ok()?, it.next()?.parse().ok()?);
+    it.next().is_none().then_some(FileId { dev, ino })
+}
+
+/// Removes a job's progress file and its recorded identity (the epilog, once the file was
+/// read). A file that is not there is no error; the first failure is returned.
+pub fn remove_for_job(file: &Path) -> std::io::Result<()> {
+    let mut first = Ok(());
+    for p in [file.to_path_buf(), identity_file(file)] {
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                if first.is_ok() {
+                    first = Err(std::io::Error::new(e.kind(), format!("{}: {e}", p.display())));
+                }
+            }
+        }
+    }
+    first
 }
 
 /// What one line says, `None` when it is malformed or not finite (empty lines included: callers
@@ -439,6 +526,35 @@ mod create_tests {
         create_for_job(&trusted, &file, 65534).unwrap();
         assert_eq!(std::fs::metadata(&victim).unwrap().uid(), 0);
         assert!(std::fs::symlink_metadata(&file).unwrap().file_type().is_file());
+    }
+    /// The re-audit's M4: a hard link made the sampler leave a progress file uncapped. The
+    /// prolog now records the inode it created; the link changes neither the file's identity
+    /// nor the record, and the epilog removes both.
+    #[test]
+    fn the_created_inode_is_recorded_and_survives_a_hard_link() {
+        let d = kace_test_support::TempDir::new("progress-identity");
+        let file = d.join("7.progress");
+        create_for_job(&d, &file, 0).unwrap();
+        let m = std::fs::metadata(&file).unwrap();
+        let id = recorded_identity(&file).unwrap();
+        assert_eq!(id, FileId { dev: m.dev(), ino: m.ino() });
+        std::fs::hard_link(&file, d.join("elsewhere")).unwrap();
+        assert_eq!(recorded_identity(&file), Some(id));
+        assert_eq!(std::fs::metadata(&file).unwrap().nlink(), 2);
+        // Created again (a requeued job): a new inode and a new record.
+        create_for_job(&d, &file, 0).unwrap();
+        let again = recorded_identity(&file).unwrap();
+        assert_eq!(again.ino, std::fs::metadata(&file).unwrap().ino());
+        // A record that is not one line of two numbers, or a link, is no record.
+        std::fs::write(identity_file(&file), "1 2 3\n").unwrap();
+        assert_eq!(recorded_identity(&file), None);
+        std::fs::remove_file(identity_file(&file)).unwrap();
+        std::os::unix::fs::symlink(d.join("elsewhere"), identity_file(&file)).unwrap();
+        assert_eq!(recorded_identity(&file), None);
+        remove_for_job(&file).unwrap();
+        assert!(std::fs::symlink_metadata(&file).is_err());
+        assert!(std::fs::symlink_metadata(identity_file(&file)).is_err());
+        remove_for_job(&file).unwrap();
     }
 }
 

@@ -5,9 +5,10 @@
 //! only `stat`ed, so a well-behaved job (the Python helper caps itself at 1 MiB) pays nothing.
 //!
 //! Root does this to a user's file, so: the directory must be root's and not writable by
-//! others; names are opened with `O_NOFOLLOW | O_NONBLOCK`, and only a regular file with one
-//! link, the same one that was `lstat`ed, is touched; everything after opening goes through the
-//! descriptor. The job keeps appending while this runs, so nothing is truncated: the kept lines
+//! others; names are opened with `O_NOFOLLOW | O_NONBLOCK`, and only a regular file that is
+//! the inode the prolog created (its recorded identity, whatever its link count; without a
+//! record, a file with one link), the same one that was `lstat`ed, is touched; everything after
+//! opening goes through the descriptor. The job keeps appending while this runs, so nothing is truncated: the kept lines
 //! are written just before the last complete line read and the part before them is cut out of
 //! the file with `fallocate(FALLOC_FL_COLLAPSE_RANGE)`, which the kernel does atomically with
 //! respect to appends (ext4, XFS). Where the file system cannot collapse (tmpfs, btrfs), that
@@ -60,7 +61,8 @@ pub enum Capped {
 pub enum CapError {
     /// The progress root is not a directory only root can change.
     Untrusted(kace_layout::trusted_dir::UntrustedDir),
-    /// Not a regular file with one link, or it changed between `lstat` and `open`.
+    /// Not the regular file the prolog created (without its record: not one with one link),
+    /// or it changed between `lstat` and `open`.
     NotPlain(PathBuf),
     /// A file operation failed: `op` on `path`.
     Io {
@@ -78,7 +80,11 @@ impl fmt::Display for CapError {
         match self {
             CapError::Untrusted(e) => write!(f, "refusing the progress directory: {e}"),
             CapError::NotPlain(p) => {
-                write!(f, "{} is not a regular file with one link; left alone", p.display())
+                write!(
+                    f,
+                    "{} is not the regular file its prolog created (nor one with one link); left alone",
+                    p.display()
+                )
             }
             CapError::Io { op, path, source } => {
                 write!(f, "couldn't {op} {}: {source}", path.display())
@@ -182,7 +188,15 @@ fn cap_file_with(
 ) -> Result<Capped, CapError> {
     let io = |op: &'static str| move |source| CapError::Io { op, path: path.to_path_buf(), source };
     let seen = std::fs::symlink_metadata(path).map_err(io("inspect"))?;
-    if !seen.file_type().is_file() || seen.nlink() != 1 {
+    // The inode the prolog created may be capped whatever links the job added to it (the
+    // re-audit's M4: a hard link left a file uncapped); without a record (an older prolog) only
+    // a file with one link is.
+    let recorded = kace_profiling::progress::recorded_identity(path);
+    let ours = |m: &std::fs::Metadata| match recorded {
+        Some(id) => (m.dev(), m.ino()) == (id.dev, id.ino),
+        None => m.nlink() == 1,
+    };
+    if !seen.file_type().is_file() || !ours(&seen) {
         return Err(CapError::NotPlain(path.to_path_buf()));
     }
     if seen.len() <= max_bytes {
@@ -196,7 +210,7 @@ fn cap_file_with(
         .map_err(io("open (not following links)"))?;
     let meta = f.metadata().map_err(io("inspect"))?;
     if !meta.file_type().is_file()
-        || meta.nlink() != 1
+        || !ours(&meta)
         || (meta.dev(), meta.ino()) != (seen.dev(), seen.ino())
     {
         return Err(CapError::NotPlain(path.to_path_buf()));
@@ -342,6 +356,33 @@ mod tests {
         assert_eq!(read.throughput(0).unwrap(), before);
         // Capped again, the hole is skipped, not read.
         assert_eq!(cap_file_with(&file, 64 << 10, 0, false).unwrap(), Capped::Below);
+    }
+
+    /// The re-audit's M4: the job hard-linked its progress file elsewhere and wrote 309 MB in
+    /// 10 s, uncapped. The file its prolog created is capped by its recorded inode whatever
+    /// its link count; a name whose inode is not the recorded one is still left alone.
+    #[test]
+    fn the_prologs_file_is_capped_through_a_hard_link_and_no_other_inode_is() {
+        let d = root("cap-link");
+        let file = d.join("33.progress");
+        // SAFETY: geteuid has no preconditions.
+        progress::create_for_job(&d, &file, unsafe { libc::geteuid() }).unwrap();
+        let elsewhere = d.join("link-33");
+        std::fs::hard_link(&file, &elsewhere).unwrap();
+        let lines: String = (0..40_000).map(|i| format!("{} {i}\n", 1000 + i)).collect();
+        std::fs::write(&elsewhere, &lines).unwrap();
+        assert_eq!(std::fs::metadata(&file).unwrap().nlink(), 2);
+        assert!(matches!(cap_file(&file, 64 << 10, 0).unwrap(), Capped::Compacted { .. }));
+        assert!(std::fs::metadata(&elsewhere).unwrap().len() <= 64 << 10);
+        assert!(progress::read(&file).unwrap().points.len() >= 2);
+        // Another inode under a job's name with a record naming a different one: untouched.
+        let other = d.join("34.progress");
+        progress::create_for_job(&d, &other, unsafe { libc::geteuid() }).unwrap();
+        // Moved away, not removed: a freed inode number could be given to the new file.
+        std::fs::rename(&other, d.join("kept")).unwrap();
+        std::fs::write(&other, &lines).unwrap();
+        assert!(matches!(cap_file(&other, 64 << 10, 0), Err(CapError::NotPlain(_))));
+        assert_eq!(std::fs::metadata(&other).unwrap().len(), lines.len() as u64);
     }
 
     #[test]
