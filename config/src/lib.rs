@@ -26,6 +26,7 @@
 //!
 //! [mps]
 //! multi_user = false      # true: one MPS server for all users (-M), jobs of different users share
+//! server_user = ""        # with multi_user: the account the server runs as (no job's user)
 //! memory_limit = true     # each kace job's tasks get CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
 //! memory_limit_margin = 0.1   # that limit is memcap × (1 + this)
 //!
@@ -234,6 +235,11 @@ pub struct Mps {
     /// another's (memory faults and hangs reach all clients). Off, MPS time-slices clients of
     /// different users, so kace pairs only jobs of the same user.
     pub multi_user: bool,
+    /// With `multi_user`: the account each GPU's MPS server runs as (`start_server -uid` of
+    /// its uid), a service account no job runs as, so that no job's user owns the process
+    /// serving another user's job (the re-audit's M3: the server was the lead's user's, who
+    /// could kill or ptrace it). Required when `multi_user` is on; not `root`. Default "".
+    pub server_user: String,
     /// Give each kace job's tasks `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` for its GPU (the memory
     /// guard), so that a job outgrowing its profile fails alone instead of ending its partner
     /// with an out-of-memory error. Default true; a workload without a memcap gets no limit.
@@ -242,9 +248,22 @@ pub struct Mps {
     pub memory_limit_margin: f64,
 }
 
+/// Whether `name` is a user name as `useradd` makes them (so that it names one account).
+fn valid_account_name(name: &str) -> bool {
+    let mut b = name.bytes();
+    name.len() <= 32
+        && b.next().is_some_and(|c| c.is_ascii_lowercase() || c == b'_')
+        && b.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_' || c == b'-')
+}
+
 impl Default for Mps {
     fn default() -> Self {
-        Mps { multi_user: false, memory_limit: true, memory_limit_margin: 0.1 }
+        Mps {
+            multi_user: false,
+            server_user: String::new(),
+            memory_limit: true,
+            memory_limit_margin: 0.1,
+        }
     }
 }
 
@@ -597,6 +616,22 @@ impl Config {
         if pr.min_samples == 0 {
             return Err("profile.min_samples must be at least 1".into());
         }
+        let u = &self.mps.server_user;
+        if self.mps.multi_user && u.is_empty() {
+            return Err("mps.multi_user = true needs mps.server_user: the service account the \
+                        shared MPS server runs as (no job's user may own it)"
+                .into());
+        }
+        if !u.is_empty() && !valid_account_name(u) {
+            return Err(format!(
+                "mps.server_user = {u:?}: must be a user name ([a-z_][a-z0-9_-]*, at most 32)"
+            ));
+        }
+        if u == "root" {
+            return Err("mps.server_user = \"root\": the server runs its clients' GPU work; \
+                        give it an account of its own"
+                .into());
+        }
         let m = self.mps.memory_limit_margin;
         if !(m.is_finite() && (0.0..=10.0).contains(&m)) {
             return Err(format!("mps.memory_limit_margin = {m}: must be in [0, 10]"));
@@ -885,6 +920,15 @@ mod tests {
         assert!(e.to_string().contains("profile.min_alone_runs"), "{e}");
         let e = Config::parse("[profile]\nmin_alone_run = 2\n", p()).unwrap_err();
         assert!(e.to_string().contains("min_alone_run"), "{e}");
+        let e = Config::parse("[mps]\nmulti_user = true\n", p()).unwrap_err();
+        assert!(e.to_string().contains("needs mps.server_user"), "{e}");
+        for bad in ["root", "Bob", "a b", "x;rm"] {
+            let text = format!("[mps]\nmulti_user = true\nserver_user = {bad:?}\n");
+            let e = Config::parse(&text, p()).unwrap_err();
+            assert!(e.to_string().contains("mps.server_user"), "{bad}: {e}");
+        }
+        let ok = Config::parse("[mps]\nmulti_user = true\nserver_user = \"kace-mps\"\n", p());
+        assert_eq!(ok.unwrap().mps.server_user, "kace-mps");
         let e = Config::parse("[mps]\nmemory_limit_margin = -0.1\n", p()).unwrap_err();
         assert!(e.to_string().contains("mps.memory_limit_margin"), "{e}");
         let c = Config::parse("[profile]\nmin_alone_runs = 3\n", p()).unwrap();

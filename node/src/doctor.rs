@@ -483,6 +483,9 @@ pub fn run(config: &Config, setup: &Setup) -> Vec<Finding> {
         out.push(check_writable("spool", "spool.dir", &config.spool.dir));
         out.push(check_writable("progress", "node.progress_root", &config.node.progress_root));
         out.push(check_mps(&config.node.mps_control));
+        if config.mps.multi_user {
+            out.push(check_mps_server_user(&config.mps.server_user));
+        }
         out.push(check_device_numbering(get("TaskPlugin"), get("ConstrainDevices")));
         out.push(check_nvml(config.node.gpu_memory_gib));
     }
@@ -707,6 +710,24 @@ fn check_mps(program: &Path) -> Finding {
     }
 }
 
+/// With `mps.multi_user`: whether `mps.server_user` is an account on this node (the prolog
+/// refuses to start a shared server otherwise: its jobs run without MPS).
+fn check_mps_server_user(user: &str) -> Finding {
+    const CHECK: &str = "mps server user";
+    match crate::mps::account_uid(user) {
+        Some(0) => Finding::fail(CHECK, format!("{user:?} is root"), "give the server an account of its own"),
+        Some(uid) => Finding::ok(
+            CHECK,
+            format!("shared MPS servers run as {user:?} (uid {uid}); no job may run as it"),
+        ),
+        None => Finding::fail(
+            CHECK,
+            format!("mps.server_user {user:?} is no account on this node"),
+            "create it on every GPU node: useradd --system --no-create-home --shell /usr/sbin/nologin kace-mps",
+        ),
+    }
+}
+
 /// Whether a kace job's `CUDA_VISIBLE_DEVICES` names the device its MPS server has. kace starts
 /// one MPS control daemon per GPU with `CUDA_VISIBLE_DEVICES=<host index>`, and the server then
 /// shows that GPU to its clients as device 0 (NVIDIA: a client that keeps the host numbering gets
@@ -873,6 +894,15 @@ mod tests {
         std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o666)).unwrap();
         assert_eq!(check_dispatch_lock(&lock, "slurm(x)", other).status, Status::Ok);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_shared_servers_account_must_exist_and_not_be_root() {
+        assert_eq!(check_mps_server_user("nobody").status, Status::Ok);
+        assert_eq!(check_mps_server_user("root").status, Status::Fail);
+        let f = check_mps_server_user("kace-no-such-account");
+        assert_eq!(f.status, Status::Fail, "{f:?}");
+        assert!(f.fix.contains("useradd --system"), "{}", f.fix);
     }
 
     #[test]

@@ -21,8 +21,9 @@ use crate::exec::{self, Invocation};
 pub trait MpsControl {
     /// Whether a control daemon answers on these directories.
     fn running(&self, dirs: &MpsDirs) -> bool;
-    /// Starts the control daemon for `gpu` and a server for user `uid`; `multi_user` starts
-    /// the daemon with `-M` (one server for every user: `mps.multi_user`).
+    /// Starts the control daemon for `gpu` and a server for user `uid` ([`server_uid`]: the
+    /// job's user, or with `multi_user` the service account); `multi_user` starts the daemon
+    /// with `-M` (one server for every user: `mps.multi_user`).
     fn start(&self, dirs: &MpsDirs, gpu: GpuIndex, uid: u32, multi_user: bool) -> Result<()>;
     /// Stops the control daemon (and its server).
     fn quit(&self, dirs: &MpsDirs) -> Result<()>;
@@ -194,6 +195,46 @@ impl MpsControl for NvidiaMps {
     }
 }
 
+/// The uid of account `name` from the system's user database (`getpwnam_r`: files, LDAP, SSSD,
+/// whatever NSS is configured with). `None` when there is no such account or it cannot be read.
+pub fn account_uid(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: all-zero is a valid `passwd` (null pointers, zero ids); it is only read after
+    // getpwnam_r filled it.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut out: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: `c` is NUL-terminated, `buf` outlives the call and its length is passed, and
+    // `pw`/`out` are valid for writes; the strings written into `buf` are not used.
+    let rc = unsafe {
+        libc::getpwnam_r(c.as_ptr(), &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut out)
+    };
+    (rc == 0 && !out.is_null()).then_some(pw.pw_uid)
+}
+
+/// Whom a GPU's MPS server is started for. Without `multi_user` it is the job's user (MPS then
+/// serves only that user's clients, so kace pairs only that user's jobs). With it, the
+/// configured service account `server_user`, never a job's user: a `-M` server serves every
+/// user's clients, and its owner could kill or ptrace it and with it every client's work (the
+/// re-audit's M3). Refused when the account is unknown, is root, or is the job's own user.
+pub fn server_uid(
+    multi_user: bool,
+    server_user: &str,
+    job_uid: u32,
+) -> std::result::Result<u32, String> {
+    if !multi_user {
+        return Ok(job_uid);
+    }
+    match account_uid(server_user) {
+        None => Err(format!("mps.server_user {server_user:?} is no account on this node")),
+        Some(0) => Err(format!("mps.server_user {server_user:?} is root here")),
+        Some(u) if u == job_uid => Err(format!(
+            "the job runs as mps.server_user {server_user:?}, the account that owns the shared server"
+        )),
+        Some(u) => Ok(u),
+    }
+}
+
 /// The PIDs in the control program's answer: one per line; anything else is ignored.
 fn pids(text: &str) -> Vec<u32> {
     text.lines().filter_map(|l| l.trim().parse().ok()).filter(|p| *p > 0).collect()
@@ -231,6 +272,22 @@ mod tests {
             self.clients.borrow_mut().retain(|(_, c)| *c != client);
             Ok(())
         }
+    }
+
+    /// The re-audit's M3: with `mps.multi_user` the server was started for the lead's uid,
+    /// whose user then owned the process serving another user's job.
+    #[test]
+    fn a_shared_server_runs_as_the_service_account_never_a_jobs_user() {
+        assert_eq!(server_uid(false, "", 1000), Ok(1000));
+        assert_eq!(account_uid("nobody"), Some(65534));
+        assert_eq!(server_uid(true, "nobody", 1000), Ok(65534));
+        let e = server_uid(true, "nobody", 65534).unwrap_err();
+        assert!(e.contains("the job runs as mps.server_user"), "{e}");
+        let e = server_uid(true, "root", 1000).unwrap_err();
+        assert!(e.contains("is root here"), "{e}");
+        let e = server_uid(true, "kace-no-such-account", 1000).unwrap_err();
+        assert!(e.contains("is no account on this node"), "{e}");
+        assert_eq!(account_uid("a\0b"), None);
     }
 
     struct Owners;

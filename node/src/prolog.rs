@@ -225,7 +225,12 @@ fn register(n: &Node, env: &JobEnv, gpu: GpuIndex, workload: &str) -> Result<Vec
     let dirs = mps_dirs(&n.config.node.mps_root, gpu);
     if !n.mps.running(&dirs) {
         n.check_budget("starting the MPS daemon")?;
-        match n.mps.start(&dirs, gpu, env.uid, n.config.mps.multi_user) {
+        let mps = &n.config.mps;
+        let started =
+            crate::mps::server_uid(mps.multi_user, &mps.server_user, env.uid).and_then(|uid| {
+                n.mps.start(&dirs, gpu, uid, mps.multi_user).map_err(|e| e.to_string())
+            });
+        match started {
             Ok(()) => log(&format!("started the MPS control daemon for GPU {}", gpu.0)),
             Err(e) => log(&format!(
                 "couldn't start the MPS control daemon for GPU {}: {e}; the job runs without MPS",

@@ -19,7 +19,7 @@ use crate::types::{
     feature_value_problem, implausibility, DecisionRecord, ModelRecord, NewDecision, NewModel,
     NewProfile, Observation, ObservationFilter, ObservedGroup, ObservedMember, ObservedProfile,
     Partner, Profile, EXCLUSIVE, FEATURE_COLUMNS, FEATURE_COUNT, MAX_RATIO_TO_EXCLUSIVE, MEMCAP,
-    OBSERVED_KEPT, OBSERVED_SOURCE, OOM_RAISE_INTERVAL_S, OOM_SOURCE,
+    OBSERVED_KEPT, OBSERVED_SOURCE, OOM_RAISE_HALF_LIFE_S, OOM_RAISE_INTERVAL_S, OOM_SOURCE,
 };
 
 mod decisions;

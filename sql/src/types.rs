@@ -160,6 +160,12 @@ pub const OOM_SOURCE: &str = "observed-oom";
 /// much a day however many of its jobs fail.
 pub const OOM_RAISE_INTERVAL_S: f64 = 86_400.0;
 
+/// How fast an out-of-memory raise of a memcap fades back to the admin's value: its excess over
+/// that value halves every this many seconds (a week), so that one raise, however it came about,
+/// does not keep a workload unpaired for ever. Where no admin measured the memcap it does not
+/// fade (there is nothing to fade to).
+pub const OOM_RAISE_HALF_LIFE_S: f64 = 7.0 * 86_400.0;
+
 /// Whether a measurement of this source was made by kace from jobs' runs (not by an admin's
 /// `kace profile run`, `import` or `import-ncu`).
 pub fn is_observed_source(source: &str) -> bool {

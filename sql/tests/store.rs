@@ -737,15 +737,60 @@ fn bounds_come_from_the_admin_and_memcap_raises_are_backed_and_rationed() {
         let key = format!("c/{job}/1/n1/profile-oom");
         observed(&key, &job.to_string(), "resnet", at, [-1.0, -1.0, -1.0, gib], Some(27034))
     };
-    assert!(db.insert_observed_profile(&oom(51, 1e5, 26.4)).unwrap());
-    let e = db.insert_observed_profile(&oom(52, 1e5 + 5.0, 29.0)).unwrap_err().to_string();
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let day = 86_400.0;
+    let t0 = now - 2.0 * day;
+    assert!(db.insert_observed_profile(&oom(51, t0, 26.4)).unwrap());
+    let e = db.insert_observed_profile(&oom(52, t0 + 5.0, 29.0)).unwrap_err().to_string();
     assert!(e.contains("one raise a day"), "{e}");
-    assert!(
-        !db.insert_observed_profile(&oom(51, 1e5, 26.4)).unwrap(),
-        "a re-ingest is a duplicate"
+    assert!(!db.insert_observed_profile(&oom(51, t0, 26.4)).unwrap(), "a re-ingest is a duplicate");
+    assert!(db.insert_observed_profile(&oom(53, now - 60.0, 29.0)).unwrap());
+    let memcap = |db: &Db| db.profiles(&["resnet"], None).unwrap()["resnet"].values[9].unwrap();
+    // A minute old: the raise over the admin's 24 GiB is whole (within the minute's fading).
+    assert!((memcap(&db) - 29.0).abs() < 1e-3, "{}", memcap(&db));
+
+    // The raise fades back to the admin's value: its excess halves each week.
+    let fading = observed(
+        "c/60/1/n1/profile-oom",
+        "60",
+        "vit",
+        now - 7.0 * day,
+        [-1.0, -1.0, -1.0, 28.0],
+        Some(27034),
     );
-    assert!(db.insert_observed_profile(&oom(53, 1e5 + 86_400.0, 29.0)).unwrap());
-    assert_eq!(db.profiles(&["resnet"], None).unwrap()["resnet"].values[9], Some(29.0));
+    let mut admin_vit = [None; FEATURE_COUNT];
+    admin_vit[9] = Some(20.0);
+    db.insert_profiles(&[NewProfile {
+        workload: "vit".into(),
+        gpu_model: "V100".into(),
+        source: "file:profiles.csv".into(),
+        values: admin_vit,
+    }])
+    .unwrap();
+    assert!(db.insert_observed_profile(&fading).unwrap());
+    let vit = db.profiles(&["vit"], None).unwrap()["vit"].values[9].unwrap();
+    assert!((vit - 24.0).abs() < 0.01, "a week old, half of the 8 GiB raise is left: {vit}");
+    let old = observed(
+        "c/61/1/n1/profile-oom",
+        "61",
+        "bert",
+        now - 70.0 * day,
+        [-1.0, -1.0, -1.0, 28.0],
+        Some(27034),
+    );
+    let mut admin_bert = admin_vit;
+    admin_bert[9] = Some(20.0);
+    db.insert_profiles(&[NewProfile {
+        workload: "bert".into(),
+        gpu_model: "V100".into(),
+        source: "file:profiles.csv".into(),
+        values: admin_bert,
+    }])
+    .unwrap();
+    assert!(db.insert_observed_profile(&old).unwrap());
+    let bert = db.profiles(&["bert"], None).unwrap()["bert"].values[9].unwrap();
+    assert!((bert - 20.0).abs() < 0.01, "ten weeks old, the admin's value is back: {bert}");
 }
 
 /// The re-audit's M2 at ingest: an observation that ends in the future is a clock step on its

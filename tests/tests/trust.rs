@@ -23,6 +23,19 @@ impl Drop for Sampler {
     }
 }
 
+/// Appends progress lines to the file named by its argument as fast as it can for 6 s (about
+/// 20 MB here; the re-audit wrote 40 MB/s), then prints how many.
+const APPEND: &str = "import sys, time\n\
+f = open(sys.argv[1], 'a')\n\
+t0 = time.time()\n\
+n = 0\n\
+while time.time() - t0 < 6:\n    \
+f.write(''.join(f'{time.time():.6f} {n + i}\\n' for i in range(2000)))\n    \
+f.flush()\n    \
+n += 2000\n    \
+time.sleep(0.01)\n\
+print('LINES', n)\n";
+
 /// The cap in these tests: the smallest `sampler.progress_max_bytes` allows.
 const CAP: u64 = 65_536;
 
@@ -66,21 +79,11 @@ fn a_hard_linked_progress_file_is_capped_by_a_sampler_without_nvml() {
     );
 
     let (lead_w, _) = common::lead_with_candidates(&dir.join("kace.db"), 1);
-    // Appends about 4 MB a second through the link for 6 s (the re-audit wrote 40 MB/s; the
-    // rate only changes how far past the cap one interval's lines go), then reports the
-    // file's disk use and links as the job sees them.
+    // Appends through the link ([`APPEND`]; the rate only changes how far past the cap one
+    // interval's lines go), then reports the file's disk use and links as the job sees them.
     let script = format!(
         "ln \"$KACE_PROGRESS_FILE\" {pub}/link-$SLURM_JOB_ID || exit 3\n\
-         python3 - {pub}/link-$SLURM_JOB_ID <<'EOF'\n\
-    import sys, time\n\
-    f = open(sys.argv[1], 'a')\n\
-    t0 = time.time(); n = 0\n\
-    while time.time() - t0 < 6:\n\
-    f.write(''.join(f'{{time.time():.6f}} {{n + i}}\\n' for i in range(2000)))\n\
-    f.flush(); n += 2000\n\
-    time.sleep(0.01)\n\
-    print('LINES', n)\n\
-    EOF\n\
+         python3 - {pub}/link-$SLURM_JOB_ID <<'EOF'\n{APPEND}EOF\n\
          sleep 1\n\
          echo LINKS=$(stat -c %h \"$KACE_PROGRESS_FILE\") BLOCKS=$(stat -c %b \"$KACE_PROGRESS_FILE\")\n",
         pub = public.display()

@@ -131,7 +131,7 @@ impl Db {
         let binds = names.iter().copied().chain(gpu_model);
         let mut rows = stmt.query(params_from_iter(binds)).map_err(sql("load profiles", p))?;
         // The newest observed memcap per workload, which may raise an admin's (see Profile).
-        let mut observed_memcap: HashMap<String, (f64, Arc<str>)> = HashMap::new();
+        let mut observed_memcap: HashMap<String, (f64, Arc<str>, f64)> = HashMap::new();
         let text_of = |row: &rusqlite::Row<'_>, i: usize| -> Result<String> {
             row.get_ref(i)
                 .and_then(|v| v.as_str().map_err(Into::into))
@@ -179,7 +179,8 @@ impl Db {
             if observed {
                 if let Some(m) = values[MEMCAP] {
                     if !observed_memcap.contains_key(&name) {
-                        observed_memcap.insert(name.clone(), (m, source.clone()));
+                        let at: f64 = row.get(2).map_err(sql("load profiles", p))?;
+                        observed_memcap.insert(name.clone(), (m, source.clone(), at));
                     }
                 }
             }
@@ -194,8 +195,22 @@ impl Db {
                 }
             }
         }
-        for (name, (memcap, source)) in observed_memcap {
+        let now = crate::db::now();
+        for (name, (memcap, source, at)) in observed_memcap {
             if let Some(prof) = out.get_mut(&name) {
+                // An out-of-memory raise over an admin's value fades back to it (the re-audit's
+                // M1: raises must not stay for ever): half its excess every
+                // OOM_RAISE_HALF_LIFE_S, renewed only by a new, sampler-backed raise.
+                let admin = prof.values[MEMCAP].filter(|_| {
+                    prof.sources[MEMCAP].as_deref().is_some_and(|s| !is_observed_source(s))
+                });
+                let memcap = match admin {
+                    Some(base) if &*source == OOM_SOURCE && memcap > base => {
+                        let age = (now - at).max(0.0);
+                        base + (memcap - base) * (-age / OOM_RAISE_HALF_LIFE_S).exp2()
+                    }
+                    _ => memcap,
+                };
                 if prof.values[MEMCAP].is_none_or(|m| memcap > m) {
                     prof.values[MEMCAP] = Some(memcap);
                     prof.sources[MEMCAP] = Some(source);
