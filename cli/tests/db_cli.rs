@@ -840,6 +840,7 @@ fn profile_show_names_each_values_source_and_admin_values_win() {
         samples: 29,
         alone_seconds: 28.0,
         oom_limit_mib: None,
+        user: None,
     };
     kace_sql::spool::write_profile(&spool, &rec).unwrap();
     let (s, q) = (spool.to_str().unwrap(), env.dir.join("q"));

@@ -128,6 +128,7 @@ fn explain_says_a_job_ran_out_of_memory_under_its_limit_and_what_its_alone_run_m
         samples: 11,
         alone_seconds: 0.0,
         oom_limit_mib: Some(5632),
+        user: None,
     };
     let mut alone = oom.clone();
     alone.key = "c/22/1/n1/profile".into();

@@ -328,6 +328,7 @@ fn measure_profile(
         samples: run.system.map_or(0, |s| s.samples as u64),
         alone_seconds: run.seconds,
         oom_limit_mib: None,
+        user: (!env.user.is_empty()).then(|| env.user.clone()),
     };
     let what = format!(
         "measured its profile alone over {:.0} s ({} readings)",
@@ -454,6 +455,7 @@ fn out_of_memory(
         samples: used.len() as u64,
         alone_seconds: 0.0,
         oom_limit_mib: Some(limit.mib),
+        user: (!env.user.is_empty()).then(|| env.user.clone()),
     };
     let what = format!(
         "ran out of GPU memory at {at:.0} under its limit of {} MiB ({}); recorded, so its memcap rises to at least that",

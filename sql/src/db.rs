@@ -16,10 +16,11 @@ use crate::schema::{CURRENT_VERSION, MIGRATIONS};
 use crate::types::is_observed_source;
 use crate::types::quote_untrusted;
 use crate::types::{
-    feature_value_problem, implausibility, DecisionRecord, ModelRecord, NewDecision, NewModel,
-    NewProfile, Observation, ObservationFilter, ObservedGroup, ObservedMember, ObservedProfile,
-    Partner, Profile, EXCLUSIVE, FEATURE_COLUMNS, FEATURE_COUNT, MAX_RATIO_TO_EXCLUSIVE, MEMCAP,
-    OBSERVED_KEPT, OBSERVED_SOURCE, OOM_RAISE_HALF_LIFE_S, OOM_RAISE_INTERVAL_S, OOM_SOURCE,
+    corroborated, feature_value_problem, implausibility, DecisionRecord, ModelRecord, NewDecision,
+    NewModel, NewProfile, Observation, ObservationFilter, ObservedGroup, ObservedMember,
+    ObservedProfile, Partner, Profile, EXCLUSIVE, FEATURE_COLUMNS, FEATURE_COUNT,
+    MAX_RATIO_TO_EXCLUSIVE, MEMCAP, OBSERVED_KEPT, OBSERVED_SOURCE, OOM_RAISE_HALF_LIFE_S,
+    OOM_RAISE_INTERVAL_S, OOM_SOURCE,
 };
 
 mod decisions;
@@ -353,7 +354,7 @@ impl Db {
                  WHERE o.quarantined IS NULL",
             )
             .map_err(sql("check observations", p))?;
-        let exclusive = self.exclusive_throughputs()?;
+        let exclusive = self.exclusive_bounds()?;
         let mut rows = stmt.query([]).map_err(sql("check observations", p))?;
         while let Some(row) = rows.next().map_err(sql("check observations", p))? {
             type Row = (String, String, bool, f64, f64, f64, String);

@@ -114,4 +114,9 @@ ALTER TABLE observations ADD COLUMN trusted INTEGER NOT NULL DEFAULT 0 CHECK (tr
 ALTER TABLE observations ADD COLUMN user TEXT;
 UPDATE observations SET trusted = 1 WHERE node = 'imported' AND key LIKE 'import/%';
 "#,
+    // 5: the user whose job a profile measurement kace made came from (issue 31): a workload no
+    // admin profiled is bounded by what several users measured, never by one user alone.
+    r#"
+ALTER TABLE profiles ADD COLUMN user TEXT;
+"#,
 ];

@@ -867,7 +867,7 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
     trusted(spool)?;
     requeue_completed(spool, quarantine_dir, &mut report)?;
     // Plausibility is judged against the profiles as they are when the ingest starts.
-    let exclusive = db.exclusive_throughputs()?;
+    let exclusive = db.exclusive_bounds()?;
     for entry in fs::read_dir(spool).map_err(io_err("read spool directory", spool))? {
         let entry = entry.map_err(io_err("read spool directory", spool))?;
         let ft = match entry.file_type() {

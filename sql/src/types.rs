@@ -255,6 +255,38 @@ pub struct ObservedProfile {
     /// Set when the job ran out of memory at its memory-guard limit: that limit, MiB.
     #[serde(default)]
     pub oom_limit_mib: Option<u64>,
+    /// The job's user (`SLURM_JOB_USER`), when the epilog knew it: what one user alone
+    /// measured does not bound a workload for everyone ([`corroborated`]).
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+/// The exclusive throughput several users' alone runs agree on, from each user's newest
+/// measurement of a workload no admin profiled: the median of those within
+/// [`MAX_RATIO_TO_EXCLUSIVE`] of the median of all, when at least two users are among them;
+/// `None` otherwise (one user alone, or users who disagree, bound nothing: whoever came first
+/// cannot lock out the honest).
+pub fn corroborated(per_user: &[f64]) -> Option<f64> {
+    let median = |v: &mut Vec<f64>| -> Option<f64> {
+        v.retain(|x| x.is_finite() && *x > 0.0);
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        match n {
+            0 => None,
+            _ if n % 2 == 1 => Some(v[n / 2]),
+            _ => Some((v[n / 2 - 1] * v[n / 2]).sqrt()),
+        }
+    };
+    let mut all = per_user.to_vec();
+    let m = median(&mut all)?;
+    let mut agree: Vec<f64> = all
+        .into_iter()
+        .filter(|x| *x <= MAX_RATIO_TO_EXCLUSIVE * m && x * MAX_RATIO_TO_EXCLUSIVE >= m)
+        .collect();
+    if agree.len() < 2 {
+        return None;
+    }
+    median(&mut agree)
 }
 
 impl ObservedProfile {

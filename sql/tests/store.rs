@@ -494,6 +494,7 @@ fn observed(
         samples: 30,
         alone_seconds: 30.0,
         oom_limit_mib: oom,
+        user: None,
     }
 }
 
@@ -678,7 +679,7 @@ fn admin_imports_are_trusted_and_spooled_records_are_not() {
     conn.execute_batch(
         "UPDATE observations SET node = 'imported' WHERE key LIKE 'import/%'; \
          ALTER TABLE observations DROP COLUMN trusted; ALTER TABLE observations DROP COLUMN user; \
-         PRAGMA user_version = 3;",
+         ALTER TABLE profiles DROP COLUMN user; PRAGMA user_version = 3;",
     )
     .unwrap();
     drop(conn);
@@ -721,10 +722,44 @@ fn bounds_come_from_the_admin_and_memcap_raises_are_backed_and_rationed() {
         .implausible(&obs("c/38/0", "38", "resnet", Some(("39", "b")), 46.0))
         .unwrap()
         .is_none());
-    // A workload only kace measured has no bound of its own (the 1e9 cap applies).
-    let new = observed("c/40/1/n1/profile", "40", "evilnew", 13.0, [9e8, 40.0, 20.0, 3.0], None);
-    assert!(db.insert_observed_profile(&new).unwrap());
+    // A workload only kace measured: one user's alone run bounds nothing (the 1e9 cap
+    // applies), whoever came first; what two users agree on bounds it for everyone.
+    let by = |key: &str, job: &str, x: f64, user: &str| {
+        let mut o = observed(key, job, "evilnew", 13.0, [x, 40.0, 20.0, 3.0], None);
+        o.user = Some(user.into());
+        o
+    };
+    assert!(db.insert_observed_profile(&by("c/40/1/n1/profile", "40", 9e8, "mallory")).unwrap());
     assert_eq!(db.exclusive_throughputs().unwrap().get("evilnew"), None);
+    assert_eq!(db.exclusive_bounds().unwrap().get("evilnew"), None, "one user bounds nothing");
+    assert!(db
+        .implausible(&obs("c/41/0", "41", "evilnew", Some(("42", "b")), 3.5e9))
+        .unwrap()
+        .is_some());
+    // An honest second user is not refused for disagreeing with the first...
+    assert!(db.insert_observed_profile(&by("c/43/1/n1/profile", "43", 10.0, "alice")).unwrap());
+    assert_eq!(db.exclusive_bounds().unwrap().get("evilnew"), None, "two who disagree: none");
+    // ...and once two users agree, their value bounds every user's claims.
+    assert!(db.insert_observed_profile(&by("c/44/1/n1/profile", "44", 14.0, "bob")).unwrap());
+    let bound = db.exclusive_bounds().unwrap()["evilnew"];
+    assert!((bound - (10.0f64 * 14.0).sqrt()).abs() < 1e-9, "{bound}");
+    assert!(db
+        .implausible(&obs("c/45/0", "45", "evilnew", Some(("46", "b")), 9e7))
+        .unwrap()
+        .is_some());
+    assert!(db
+        .implausible(&obs("c/47/0", "47", "evilnew", Some(("48", "b")), 30.0))
+        .unwrap()
+        .is_none());
+    // A third user's (or mallory's own next) alone run far off what the others agree on is
+    // refused; one within 4x is stored.
+    let e = db
+        .insert_observed_profile(&by("c/49/1/n1/profile", "49", 8e8, "mallory"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("other users' alone runs of evilnew agree on"), "{e}");
+    assert!(db.insert_observed_profile(&by("c/59/1/n1/profile", "59", 20.0, "carol")).unwrap());
+    assert_eq!(db.observed_exclusive_by_user("evilnew").unwrap().len(), 4);
 
     // Out of memory: no sampler reading backs it, refused.
     let mut unbacked =

@@ -24,7 +24,7 @@ impl Db {
         obs: &[Observation],
         trusted: bool,
     ) -> Result<InsertCount> {
-        let exclusive = self.exclusive_throughputs()?;
+        let exclusive = self.exclusive_bounds()?;
         let mut seen: HashMap<&str, &Observation> = HashMap::new();
         for o in obs {
             o.validate()?;
@@ -113,9 +113,65 @@ impl Db {
         Ok(rows.into_iter().collect())
     }
 
-    /// Why `o` is implausible against its workload's stored exclusive throughput, if it is.
+    /// Each user's newest exclusive throughput of `workload` from kace's alone-run
+    /// measurements (source `observed`), as `(user, value)`; measurements without a user (made
+    /// before migration 5) are not counted.
+    pub fn observed_exclusive_by_user(&self, workload: &str) -> Result<Vec<(String, f64)>> {
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT p.user, p.exclusive_throughput FROM profiles p \
+                 JOIN workloads w ON w.id = p.workload_id \
+                 WHERE w.name = ?1 AND p.source = ?2 AND p.user IS NOT NULL \
+                 AND p.exclusive_throughput IS NOT NULL ORDER BY p.created_at DESC, p.id DESC",
+            )
+            .map_err(sql("load observed exclusive throughputs", p))?;
+        let rows = stmt
+            .query_map(params![workload, OBSERVED_SOURCE], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?))
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(sql("load observed exclusive throughputs", p))?;
+        let mut seen = HashSet::new();
+        Ok(rows.into_iter().filter(|(u, _)| seen.insert(u.clone())).collect())
+    }
+
+    /// The exclusive throughput each workload's observations are bounded by: the admin's
+    /// ([`Db::exclusive_throughputs`]), or for a workload no admin profiled, what at least two
+    /// users' alone runs agree on ([`corroborated`]). A workload in neither has no bound of
+    /// its own ([`MAX_UNPROFILED_THROUGHPUT`] applies).
+    pub fn exclusive_bounds(&self) -> Result<HashMap<String, f64>> {
+        let mut out = self.exclusive_throughputs()?;
+        let p = &self.path;
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT DISTINCT w.name FROM profiles p JOIN workloads w ON w.id = p.workload_id \
+                 WHERE p.source = ?1 AND p.user IS NOT NULL AND p.exclusive_throughput IS NOT NULL",
+            )
+            .map_err(sql("load observed exclusive throughputs", p))?;
+        let names = stmt
+            .query_map([OBSERVED_SOURCE], |r| r.get::<_, String>(0))
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(sql("load observed exclusive throughputs", p))?;
+        for name in names {
+            if out.contains_key(&name) {
+                continue;
+            }
+            let per_user: Vec<f64> =
+                self.observed_exclusive_by_user(&name)?.into_iter().map(|(_, x)| x).collect();
+            if let Some(e) = corroborated(&per_user) {
+                out.insert(name, e);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Why `o` is implausible against its workload's bound ([`Db::exclusive_bounds`]), if it
+    /// is.
     pub fn implausible(&self, o: &Observation) -> Result<Option<String>> {
-        let e = self.exclusive_throughputs()?;
+        let e = self.exclusive_bounds()?;
         Ok(implausibility(o, e.get(&o.workload).copied()))
     }
 

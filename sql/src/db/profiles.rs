@@ -235,7 +235,7 @@ impl Db {
         let cols = FEATURE_COLUMNS.join(", ");
         let samples = i64::try_from(o.samples).unwrap_or(i64::MAX);
         let oom_limit = o.oom_limit_mib.map(|m| i64::try_from(m).unwrap_or(i64::MAX));
-        let head: [&dyn ToSql; 9] = [
+        let head: [&dyn ToSql; 10] = [
             &wid,
             &o.profile.gpu_model,
             &o.profile.source,
@@ -245,12 +245,13 @@ impl Db {
             &samples,
             &oom_limit,
             &o.alone_seconds,
+            &o.user,
         ];
         let n = tx
             .execute(
                 &format!(
                     "INSERT INTO profiles (workload_id, gpu_model, source, created_at, key, job, \
-                     samples, oom_limit_mib, alone_seconds, {cols}) VALUES ({}) \
+                     samples, oom_limit_mib, alone_seconds, user, {cols}) VALUES ({}) \
                      ON CONFLICT(key) DO NOTHING",
                     placeholders(head.len() + FEATURE_COUNT)
                 ),
@@ -289,6 +290,24 @@ impl Db {
                          {MAX_RATIO_TO_EXCLUSIVE} times off {name}'s admin-measured {e}"
                     )));
                 }
+            } else {
+                // No admin value: what other users' alone runs agree on bounds it, when at
+                // least two of them do (one user's claim bounds nothing, its own least).
+                let others: Vec<f64> = self
+                    .observed_exclusive_by_user(name)?
+                    .into_iter()
+                    .filter(|(u, _)| Some(u) != o.user.as_ref())
+                    .map(|(_, x)| x)
+                    .collect();
+                if let Some(e) = corroborated(&others) {
+                    if x > MAX_RATIO_TO_EXCLUSIVE * e || x * MAX_RATIO_TO_EXCLUSIVE < e {
+                        return Ok(Some(format!(
+                            "observed profile {key}: exclusive throughput {x} is more than \
+                             {MAX_RATIO_TO_EXCLUSIVE} times off the {e} other users' alone runs \
+                             of {name} agree on (no admin profiled it)"
+                        )));
+                    }
+                }
             }
         }
         if o.profile.source == OOM_SOURCE {
@@ -319,7 +338,7 @@ impl Db {
             .conn
             .prepare_cached(&format!(
                 "SELECT p.key, w.name, p.gpu_model, p.source, p.created_at, p.samples, \
-                 p.oom_limit_mib, p.alone_seconds, {cols} FROM profiles p JOIN workloads w ON w.id = p.workload_id \
+                 p.oom_limit_mib, p.alone_seconds, p.user, {cols} FROM profiles p JOIN workloads w ON w.id = p.workload_id \
                  WHERE p.job = ?1 AND p.key IS NOT NULL ORDER BY p.created_at, p.id"
             ))
             .map_err(sql("load profile measurements", p))?;
@@ -327,7 +346,7 @@ impl Db {
             .query_map([job], |r| {
                 let mut values = [None; FEATURE_COUNT];
                 for (i, v) in values.iter_mut().enumerate() {
-                    *v = r.get(i + 8)?;
+                    *v = r.get(i + 9)?;
                 }
                 Ok(ObservedProfile {
                     key: r.get(0)?,
@@ -342,6 +361,7 @@ impl Db {
                     samples: r.get::<_, Option<i64>>(5)?.unwrap_or(0).max(0) as u64,
                     alone_seconds: r.get::<_, Option<f64>>(7)?.unwrap_or(0.0),
                     oom_limit_mib: r.get::<_, Option<i64>>(6)?.map(|m| m.max(0) as u64),
+                    user: r.get(8)?,
                 })
             })
             .and_then(|r| r.collect());
