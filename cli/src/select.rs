@@ -41,6 +41,12 @@ pub fn run(args: SelectArgs, ctx: &Ctx) -> Result<()> {
             bail!("--gpu-memory {g}: must be a positive number of GiB");
         }
     }
+    // The re-audit's L10: `--candidates ","` gave two empty candidates and exit 0.
+    for (flag, list) in [("--lead", &args.lead), ("--candidates", &args.candidates)] {
+        if list.iter().any(|w| w.trim().is_empty()) {
+            bail!("{flag} {:?}: an empty workload name", list.join(","));
+        }
+    }
     let running: Vec<JobSpec> = args.lead.iter().map(|w| JobSpec::anyone(w.trim())).collect();
     let specs: Vec<JobSpec> = args.candidates.iter().map(|w| JobSpec::anyone(w.trim())).collect();
     let db = ctx.open_read_only()?;

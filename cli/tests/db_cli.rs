@@ -485,6 +485,14 @@ fn corrupt_missing_and_uninitialised_databases_are_clear_errors() {
     let out = env.run(&["select", "--dry-run", "--lead", "a", "--candidates", "b"]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(stderr(&out).contains("kace db init"), "{}", stderr(&out));
+    // An empty workload name is a usage error (the re-audit's L10), before the database.
+    let out = env.run(&["select", "--dry-run", "--lead", "a", "--candidates", ","]);
+    assert_ne!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--candidates \",\": an empty workload name"),
+        "{}",
+        stderr(&out)
+    );
     // Junk bytes where the database should be.
     fs::write(env.db(), vec![0x42u8; 4096]).unwrap();
     for args in [

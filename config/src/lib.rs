@@ -655,9 +655,6 @@ impl Config {
                 sp.progress_max_bytes
             ));
         }
-        if !sp.dir.is_absolute() {
-            return Err(format!("sampler.dir = {}: must be an absolute path", sp.dir.display()));
-        }
         for (key, p) in [
             ("database.path", &self.database.path),
             ("spool.dir", &self.spool.dir),
@@ -669,8 +666,15 @@ impl Config {
         }
         let n = &self.node;
         // Slurm runs the prolog and epilog with no PATH: a relative program name would be
-        // resolved against whatever directory slurmd happens to be in.
+        // resolved against whatever directory slurmd happens to be in, and a relative file
+        // against whatever directory the command runs in (the re-audit's L10 found
+        // database.path = "relative.db" accepted). A NUL cannot be in a path: it would only
+        // fail later, in the middle of a job's prolog (L10: node.mps_root with a NUL).
         for (key, p) in [
+            ("database.path", &self.database.path),
+            ("spool.dir", &self.spool.dir),
+            ("spool.quarantine", &self.spool.quarantine),
+            ("sampler.dir", &self.sampler.dir),
             ("node.scontrol", &n.scontrol),
             ("node.squeue", &n.squeue),
             ("node.sinfo", &n.sinfo),
@@ -685,6 +689,9 @@ impl Config {
         ] {
             if !p.is_absolute() {
                 return Err(format!("{key} = {:?}: must be an absolute path", p.display()));
+            }
+            if p.as_os_str().as_encoded_bytes().contains(&0) {
+                return Err(format!("{key} = {:?}: a path cannot hold a NUL byte", p.display()));
             }
         }
         if n.mps_root.as_os_str().len() > kace_layout::MAX_MPS_ROOT_LEN {
@@ -920,6 +927,13 @@ mod tests {
         assert!(e.to_string().contains("profile.min_alone_runs"), "{e}");
         let e = Config::parse("[profile]\nmin_alone_run = 2\n", p()).unwrap_err();
         assert!(e.to_string().contains("min_alone_run"), "{e}");
+        let e = Config::parse("[database]\npath = \"relative.db\"\n", p()).unwrap_err();
+        assert!(
+            e.to_string().contains("database.path = \"relative.db\": must be an absolute"),
+            "{e}"
+        );
+        let e = Config::parse("[node]\nmps_root = \"/run/x\\u0000y\"\n", p()).unwrap_err();
+        assert!(e.to_string().contains("node.mps_root") && e.to_string().contains("NUL"), "{e}");
         let e = Config::parse("[mps]\nmulti_user = true\n", p()).unwrap_err();
         assert!(e.to_string().contains("needs mps.server_user"), "{e}");
         for bad in ["root", "Bob", "a b", "x;rm"] {

@@ -168,7 +168,10 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         }
         Some(_) if clock_problem => (Vec::new(), None),
         Some(me) => {
-            let progress = match progress::read(&path) {
+            // Only lines inside the job's run by this node's clock count (the re-audit's L7:
+            // one forged `1e308` line made every later one go backwards).
+            let window = (me.start - CLOCK_SLACK_S)..=(now + CLOCK_SLACK_S);
+            let progress = match progress::read_within(&path, window) {
                 Ok(p) => Some(p),
                 Err(e) => {
                     log(&format!("couldn't use the progress file: {e}; no observation"));
@@ -565,15 +568,19 @@ fn observe(
             )),
             Err(e) => log(&format!("couldn't keep the progress file {}: {e}", path.display())),
         }
-    } else if out.is_empty() && prog.points.iter().all(|p| p.time > end + CLOCK_SLACK_S) {
-        if let Some(first) = prog.points.first() {
-            log(&format!(
-                "its progress lines start {:.0} s after its end by this node's clock ({end:.0}): the job's clock and the epilog's disagree; no observation",
-                first.time - end
-            ));
-        }
+    } else if out.is_empty() && prog.points.is_empty() && prog.outside > 0 {
+        log(&format!(
+            "its {} progress line(s) lie outside its run by this node's clock (more than {CLOCK_SLACK_S:.0} s before its start or after {end:.0}): the job's clock and the epilog's disagree, or the times are not real; no observation",
+            prog.outside
+        ));
     } else if out.is_empty() && !prog.points.is_empty() {
         log("too few progress lines inside any interval; no observation");
+    }
+    if prog.outside > 0 && !out.is_empty() {
+        log(&format!(
+            "skipped {} progress line(s) timed outside its run by this node's clock",
+            prog.outside
+        ));
     }
     out
 }

@@ -1833,6 +1833,53 @@ fn a_clock_step_in_one_epilog_names_the_clock_and_poisons_no_later_observation()
     assert!(!logs.contains("too few progress lines"), "{logs}");
 }
 
+/// The re-audit's L7: one line `1e308 15` made every later line go backwards and the job lost
+/// its observation ("too few progress lines"). Lines outside the job's run by the node's clock
+/// are dropped and said; a job whose every line lies outside is told apart from one with too
+/// few lines.
+#[test]
+fn a_progress_line_timed_outside_the_run_is_dropped_and_said() {
+    let s = FakeSlurm::default();
+    for j in [20, 21] {
+        s.details.borrow_mut().insert(j, running_detail(j, "alpha", 0, None));
+    }
+    let w = World::new("outside", s);
+    let at = |t: f64| *w.clock.0.borrow_mut() = t;
+    let write = |job: u32, text: String| {
+        std::fs::write(w.config.node.progress_root.join(format!("{job}.progress")), text).unwrap()
+    };
+    let observations = |job: u32| {
+        let out = w.with(|n| epilog::run(n, &job_env(job, 0)));
+        let epilog::Outcome::Done { observations, .. } = out else { panic!("{out:?}") };
+        observations
+    };
+    *w.slurm.on_node.borrow_mut() = vec![20];
+    at(2000.0);
+    w.with(|n| prolog::run(n, &job_env(20, 0)));
+    let mut text: String = (2000..=2015).map(|t| format!("{t} {}\n", (t - 2000) * 2)).collect();
+    text.push_str("1e308 15\n");
+    text.extend((2016..=2030).map(|t| format!("{t} {}\n", (t - 2000) * 2)));
+    write(20, text);
+    at(2030.0);
+    let obs = observations(20);
+    assert!(!obs.is_empty(), "{:#?}", w.logs.borrow());
+    assert!((obs[0].throughput - 2.0).abs() < 1e-9, "{obs:#?}");
+    let logs = w.logs.borrow().join("\n");
+    assert!(logs.contains("skipped 1 progress line(s) timed outside its run"), "{logs}");
+    // Every line a day ahead of the node's clock: the reason says so.
+    *w.slurm.on_node.borrow_mut() = vec![21];
+    at(3000.0);
+    w.with(|n| prolog::run(n, &job_env(21, 0)));
+    write(21, (3000..=3030).map(|t| format!("{} {}\n", t + 86_400, (t - 3000) * 2)).collect());
+    at(3030.0);
+    assert!(observations(21).is_empty());
+    let logs = w.logs.borrow().join("\n");
+    assert!(
+        logs.contains("its 31 progress line(s) lie outside its run by this node's clock"),
+        "{logs}"
+    );
+}
+
 /// The re-audit's L4: on a full or read-only spool the observations were parked but the lead's
 /// decision was lost. The decider parks it in its own directory (the job is released anyway:
 /// a full spool must hold no kace job) and its next pass moves it into the spool.

@@ -43,6 +43,10 @@ pub struct Progress {
     pub oom_at: Option<f64>,
     /// The file held more than [`MAX_BYTES`] past its data start: only that much was read.
     pub truncated: bool,
+    /// Well-formed lines whose time lay outside the window they were read with
+    /// ([`read_within`]): skipped before they could make every later line go backwards (the
+    /// re-audit's L7: one `1e308 15` line lost the job's observation).
+    pub outside: usize,
 }
 
 /// Throughput over the measured window.
@@ -266,6 +270,12 @@ fn follows(last: Option<&Point>, p: &Point) -> bool {
 
 /// Parses progress text.
 pub fn parse(text: &str) -> Progress {
+    parse_within(text, f64::NEG_INFINITY..=f64::INFINITY)
+}
+
+/// Parses progress text, taking only lines whose time lies in `window` (the others count as
+/// [`Progress::outside`]).
+pub fn parse_within(text: &str, window: std::ops::RangeInclusive<f64>) -> Progress {
     let mut out = Progress::default();
     for line in text.lines() {
         let line = line.trim();
@@ -273,9 +283,11 @@ pub fn parse(text: &str) -> Progress {
             continue;
         }
         match parse_line(line) {
-            Some(Line::Oom(time)) => {
+            Some(Line::Oom(time)) if window.contains(&time) => {
                 out.oom_at.get_or_insert(time);
             }
+            Some(Line::Point(p)) if !window.contains(&p.time) => out.outside += 1,
+            Some(Line::Oom(_)) => out.outside += 1,
             Some(Line::Point(p)) if follows(out.points.last(), &p) => out.points.push(p),
             _ => out.skipped += 1,
         }
@@ -435,6 +447,16 @@ pub fn data_start(f: &File) -> std::io::Result<u64> {
 /// [`MAX_BYTES`] of it ([`Progress::truncated`] says when there was more). A file that does not
 /// exist is a job that never reported progress: no points, which `throughput` then explains.
 pub fn read(path: &Path) -> Result<Progress, ProgressError> {
+    read_within(path, f64::NEG_INFINITY..=f64::INFINITY)
+}
+
+/// As [`read`], taking only lines whose time lies in `window`: the epilog passes the job's run
+/// by its node's clock (with slack), so that a line from another clock or a forged time is
+/// dropped instead of turning every later line into one that goes backwards.
+pub fn read_within(
+    path: &Path,
+    window: std::ops::RangeInclusive<f64>,
+) -> Result<Progress, ProgressError> {
     use std::os::unix::fs::OpenOptionsExt;
     let err = |what: &str, e: std::io::Error| {
         ProgressError::Read(format!("{}: {what}: {e}", path.display()))
@@ -458,7 +480,7 @@ pub fn read(path: &Path) -> Result<Progress, ProgressError> {
     f.seek(SeekFrom::Start(start)).map_err(|e| err("couldn't read it", e))?;
     let mut buf = Vec::new();
     f.take(MAX_BYTES).read_to_end(&mut buf).map_err(|e| err("couldn't read it", e))?;
-    let mut progress = parse(&String::from_utf8_lossy(&buf));
+    let mut progress = parse_within(&String::from_utf8_lossy(&buf), window);
     progress.truncated = meta.len().saturating_sub(start) > MAX_BYTES;
     Ok(progress)
 }
@@ -561,6 +583,19 @@ mod create_tests {
 #[cfg(test)]
 mod read_tests {
     use super::*;
+
+    /// The re-audit's L7: one line `1e308 15` made every later line go backwards and the job
+    /// lost its observation. Read within the job's run, it is dropped and counted.
+    #[test]
+    fn a_line_outside_the_window_is_dropped_not_let_block_the_rest() {
+        let text = "100 0\n1e308 15\n101 10\n102 20\n103 oom\n5 0\n";
+        let all = parse(text);
+        assert_eq!((all.points.len(), all.skipped, all.outside), (2, 3, 0));
+        let within = parse_within(text, 90.0..=200.0);
+        assert_eq!((within.points.len(), within.skipped, within.outside), (3, 0, 2));
+        assert_eq!(within.oom_at, Some(103.0));
+        assert_eq!(within.throughput(0).unwrap().steps_per_second, 10.0);
+    }
 
     #[test]
     fn hostile_progress_files_are_refused_or_bounded() {

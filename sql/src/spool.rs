@@ -863,6 +863,7 @@ fn flush(
 pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<IngestReport> {
     // (path, is a regular file)
     let mut entries: Vec<(PathBuf, bool)> = Vec::new();
+    let mut hidden: Vec<PathBuf> = Vec::new();
     let mut report = IngestReport::default();
     trusted(spool)?;
     requeue_completed(spool, quarantine_dir, &mut report)?;
@@ -879,15 +880,25 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
         if ft.is_dir() {
             continue;
         }
-        if name.starts_with('.') {
+        if name.starts_with(".tmp.") {
             if is_stale_temp(&entry) {
                 report.stale_temp_files.push(entry.path());
             }
             continue;
         }
+        if name.starts_with('.') {
+            // Never written by kace (its temporary files are `.tmp.*`): said, not skipped in
+            // silence for ever (the re-audit's L10).
+            hidden.push(entry.path());
+            continue;
+        }
         entries.push((entry.path(), ft.is_file()));
     }
     entries.sort();
+    hidden.sort();
+    for path in hidden {
+        report.refuse(path, "a hidden file: the epilog writes none".into(), quarantine_dir)?;
+    }
 
     let mut batch: Vec<(PathBuf, Observation)> = Vec::new();
     for (path, regular) in entries {

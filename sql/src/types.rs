@@ -478,6 +478,16 @@ impl Observation {
                 self.key
             ));
         }
+        // A throughput is measured over an interval: one of no length measured nothing (the
+        // re-audit's L10 stored one). Start and end both 0 say "when is not known", as a
+        // colocation table's rows are imported.
+        if self.end == self.start && self.start != 0.0 {
+            return bad(format!(
+                "observation {}: start = end = {}: an interval of no length measures no \
+                 throughput",
+                self.key, self.start
+            ));
+        }
         if !(self.throughput.is_finite() && self.throughput >= 0.0) {
             return bad(format!("observation {}: throughput must be a number ≥ 0", self.key));
         }
@@ -676,7 +686,12 @@ mod tests {
         assert!(o.exclusive());
         o.end = 5.0;
         assert!(o.validate().is_err());
-        o.end = 20.0;
+        o.end = 10.0;
+        let e = o.validate().unwrap_err().to_string();
+        assert!(e.contains("an interval of no length"), "{e}");
+        (o.start, o.end) = (0.0, 0.0);
+        assert!(o.validate().is_ok(), "an imported row: when is not known");
+        (o.start, o.end) = (10.0, 20.0);
         o.throughput = f64::NAN;
         assert!(o.validate().is_err());
         o.throughput = 1.0;
