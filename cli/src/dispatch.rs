@@ -95,6 +95,7 @@ pub fn run(args: DispatchArgs, ctx: &Ctx) -> Result<()> {
             "stuck": r.stuck.iter().map(|(j, t, w)| json!({"job": j, "seconds": t, "state": w})).collect::<Vec<_>>(),
             "still_held": r.still_held,
             "problems": r.problems,
+            "notes": r.notes,
         }))?;
         return Ok(());
     }

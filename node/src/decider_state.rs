@@ -80,6 +80,10 @@ pub struct DeciderState {
     /// cap (`selection.time_limit_cap`) counts from it.
     #[serde(default)]
     pub own_limits: BTreeMap<u32, f64>,
+    /// kace jobs on a GPU that take no joiner because their workload cannot be paired yet (no
+    /// profile, or too few alone runs): said once each, not every pass (the re-audit's L6).
+    #[serde(default)]
+    pub unpaired_said: BTreeSet<u32>,
     /// The nodes and when they were read (Unix seconds), in this process only.
     #[serde(skip)]
     pub nodes: Option<(f64, Vec<crate::slurm::NodeGpus>)>,

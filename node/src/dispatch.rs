@@ -367,6 +367,9 @@ pub struct Report {
     pub stuck: Vec<(u32, f64, &'static str)>,
     /// Problems met (each already a full message); the pass went on past them.
     pub problems: Vec<String>,
+    /// What the pass found worth saying once that is not a problem (a GPU that takes no
+    /// joiner while its job's workload cannot be paired yet).
+    pub notes: Vec<String>,
     /// The release records spooled, in the order of the releases.
     pub records: Vec<SpooledDecision>,
 }
@@ -404,6 +407,7 @@ impl Report {
                 new / 60.0
             ));
         }
+        out.extend(self.notes.iter().cloned());
         out
     }
 
@@ -430,6 +434,15 @@ pub fn report_lines(r: &Report, max_hold_s: u64) -> Vec<String> {
         .map(|l| format!("kace: dispatch: {l}"))
         .collect()
 }
+
+/// Why an open GPU got no joiner chosen.
+enum NoChoice {
+    /// A workload on it cannot be paired yet (no profile, too few alone runs): not a failure.
+    Unpaired(String),
+    /// The decision failed (the database, the model).
+    Failed(String),
+}
+use NoChoice::{Failed, Unpaired};
 
 /// A kace job on a GPU, as a slot lists it.
 #[derive(Debug, Clone)]
@@ -547,6 +560,7 @@ pub fn run(
     state.resting.retain(|id, until| listed.contains(id) && *until > now);
     state.own_limits.retain(|id, _| listed.contains(id));
     state.policy_seen.retain(|id, _| listed.contains(id));
+    state.unpaired_said.retain(|id| on_a_gpu.contains(id));
 
     // 0. What an earlier pass began, and the records it parked while the spool was full.
     finish_begun(slurm, s, state, &queue, &mut report);
@@ -728,41 +742,46 @@ pub fn run(
         );
     }
     // The decision for one open GPU among `cands` (indices into `held`).
-    let choose = |slot: &Slot,
-                  cands: &[usize],
-                  policy: &Policy|
-     -> std::result::Result<Chosen, String> {
-        let (Some(db), Some(mem)) = (db.as_ref(), s.gpu_memory_gib) else {
-            return Ok(Chosen::default());
-        };
-        let spec = |w: &str, u: &str| JobSpec {
-            workload: w.to_string(),
-            user: Some(u.to_string()).filter(|u| !u.is_empty()),
-        };
-        let running: Vec<JobSpec> = slot.jobs.iter().map(|m| spec(&m.workload, &m.user)).collect();
-        let specs: Vec<JobSpec> =
-            cands.iter().map(|&i| spec(&held[i].workload, &held[i].user)).collect();
-        let d = decide(db, &running, &specs, policy, Some(mem), None).map_err(|e| e.to_string())?;
-        let records = cands
-            .iter()
-            .enumerate()
-            .map(|(k, &i)| DecisionCandidate {
-                prediction: d.selection.verdicts.get(k).and_then(|v| v.prediction),
-                rejected: d.reason(k),
-                ..candidate_record(held[i], now)
-            })
-            .collect();
-        Ok(Chosen {
-            ranked: d.ranked.iter().map(|&k| cands[k]).collect(),
-            records,
-            model_version: Some(d.model_version),
-            progress: cands
+    let choose =
+        |slot: &Slot, cands: &[usize], policy: &Policy| -> std::result::Result<Chosen, NoChoice> {
+            let (Some(db), Some(mem)) = (db.as_ref(), s.gpu_memory_gib) else {
+                return Ok(Chosen::default());
+            };
+            let spec = |w: &str, u: &str| JobSpec {
+                workload: w.to_string(),
+                user: Some(u.to_string()).filter(|u| !u.is_empty()),
+            };
+            let running: Vec<JobSpec> =
+                slot.jobs.iter().map(|m| spec(&m.workload, &m.user)).collect();
+            let specs: Vec<JobSpec> =
+                cands.iter().map(|&i| spec(&held[i].workload, &held[i].user)).collect();
+            let d = decide(db, &running, &specs, policy, Some(mem), None).map_err(|e| match e {
+                // A workload on the GPU that cannot be paired yet is no failure: no joiner.
+                kace_sql::Error::NoProfile { .. } | kace_sql::Error::TooFewAloneRuns { .. } => {
+                    Unpaired(e.to_string())
+                }
+                e => Failed(e.to_string()),
+            })?;
+            let records = cands
                 .iter()
                 .enumerate()
-                .filter_map(|(k, &i)| Some((i, d.selection.verdicts.get(k)?.progress?)))
-                .collect(),
-        })
-    };
+                .map(|(k, &i)| DecisionCandidate {
+                    prediction: d.selection.verdicts.get(k).and_then(|v| v.prediction),
+                    rejected: d.reason(k),
+                    ..candidate_record(held[i], now)
+                })
+                .collect();
+            Ok(Chosen {
+                ranked: d.ranked.iter().map(|&k| cands[k]).collect(),
+                records,
+                model_version: Some(d.model_version),
+                progress: cands
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(k, &i)| Some((i, d.selection.verdicts.get(k)?.progress?)))
+                    .collect(),
+            })
+        };
     // Whether held job `i` may go to slot `k` under the site's policies.
     let fits = |i: usize, slot: &Slot| {
         wants[i]
@@ -842,7 +861,23 @@ pub fn run(
         }
         let chosen = match choose(slot, &cands, &s.policy) {
             Ok(c) => c,
-            Err(e) => {
+            Err(Unpaired(why)) => {
+                let at = &slot.at;
+                let new: Vec<u32> = slot
+                    .jobs
+                    .iter()
+                    .map(|m| m.id)
+                    .filter(|j| state.unpaired_said.insert(*j))
+                    .collect();
+                if !new.is_empty() {
+                    report.notes.push(format!(
+                        "{} GPU {} takes no joiner while it runs job(s) {new:?}: {why}",
+                        at.node, at.index.0
+                    ));
+                }
+                continue;
+            }
+            Err(Failed(e)) => {
                 let at = &slot.at;
                 report.problems.push(format!(
                     "couldn't choose a joiner for {} GPU {}: {e}",

@@ -436,6 +436,37 @@ fn node_n1(kinds: &[&str]) -> Vec<NodeGpus> {
     }]
 }
 
+/// The re-audit's L6: while a lead nobody profiled ran, the watch loop logged "couldn't choose
+/// a joiner … couldn't find a profile" every pass (102 lines over its run). Its GPU takes no
+/// joiner, said once for the job, and it is no problem.
+#[test]
+fn a_lead_nobody_profiled_takes_no_joiner_said_once_not_each_pass() {
+    let mut s = FakeSlurm::default();
+    *s.pending.get_mut() = vec![held(11, "beta", "alice", "gres:shard:1")];
+    s.details.borrow_mut().insert(10, running_detail(10, "evilnew", 1, None));
+    *s.on_node.borrow_mut() = vec![10];
+    s.nodes = node_n1(&[""]);
+    s.running.get_mut().push(RunningJob {
+        gpus: vec![0],
+        state: "R".into(),
+        ..starting_lead(10, "evilnew", 0)
+    });
+    let w = World::new("unprofiled-lead", s);
+    let mut state = kace_node::decider_state::DeciderState::default();
+    let mut notes = Vec::new();
+    for pass in 0..3 {
+        let r =
+            dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1500.0 + f64::from(pass))
+                .unwrap();
+        assert!(r.joiners.is_empty(), "{r:?}");
+        assert!(r.problems.is_empty(), "pass {pass}: {:?}", r.problems);
+        notes.extend(r.notes);
+    }
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0].contains("takes no joiner while it runs job(s) [10]"), "{notes:?}");
+    assert!(notes[0].contains("evilnew"), "{notes:?}");
+}
+
 /// When a lead starts, the decider chooses its partner by the one decision, pins it to the
 /// lead's node and GPU type, records the decision (every candidate's verdict) before the
 /// release, and reads Slurm once for the listing and once for the lead's GPU.
