@@ -724,7 +724,10 @@ pub fn run(
     let any_open = slots.iter().any(|x| x.open(limit));
     let db = if any_open {
         match kace_sql::Db::open_read_only(s.database) {
-            Ok(db) => Some(db),
+            Ok(mut db) => {
+                db.set_now(now);
+                Some(db)
+            }
             Err(e) => {
                 report.problems.push(format!(
                     "couldn't open the database ({e}); no job is offered to an open GPU"

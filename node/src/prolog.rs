@@ -173,8 +173,9 @@ fn write_memory_limit(
     // Half of what is left at most: a writer holding the database's lock (a long retrain) must
     // not leave the prolog without the time to record the job and start its MPS daemon.
     let left = n.deadline.saturating_duration_since(std::time::Instant::now()) / 2;
-    let db = kace_sql::Db::open_read_only_within(&n.config.database.path, left)
+    let mut db = kace_sql::Db::open_read_only_within(&n.config.database.path, left)
         .map_err(|e| e.to_string())?;
+    db.set_now(n.clock.now());
     let profiles = db.profiles(&[workload], None).map_err(|e| e.to_string())?;
     let Some(memcap) = profiles.get(workload).and_then(|p| p.values[kace_sql::MEMCAP]) else {
         return Ok(None);

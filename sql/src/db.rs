@@ -42,6 +42,10 @@ pub struct Db {
     conn: Connection,
     path: PathBuf,
     read_only: bool,
+    /// The time profiles are read at (Unix seconds; `None`: the system clock): how far an
+    /// out-of-memory raise has faded ([`crate::OOM_RAISE_HALF_LIFE_S`]). The prolog and the
+    /// decider pass their own clock ([`Db::set_now`]), so that their tests' clocks hold here too.
+    now: Option<f64>,
 }
 
 /// What `Db::migrate` did.
@@ -119,6 +123,16 @@ fn with_features<'a>(
 }
 
 impl Db {
+    /// Reads profiles as at `now` (Unix seconds) instead of the system clock's time.
+    pub fn set_now(&mut self, now: f64) {
+        self.now = Some(now);
+    }
+
+    /// The time profiles are read at: [`Db::set_now`]'s, else the system clock's.
+    pub(crate) fn now(&self) -> f64 {
+        self.now.unwrap_or_else(now)
+    }
+
     /// Opens an existing, up-to-date database read-only: what the prolog does. Never writes,
     /// never creates, never takes the write lock.
     pub fn open_read_only(path: &Path) -> Result<Db> {
@@ -133,7 +147,7 @@ impl Db {
         }
         let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(path, flags).map_err(sql("open database", path))?;
-        let db = Db { conn, path: path.to_path_buf(), read_only: true };
+        let db = Db { conn, path: path.to_path_buf(), read_only: true, now: None };
         db.configure(busy)?;
         db.require_current()?;
         Ok(db)
@@ -183,7 +197,7 @@ impl Db {
             flags |= OpenFlags::SQLITE_OPEN_CREATE;
         }
         let conn = Connection::open_with_flags(path, flags).map_err(sql("open database", path))?;
-        let db = Db { conn, path: path.to_path_buf(), read_only: false };
+        let db = Db { conn, path: path.to_path_buf(), read_only: false, now: None };
         db.configure(BUSY_TIMEOUT)?;
         // A rollback journal, never WAL: WAL needs shared memory that network file systems do
         // not provide, and the DB may sit on NFS next to slurm.conf. Setting it also converts a

@@ -195,7 +195,7 @@ impl Db {
                 }
             }
         }
-        let now = crate::db::now();
+        let now = self.now();
         for (name, (memcap, source, at)) in observed_memcap {
             if let Some(prof) = out.get_mut(&name) {
                 // An out-of-memory raise over an admin's value fades back to it (the re-audit's
