@@ -4,13 +4,16 @@
 //! - M4: a job hard-links its progress file into a directory it may write and appends through
 //!   the link; the sampler, running without NVML as on a node whose driver it cannot read,
 //!   still caps the file its prolog created (by the inode the prolog recorded).
+//! - H1 over two nights: one user's forged pairs (spooled as the epilog writes them) and live
+//!   kace jobs reporting forged rates, then the nightly `kace retrain` each night: the active
+//!   model and the decisions for every other user's jobs stay as they were.
 
 mod common;
 
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use common::{field, kace};
+use common::{field, json, kace};
 use kace_e2e::{kace as setup, Cluster, NodeSpec};
 
 /// `kace-sampler`, stopped when dropped.
@@ -129,4 +132,128 @@ fn a_hard_linked_progress_file_is_capped_by_a_sampler_without_nvml() {
     assert!(!dir.join(format!("progress/{id}.progress")).exists());
     assert!(!dir.join(format!("progress/{id}.progress.id")).exists());
     assert!(public.join(format!("link-{id}")).exists());
+}
+
+/// `nobody`'s uid and gid on Debian.
+const NOBODY: u32 = 65534;
+
+/// Waits until `ids` have ended, running the controller's timer meanwhile.
+fn wait_ended(c: &Cluster, ids: &[u32]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while ids.iter().any(|id| {
+        let j = c.job(*id).unwrap();
+        matches!(field(&j, "JobState"), "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING")
+    }) {
+        assert!(std::time::Instant::now() < deadline, "jobs {ids:?} did not end");
+        kace(c, &["dispatch"]);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[test]
+#[ignore = "needs root and Slurm"]
+fn one_users_forged_pairs_over_two_nights_change_no_other_users_decisions() {
+    kace_e2e::require_e2e("one_users_forged_pairs_over_two_nights_change_no_other_users_decisions");
+    let c = Cluster::builder()
+        .nodes(vec![NodeSpec::new("n1", 1)])
+        .plugin_args("mps_root={dir}/mps progress_root={dir}/progress")
+        .prolog(setup::hook("kace-prolog", "").unwrap())
+        .epilog(setup::hook("kace-epilog", "").unwrap())
+        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
+        .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
+        .start()
+        .unwrap();
+    let dir = c.dir().to_path_buf();
+    common::prepare(&c, 1);
+    let db_path = dir.join("kace.db");
+    let (lead, cands) = common::lead_with_candidates(&db_path, 3);
+    let target = cands.last().unwrap().clone();
+    let exclusive =
+        kace_sql::Db::open_read_only(&db_path).unwrap().exclusive_throughputs().unwrap();
+    let (xl, xt) = (exclusive[&lead], exclusive[&target]);
+    let mut others: Vec<&str> = cands.iter().map(String::as_str).collect();
+    others.push(&lead);
+    let list = others.join(",");
+    // What every other user's job would get beside `lead`: the choice and every prediction.
+    let decisions = || {
+        let d = json(
+            &c,
+            &["select", "--dry-run", "--lead", &lead, "--candidates", &list, "--gpu-memory", "32"],
+        );
+        (d["chosen"].clone(), d["candidates"].clone())
+    };
+    let active = || {
+        let models = json(&c, &["model", "list"]);
+        let a: Vec<_> =
+            models.as_array().unwrap().iter().filter(|m| m["active"] == true).cloned().collect();
+        assert_eq!(a.len(), 1, "{models}");
+        a[0]["version"].clone()
+    };
+    let before = (decisions(), active());
+
+    let out_opt = format!("--output={}/out/%j.out", dir.display());
+    let chdir = format!("--chdir={}/work", dir.display());
+    let spool = dir.join("kace-spool");
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    for night in 0..2u32 {
+        // Live: two of nobody's kace jobs report 3.9 times the admin's exclusive rate.
+        let mut ids = Vec::new();
+        for (w, rate) in [(&lead, 3.9 * xl), (&target, 3.9 * xt)] {
+            use std::os::unix::process::CommandExt;
+            let opt = format!("--kace-colocate={w}");
+            let script = common::worker(6, (rate / 5.0).ceil() as u32);
+            let out = c
+                .command("sbatch")
+                .uid(NOBODY)
+                .gid(NOBODY)
+                .env("HOME", "/nonexistent")
+                .args(["--parsable", &out_opt, &chdir, &opt, "--gres=shard:1", "--wrap", &script])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            ids.push(kace_e2e::parse_job_id(&String::from_utf8_lossy(&out.stdout)).unwrap());
+        }
+        wait_ended(&c, &ids);
+        // Spooled: 20 forged pairs of `lead` and `target` at 3.9 times each one's exclusive
+        // throughput (inside the 4x bound), as nobody's epilogs would write them.
+        let day = now - f64::from(1 - night) * 86_400.0;
+        for i in 0..20u32 {
+            let (a, b) = (
+                format!("{}", 90_000 + night * 100 + 2 * i),
+                format!("{}", 90_001 + night * 100 + 2 * i),
+            );
+            for (job, w, other, ow, thr) in
+                [(&a, &lead, &b, &target, 3.9 * xl), (&b, &target, &a, &lead, 3.9 * xt)]
+            {
+                let o = kace_sql::Observation {
+                    key: format!("c/{job}/{}/0", day as u64),
+                    job: job.clone(),
+                    workload: w.clone(),
+                    partners: vec![kace_sql::Partner { job: other.clone(), workload: ow.clone() }],
+                    node: "n1".into(),
+                    gpu: "0".into(),
+                    mps_share: None,
+                    start: day - 200.0,
+                    end: day - 100.0,
+                    steps: Some(thr * 100.0),
+                    throughput: thr,
+                    user: Some("nobody".into()),
+                };
+                kace_sql::spool::write_record(&spool, &o).unwrap();
+            }
+        }
+        let out = kace(&c, &["retrain"]);
+        assert!(out.contains("ingested"), "night {night}: {out}");
+        assert!(
+            !out.contains("activated model"),
+            "night {night}: a forged model was activated: {out}"
+        );
+        assert_eq!((decisions(), active()), before, "night {night}: {out}");
+    }
+    // The forged groups are in the database (nothing was lost), capped in training.
+    let m = json(&c, &["train"]);
+    assert!(m["metrics"]["capped_groups"].as_u64().unwrap() >= 35, "{m}");
+    assert_eq!(m["activated"], false, "{m}");
+    assert_eq!((decisions(), active()), before);
 }
