@@ -391,6 +391,7 @@ fn obs(i: usize) -> Observation {
         steps: Some(10.0),
         throughput: 10.0,
         user: None,
+        gpu_sm_pct: None,
     }
 }
 
@@ -946,6 +947,7 @@ fn forged_spooled_pairs_do_not_replace_the_active_model() {
                 steps: Some(thr * 100.0),
                 throughput: thr,
                 user: None,
+                gpu_sm_pct: None,
             };
             kace_sql::spool::write_record(&spool, &o).unwrap();
         }

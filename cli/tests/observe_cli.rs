@@ -50,6 +50,7 @@ fn obs(
         steps: Some(thr * (e - s)),
         throughput: thr,
         user: None,
+        gpu_sm_pct: None,
     }
 }
 

@@ -468,6 +468,21 @@ fn out_of_memory(
     spool_profile(n, &log, record, &what, "out-of-memory record")
 }
 
+/// Fewest sampler readings inside an interval for its mean SM utilization to be used.
+pub const MIN_SM_READINGS: usize = 3;
+
+/// The mean SM utilization (%) of `readings` in `[from, to]`, when at least
+/// [`MIN_SM_READINGS`] of them have one.
+fn mean_sm_within(readings: &[kace_sampler::Reading], from: f64, to: f64) -> Option<f64> {
+    let sm: Vec<f64> = readings
+        .iter()
+        .filter(|r| r.time >= from && r.time <= to)
+        .filter_map(|r| r.sm_pct)
+        .filter(|v| v.is_finite())
+        .collect();
+    (sm.len() >= MIN_SM_READINGS).then(|| sm.iter().sum::<f64>() / sm.len() as f64)
+}
+
 /// kace-sampler's readings of the job's GPU from the job's start to its end.
 fn readings_while_it_ran(
     n: &Node,
@@ -515,6 +530,9 @@ fn observe(
     }
     let mut out = Vec::new();
     let mut unspooled = 0;
+    // What root measured of the GPU while the job ran (none without kace-sampler): each
+    // interval carries its mean SM utilization, which ingest holds the claimed rate against.
+    let readings = readings_while_it_ran(n, gpu, me).unwrap_or_default();
     for (i, seg) in segments(me.start, end, history).iter().enumerate() {
         let Some((thr, steps)) = throughput_within(&prog.points, seg.start, seg.end, warmup) else {
             continue;
@@ -540,6 +558,7 @@ fn observe(
             steps: Some(steps),
             throughput: thr,
             user: (!env.user.is_empty()).then(|| env.user.clone()),
+            gpu_sm_pct: mean_sm_within(&readings, seg.start, seg.end),
         };
         match write_or_park(&n.config.spool.dir, &n.config.node.progress_root, &obs) {
             Ok(Written::Spooled(_)) => out.push(obs),

@@ -1874,7 +1874,9 @@ fn a_progress_line_timed_outside_the_run_is_dropped_and_said() {
     for j in [20, 21] {
         s.details.borrow_mut().insert(j, running_detail(j, "alpha", 0, None));
     }
-    let w = World::new("outside", s);
+    let mut w = World::new("outside", s);
+    w.config.sampler.dir = w.dir.join("samples");
+    busy_ring(&w.config.sampler.dir, 1990..=2040);
     let at = |t: f64| *w.clock.0.borrow_mut() = t;
     let write = |job: u32, text: String| {
         std::fs::write(w.config.node.progress_root.join(format!("{job}.progress")), text).unwrap()
@@ -1895,6 +1897,9 @@ fn a_progress_line_timed_outside_the_run_is_dropped_and_said() {
     let obs = observations(20);
     assert!(!obs.is_empty(), "{:#?}", w.logs.borrow());
     assert!((obs[0].throughput - 2.0).abs() < 1e-9, "{obs:#?}");
+    // The sampler ran: the interval carries the GPU's SM utilization that ingest checks the
+    // claimed rate against.
+    assert_eq!(obs[0].gpu_sm_pct, Some(40.0), "{obs:#?}");
     let logs = w.logs.borrow().join("\n");
     assert!(logs.contains("skipped 1 progress line(s) timed outside its run"), "{logs}");
     // Every line a day ahead of the node's clock: the reason says so.

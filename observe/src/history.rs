@@ -355,6 +355,7 @@ mod tests {
             steps: Some(10.0),
             throughput: 2.0,
             user: None,
+            gpu_sm_pct: None,
         };
         let obs = vec![
             o("c/7/1", vec![Partner { job: "5".into(), workload: "resnet".into() }], 20.0, 50.0),

@@ -16,11 +16,11 @@ use crate::schema::{CURRENT_VERSION, MIGRATIONS};
 use crate::types::is_observed_source;
 use crate::types::quote_untrusted;
 use crate::types::{
-    corroborated, feature_value_problem, implausibility, DecisionRecord, ModelRecord, NewDecision,
-    NewModel, NewProfile, Observation, ObservationFilter, ObservedGroup, ObservedMember,
-    ObservedProfile, Partner, Profile, EXCLUSIVE, FEATURE_COLUMNS, FEATURE_COUNT,
+    corroborated, feature_value_problem, implausibility, Bound, DecisionRecord, ModelRecord,
+    NewDecision, NewModel, NewProfile, Observation, ObservationFilter, ObservedGroup,
+    ObservedMember, ObservedProfile, Partner, Profile, EXCLUSIVE, FEATURE_COLUMNS, FEATURE_COUNT,
     MAX_RATIO_TO_EXCLUSIVE, MEMCAP, OBSERVED_KEPT, OBSERVED_SOURCE, OOM_RAISE_HALF_LIFE_S,
-    OOM_RAISE_INTERVAL_S, OOM_SOURCE,
+    OOM_RAISE_INTERVAL_S, OOM_SOURCE, SM_PCT,
 };
 
 mod decisions;
@@ -377,7 +377,7 @@ impl Db {
             };
             let (key, partners, alone, start, end, thr, workload) =
                 get(row).map_err(sql("check observations", p))?;
-            let excl = exclusive.get(&workload).copied();
+            let excl = Bound { exclusive: exclusive.get(&workload).copied(), sm_pct: None };
             let probe = Observation {
                 key: key.clone(),
                 job: String::new(),
@@ -391,6 +391,7 @@ impl Db {
                 steps: None,
                 throughput: thr,
                 user: None,
+                gpu_sm_pct: None,
             };
             if let Some(why) = implausibility(&probe, excl) {
                 report.problems.push(format!("{why} (kace observations quarantine --key {key})"));

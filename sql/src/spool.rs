@@ -868,7 +868,7 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
     trusted(spool)?;
     requeue_completed(spool, quarantine_dir, &mut report)?;
     // Plausibility is judged against the profiles as they are when the ingest starts.
-    let exclusive = db.exclusive_bounds()?;
+    let bounds = db.bounds()?;
     for entry in fs::read_dir(spool).map_err(io_err("read spool directory", spool))? {
         let entry = entry.map_err(io_err("read spool directory", spool))?;
         let ft = match entry.file_type() {
@@ -920,7 +920,8 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
                     report.refuse(path, reason, quarantine_dir)?;
                     continue;
                 }
-                if let Some(reason) = implausibility(&obs, exclusive.get(&obs.workload).copied()) {
+                let bound = bounds.get(&obs.workload).copied().unwrap_or_default();
+                if let Some(reason) = implausibility(&obs, bound) {
                     report.refuse(path, reason, quarantine_dir)?;
                     continue;
                 }

@@ -32,6 +32,9 @@ pub const MEMCAP: usize = 9;
 /// Index of `exclusive_throughput` in [`FEATURE_COLUMNS`].
 pub const EXCLUSIVE: usize = 6;
 
+/// Index of `sm_pct` (SM utilization alone, %) among the features.
+pub const SM_PCT: usize = 7;
+
 /// Longest workload name accepted (names come from users through `--kace-colocate`).
 pub const MAX_NAME_LEN: usize = kace_layout::workload_name::MAX_LEN;
 
@@ -372,6 +375,26 @@ pub struct Observation {
     /// [`MAX_GROUPS_PER_LONE_USER`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// The GPU's mean SM utilization (%) over the interval, as `kace-sampler` (root) read it,
+    /// when it did: what the job's claimed progress is checked against at ingest
+    /// ([`implausibility`]). Not stored: it only decides whether the observation is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_sm_pct: Option<f64>,
+}
+
+/// How far (percentage points) the SM activity a claimed rate implies may exceed what the
+/// sampler measured on the GPU before the observation is refused: NVML's utilization is
+/// sampled and averaged, and a profile's SM % was measured on another run.
+pub const SM_ACTIVITY_SLACK_PCT: f64 = 15.0;
+
+/// What kace knows of a workload to judge a job's claimed throughput by: its exclusive
+/// throughput (the bound, [`crate::Db::exclusive_bounds`]) and its SM utilization alone (%).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Bound {
+    /// Exclusive throughput, steps/s.
+    pub exclusive: Option<f64>,
+    /// SM utilization when it runs alone, %.
+    pub sm_pct: Option<f64>,
 }
 
 /// Most untrusted groups of one workload combination that training takes from one user (an
@@ -406,8 +429,28 @@ pub const MAX_UNPROFILED_THROUGHPUT: f64 = 1e9;
 /// Why an observation is implausible for a workload whose exclusive throughput is `exclusive`
 /// (when known), or `None` when it is plausible. [`Observation::validate`] checks what an
 /// observation must be on its own; this checks it against what kace knows of the workload.
-pub fn implausibility(o: &Observation, exclusive: Option<f64>) -> Option<String> {
-    match exclusive.filter(|e| e.is_finite() && *e > 0.0) {
+pub fn implausibility(o: &Observation, bound: Bound) -> Option<String> {
+    let exclusive = bound.exclusive.filter(|e| e.is_finite() && *e > 0.0);
+    // Work needs the GPU: a job progressing at `np` times its alone rate keeps its kernels busy
+    // about `np` times as long as alone (sharing never speeds a kernel up), and the GPU's SM
+    // activity, which root measured, covers every job's kernels. A claim of 3.9 times the
+    // alone rate at 50 % SM alone would need 195 % (the re-audit's H1: forged rates within
+    // the 4x bound).
+    if let (Some(e), Some(alone), Some(gpu)) = (exclusive, bound.sm_pct, o.gpu_sm_pct) {
+        let busy = o.throughput / e * alone;
+        if alone > 0.0 && busy > gpu + SM_ACTIVITY_SLACK_PCT {
+            return Some(format!(
+                "observation {}: throughput {} is {:.2} times {}'s exclusive {e}, which would \
+                 keep the GPU's SMs busy {busy:.0} % of the time (alone: {alone:.0} %), but \
+                 the sampler measured {gpu:.0} %",
+                o.key,
+                o.throughput,
+                o.throughput / e,
+                o.workload
+            ));
+        }
+    }
+    match exclusive {
         Some(e) if o.throughput > MAX_RATIO_TO_EXCLUSIVE * e => Some(format!(
             "observation {}: throughput {} is more than {MAX_RATIO_TO_EXCLUSIVE} times {}'s \
              exclusive throughput {e}",
@@ -681,6 +724,7 @@ mod tests {
             steps: Some(5.0),
             throughput: 0.5,
             user: None,
+            gpu_sm_pct: None,
         };
         assert!(o.validate().is_ok());
         assert!(o.exclusive());
@@ -692,6 +736,17 @@ mod tests {
         (o.start, o.end) = (0.0, 0.0);
         assert!(o.validate().is_ok(), "an imported row: when is not known");
         (o.start, o.end) = (10.0, 20.0);
+        // Work needs the GPU (issue 31 item 4): 3.9 times the alone rate at 50 % SM alone
+        // would keep the SMs busy 195 % of the time; the sampler measured 60 %.
+        let b = Bound { exclusive: Some(1.0), sm_pct: Some(50.0) };
+        (o.throughput, o.gpu_sm_pct) = (3.9, Some(60.0));
+        let why = implausibility(&o, b).unwrap();
+        assert!(why.contains("busy 195 % of the time") && why.contains("measured 60 %"), "{why}");
+        o.throughput = 1.4;
+        assert_eq!(implausibility(&o, b), None, "70 % implied, 60 % measured: within the slack");
+        (o.throughput, o.gpu_sm_pct) = (3.9, None);
+        assert_eq!(implausibility(&o, b), None, "no sampler: only the 4x bound");
+        o.throughput = 0.5;
         o.throughput = f64::NAN;
         assert!(o.validate().is_err());
         o.throughput = 1.0;

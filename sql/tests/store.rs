@@ -28,6 +28,7 @@ fn obs(key: &str, job: &str, wl: &str, partner: Option<(&str, &str)>, thr: f64) 
         steps: Some(thr * 100.0),
         throughput: thr,
         user: None,
+        gpu_sm_pct: None,
     }
 }
 

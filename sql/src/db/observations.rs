@@ -24,11 +24,13 @@ impl Db {
         obs: &[Observation],
         trusted: bool,
     ) -> Result<InsertCount> {
-        let exclusive = self.exclusive_bounds()?;
+        let bounds = self.bounds()?;
         let mut seen: HashMap<&str, &Observation> = HashMap::new();
         for o in obs {
             o.validate()?;
-            if let Some(why) = implausibility(o, exclusive.get(&o.workload).copied()) {
+            if let Some(why) =
+                implausibility(o, bounds.get(&o.workload).copied().unwrap_or_default())
+            {
                 return Err(Error::Invalid { reason: why });
             }
             if let Some(prev) = seen.insert(&o.key, o) {
@@ -168,11 +170,27 @@ impl Db {
         Ok(out)
     }
 
-    /// Why `o` is implausible against its workload's bound ([`Db::exclusive_bounds`]), if it
-    /// is.
+    /// What each workload's observations are judged by ([`implausibility`]): its bound
+    /// ([`Db::exclusive_bounds`]) and its current profile's SM utilization alone.
+    pub fn bounds(&self) -> Result<HashMap<String, Bound>> {
+        let mut out: HashMap<String, Bound> = self
+            .exclusive_bounds()?
+            .into_iter()
+            .map(|(w, e)| (w, Bound { exclusive: Some(e), sm_pct: None }))
+            .collect();
+        for (w, p) in self.all_profiles(None)? {
+            if let Some(sm) = p.values[SM_PCT] {
+                out.entry(w).or_default().sm_pct = Some(sm);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Why `o` is implausible against what kace knows of its workload ([`Db::bounds`]), if
+    /// it is.
     pub fn implausible(&self, o: &Observation) -> Result<Option<String>> {
-        let e = self.exclusive_bounds()?;
-        Ok(implausibility(o, e.get(&o.workload).copied()))
+        let b = self.bounds()?;
+        Ok(implausibility(o, b.get(&o.workload).copied().unwrap_or_default()))
     }
 
     /// Deletes the stored observations `which` selects; returns how many.
@@ -290,6 +308,7 @@ impl Db {
                         steps: r.get(9)?,
                         throughput: r.get(10)?,
                         user: r.get(13)?,
+                        gpu_sm_pct: None,
                     },
                     partners,
                     r.get(12)?,
