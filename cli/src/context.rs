@@ -88,7 +88,10 @@ pub fn num(v: f64) -> String {
         return v.to_string();
     }
     let a = v.abs();
-    if a >= 1e5 {
+    // A hostile progress file's 7.5e304 steps/s would otherwise print 305 digits.
+    if a >= 1e9 {
+        format!("{v:.3e}")
+    } else if a >= 1e5 {
         format!("{v:.0}")
     } else if a >= 100.0 {
         format!("{v:.1}")

@@ -310,7 +310,10 @@ fn measure_profile(
         // Too short or unsampled: a workload's first alone run makes it a candidate, so it must
         // be a measurement, not a second of progress lines.
         let rate = run.throughput.map_or(String::new(), |t| {
-            format!(" (its progress lines alone gave {t:.3} steps/s, not stored)")
+            format!(
+                " (its progress lines alone gave {} steps/s, not stored)",
+                progress::format_rate(t)
+            )
         });
         log(&format!(
             "{} sampler reading(s) in {:.0} s alone, fewer than profile.min_samples = {min_samples} with both utilizations; no profile measurement{rate}",
@@ -526,7 +529,7 @@ fn observe(
     let end = me.end.unwrap_or(me.start);
     let warmup = n.config.profiling.warmup_steps;
     if let Ok(t) = prog.throughput(warmup) {
-        log(&format!("whole run: {:.3} steps/s", t.steps_per_second));
+        log(&format!("whole run: {} steps/s", progress::format_rate(t.steps_per_second)));
     }
     let mut out = Vec::new();
     let mut unspooled = 0;

@@ -268,8 +268,14 @@ pub fn gather(
     }
 
     let held_jobs: Vec<&QueuedJob> = queue.iter().filter(|j| j.held()).collect();
-    let starting: Vec<u32> =
-        queue.iter().filter(|j| j.pending() && !j.held() && mine(&j.user)).map(|j| j.id).collect();
+    // A job an admin (or, before the gate, its user) holds was not released by kace: not
+    // "released, not started yet" (the re-audit's L11).
+    let held_elsewhere = |j: &&QueuedJob| j.reason.starts_with("JobHeld");
+    let starting: Vec<u32> = queue
+        .iter()
+        .filter(|j| j.pending() && !j.held() && !held_elsewhere(j) && mine(&j.user))
+        .map(|j| j.id)
+        .collect();
     let max_hold = config.dispatch.max_hold_s as f64;
     // The one decision's rules, as every decider builds them from the configuration.
     let mut policy = config.policy();
@@ -595,6 +601,18 @@ mod tests {
         assert_eq!((s.held[0].waited_s, s.held[0].max_hold_at), (Some(50.0), Some(1250.0)));
         assert_eq!(s.held[0].no_partner.as_deref(), Some("no database"));
         assert!(s.model.is_none() && s.gpus[0].predicted.is_none());
+    }
+
+    /// The re-audit's L11: an admin-held kace job was listed as "released, not started yet".
+    #[test]
+    fn only_jobs_kace_released_are_starting() {
+        let mut c = cluster();
+        let pending =
+            |id: u32, reason: &str| QueuedJob { reason: reason.into(), ..held(id, "alice", 990.0) };
+        c.queue.push(pending(12, "JobHeldAdmin"));
+        c.queue.push(pending(13, "Priority"));
+        let s = gather(&c, None, &Config::default(), 1000.0, &Options::default()).unwrap();
+        assert_eq!(s.starting, vec![13]);
     }
 
     #[test]

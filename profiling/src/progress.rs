@@ -312,6 +312,16 @@ pub fn format_point(p: &Point) -> String {
     format!("{} {}\n", number(p.time), number(p.steps))
 }
 
+/// A rate (steps per second) for a log line: three decimals, or scientific notation from 1e9
+/// on (the re-audit's L11: a forged rate printed 300 digits into the epilog's log).
+pub fn format_rate(v: f64) -> String {
+    if v.is_finite() && v.abs() < 1e9 {
+        format!("{v:.3}")
+    } else {
+        format!("{v:.3e}")
+    }
+}
+
 /// The points of a progress file that its readers need, in bounded memory, fed one line at a
 /// time: a file compacted to these gives the same throughput over any interval up to
 /// [`Thinner::resolution`] seconds at each end.
@@ -586,6 +596,13 @@ mod read_tests {
 
     /// The re-audit's L7: one line `1e308 15` made every later line go backwards and the job
     /// lost its observation. Read within the job's run, it is dropped and counted.
+    #[test]
+    fn rates_print_short() {
+        assert_eq!(format_rate(12.3456), "12.346");
+        assert_eq!(format_rate(7.5e304), "7.500e304");
+        assert!(format_rate(f64::INFINITY).len() < 10);
+    }
+
     #[test]
     fn a_line_outside_the_window_is_dropped_not_let_block_the_rest() {
         let text = "100 0\n1e308 15\n101 10\n102 20\n103 oom\n5 0\n";
