@@ -130,7 +130,9 @@ pub fn story(
             Err(e) => (None, Some(e.to_string())),
         },
     };
-    let held_s = facts.as_ref().and_then(|f| {
+    // Only a kace job (the gate's mark) was held; a plain job merely waited in Slurm's queue
+    // (the re-audit's L11: "held 1s" for a job kace never held).
+    let held_s = facts.as_ref().filter(|f| f.workload.is_some()).and_then(|f| {
         let until = match (f.started, f.state.as_str()) {
             (Some(s), _) => Some(s),
             (None, "PENDING") => Some(now),
@@ -283,6 +285,10 @@ mod tests {
         );
         assert_eq!(st.held_s, Some(10.0));
         assert_eq!(st.slurm.unwrap().user, "alice");
+        // A plain job kace never held was not "held 10s" (the re-audit's L11).
+        let plain =
+            OneJob(JobDetail { admin_comment: String::new(), ..detail(8, 1000.0, Some(1010.0)) });
+        assert_eq!(story(Some(&plain), "8", &[], &[], 300, 2000.0).held_s, None);
 
         let st = story(Some(&s), "7", &[(decision("7", None), 1011.0, None)], &[], 300, 2000.0);
         assert_eq!(st.released.unwrap().by, ReleasedBy::Lead);
