@@ -253,10 +253,11 @@ fn one_users_forged_pairs_over_two_nights_change_no_other_users_decisions() {
         assert_eq!((decisions(), active()), before, "night {night}: {out}");
     }
     // The forged groups are in the database (nothing was lost), capped in training: the
-    // newest (refused) model saw at most 5 of nobody's 40.
+    // first night's (refused) model saw 5 of nobody's 20; the second night's 20 more were all
+    // capped, so that training was the same as the first ("model unchanged").
     let models = json(&c, &["model", "list"]);
     let newest = models.as_array().unwrap().iter().max_by_key(|m| m["version"].as_u64()).unwrap();
     let capped = newest["metrics"]["capped_groups"].as_u64();
-    assert!(capped.is_some_and(|n| n >= 35), "{newest}");
+    assert!(capped.is_some_and(|n| n >= 15), "{newest}");
     assert_eq!(newest["active"], false, "{newest}");
 }
