@@ -261,3 +261,49 @@ fn one_users_forged_pairs_over_two_nights_change_no_other_users_decisions() {
     assert!(capped.is_some_and(|n| n >= 15), "{newest}");
     assert_eq!(newest["active"], false, "{newest}");
 }
+
+/// The re-audit's M2 and L7 with the job's own clock stepped (libfaketime on the job's progress
+/// writer only, a day ahead): its lines lie outside its run by the node's clock, so it is not
+/// observed and the epilog says it is the clock; the next job on that GPU is observed alone, as
+/// it ran, with no phantom partner.
+#[test]
+#[ignore = "needs root and Slurm"]
+fn a_job_whose_clock_is_a_day_ahead_is_not_observed_and_poisons_nothing() {
+    kace_e2e::require_e2e("a_job_whose_clock_is_a_day_ahead_is_not_observed_and_poisons_nothing");
+    let c = Cluster::builder()
+        .nodes(vec![NodeSpec::new("n1", 1)])
+        .plugin_args("mps_root={dir}/mps progress_root={dir}/progress")
+        .prolog(setup::hook("kace-prolog", "").unwrap())
+        .epilog(setup::hook("kace-epilog", "").unwrap())
+        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
+        .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
+        .start()
+        .unwrap();
+    let dir = c.dir().to_path_buf();
+    common::prepare(&c, 1);
+    let (lead, _) = common::lead_with_candidates(&dir.join("kace.db"), 1);
+    let opt = format!("--kace-colocate={lead}");
+    let ahead = format!("faketime -f +1d sh -c '{}'", common::worker(6, 2).replace('\'', "'\\''"));
+    let skewed = c.sbatch(&[&opt, "--gres=shard:1", "--wrap", &ahead]).unwrap();
+    wait_ended(&c, &[skewed]);
+    let plain = c.sbatch(&[&opt, "--gres=shard:1", "--wrap", &common::worker(6, 2)]).unwrap();
+    wait_ended(&c, &[plain]);
+    for id in [skewed, plain] {
+        assert_eq!(field(&c.job(id).unwrap(), "JobState"), "COMPLETED", "{}", c.job_output(id));
+    }
+    let log = std::fs::read_to_string(dir.join("log/kace-kace-epilog.log")).unwrap();
+    assert!(
+        log.contains(&format!(
+            "job {skewed}: its 31 progress line(s) lie outside its run by this node's clock"
+        )),
+        "{log}"
+    );
+    assert!(!log.contains(&format!("job {skewed}: too few progress lines")), "{log}");
+    json(&c, &["ingest"]);
+    let db = kace_sql::Db::open_read_only(&dir.join("kace.db")).unwrap();
+    let all = db.observations().unwrap();
+    assert!(all.iter().all(|o| o.job != skewed.to_string()), "{all:#?}");
+    let mine: Vec<_> = all.iter().filter(|o| o.job == plain.to_string()).collect();
+    assert!(!mine.is_empty() && mine.iter().all(|o| o.partners.is_empty()), "{mine:#?}\n{log}");
+    assert!(mine.iter().all(|o| (o.throughput - 10.0).abs() < 0.5), "{mine:#?}");
+}
