@@ -33,6 +33,10 @@ pub struct JobEnv {
     /// How the job ended, from the epilog's `SLURM_JOB_EXIT_CODE2` (`<exit code>:<signal>`);
     /// `None` in the prolog, or when Slurm did not say.
     pub exit: Option<JobExit>,
+    /// When the job started by slurmctld's clock (`SLURM_JOB_START_TIME`, which Slurm gives
+    /// prologs and epilogs from 23.11 on; `None` before): the one clock a node's is checked
+    /// against.
+    pub slurm_start: Option<f64>,
 }
 
 /// A job's exit status as Slurm gives it to the epilog.
@@ -78,6 +82,7 @@ impl JobEnv {
                 gpu: None,
                 mps_share: None,
                 exit: None,
+                slurm_start: None,
             });
         }
         let node = get("SLURMD_NODENAME")
@@ -100,6 +105,9 @@ impl JobEnv {
                 .and_then(|v| v.trim().parse::<f64>().ok())
                 .filter(|v| v.is_finite() && *v > 0.0 && *v <= 100.0),
             exit: get("SLURM_JOB_EXIT_CODE2").as_deref().and_then(JobExit::parse),
+            slurm_start: get("SLURM_JOB_START_TIME")
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|v| v.is_finite() && *v > 0.0),
         })
     }
 }

@@ -152,6 +152,17 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
             log("another job's record on its GPU lay in this node's clock's future; its intervals cannot be told shared or alone; no observation");
             true
         }
+        // Slurm's own start time (23.11 on) is slurmctld's clock: a prolog whose clock put the
+        // start far from it ran on a node whose clock is off the controller's.
+        Some(m) if env.slurm_start.is_some_and(|s| (m.start - s).abs() > CLOCK_SLACK_S) => {
+            let s = env.slurm_start.unwrap_or(m.start);
+            log(&format!(
+                "started at {:.0} by its prolog's clock but at {s:.0} by slurmctld's: this node's clock is {:.0} s off the controller's; no observation",
+                m.start,
+                m.start - s
+            ));
+            true
+        }
         _ => false,
     };
     let path = progress_file(&n.config.node.progress_root, env.job);

@@ -320,6 +320,7 @@ fn job_env(job: u32, gpu: u32) -> JobEnv {
         gpu: Some(GpuIndex(gpu)),
         mps_share: None,
         exit: None,
+        slurm_start: None,
     }
 }
 
@@ -1862,6 +1863,20 @@ fn a_clock_step_in_one_epilog_names_the_clock_and_poisons_no_later_observation()
         "{logs}"
     );
     assert!(!logs.contains("too few progress lines"), "{logs}");
+    // Job 14 on a node whose clock is an hour behind slurmctld's (Slurm 23.11 on tells the
+    // epilog the job's start by slurmctld's clock): not observed, and the reason names it.
+    *w.slurm.on_node.borrow_mut() = vec![14];
+    w.slurm.details.borrow_mut().insert(14, running_detail(14, "alpha", 0, None));
+    at(4000.0);
+    w.with(|n| prolog::run(n, &job_env(14, 0)));
+    lines(14, 4000, 4030);
+    at(4030.0);
+    let env = JobEnv { slurm_start: Some(4000.0 + 3600.0), ..job_env(14, 0) };
+    let out = w.with(|n| epilog::run(n, &env));
+    let epilog::Outcome::Done { observations, .. } = out else { panic!("{out:?}") };
+    assert!(observations.is_empty(), "{observations:#?}");
+    let logs = w.logs.borrow().join("\n");
+    assert!(logs.contains("this node's clock is -3600 s off the controller's"), "{logs}");
 }
 
 /// The re-audit's L7: one line `1e308 15` made every later line go backwards and the job lost

@@ -203,6 +203,7 @@ pub fn run(
                 gpu: Some(spec.gpu),
                 mps_share: None,
                 exit: None,
+                slurm_start: None,
             };
             let node = Node {
                 config,
