@@ -33,9 +33,9 @@ pub struct JobEnv {
     /// How the job ended, from the epilog's `SLURM_JOB_EXIT_CODE2` (`<exit code>:<signal>`);
     /// `None` in the prolog, or when Slurm did not say.
     pub exit: Option<JobExit>,
-    /// When the job started by slurmctld's clock (`SLURM_JOB_START_TIME`, which Slurm gives
-    /// prologs and epilogs from 23.11 on; `None` before): the one clock a node's is checked
-    /// against.
+    /// When the job started by slurmctld's clock (`SLURM_JOB_START_TIME`, which Slurm 25.11 and
+    /// 26.05 give prologs and epilogs, `src/plugins/prep/script/prep_script_slurmd.c`; 22.05
+    /// does not): the one clock a node's is checked against.
     pub slurm_start: Option<f64>,
 }
 

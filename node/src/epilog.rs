@@ -152,7 +152,7 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
             log("another job's record on its GPU lay in this node's clock's future; its intervals cannot be told shared or alone; no observation");
             true
         }
-        // Slurm's own start time (23.11 on) is slurmctld's clock: a prolog whose clock put the
+        // Slurm's own start time (25.11, 26.05) is slurmctld's clock: a prolog whose clock put the
         // start far from it ran on a node whose clock is off the controller's.
         Some(m) if env.slurm_start.is_some_and(|s| (m.start - s).abs() > CLOCK_SLACK_S) => {
             let s = env.slurm_start.unwrap_or(m.start);

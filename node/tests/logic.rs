@@ -1863,8 +1863,8 @@ fn a_clock_step_in_one_epilog_names_the_clock_and_poisons_no_later_observation()
         "{logs}"
     );
     assert!(!logs.contains("too few progress lines"), "{logs}");
-    // Job 14 on a node whose clock is an hour behind slurmctld's (Slurm 23.11 on tells the
-    // epilog the job's start by slurmctld's clock): not observed, and the reason names it.
+    // Job 14 on a node whose clock is an hour behind slurmctld's (Slurm 25.11 and 26.05 tell
+    // the epilog the job's start by slurmctld's clock): not observed, and the reason names it.
     *w.slurm.on_node.borrow_mut() = vec![14];
     w.slurm.details.borrow_mut().insert(14, running_detail(14, "alpha", 0, None));
     at(4000.0);
