@@ -536,7 +536,18 @@ pub fn run(
     now: f64,
 ) -> Result<Report> {
     let mut report = Report::default();
-    let queue = slurm.kace_queue()?;
+    let queue = match slurm.kace_queue() {
+        Ok(q) => q,
+        Err(e) => {
+            // slurmctld may be restarting: until its nodes register again it shows them
+            // `unknown`, or a busy one with `shard:0` (measured on 22.05: about 5 s), and a
+            // job pinned by a node list read before would be BadConstraints (the re-audit's
+            // L8: released in slurmctld's first second, it waited 59 s). The nodes are read
+            // afresh at the next pass.
+            state.nodes = None;
+            return Err(e);
+        }
+    };
     report.stuck = queue
         .iter()
         .filter(|j| j.stuck(now, s.stuck_after_s))

@@ -38,6 +38,8 @@ struct FakeSlurm {
     gone: Vec<u32>,
     /// Job reads that fail first, as while slurmctld restarts.
     unreachable_reads: std::cell::Cell<u32>,
+    /// Queue listings that fail first, as while slurmctld is down.
+    unreachable_listings: std::cell::Cell<u32>,
     calls: RefCell<Vec<String>>,
 }
 
@@ -68,6 +70,10 @@ impl FakeSlurm {
 impl Slurm for FakeSlurm {
     fn kace_queue(&self) -> Result<Vec<QueuedJob>> {
         self.calls.borrow_mut().push("squeue".into());
+        if self.unreachable_listings.get() > 0 {
+            self.unreachable_listings.set(self.unreachable_listings.get() - 1);
+            return Err(failed("squeue"));
+        }
         let mut q = self.pending.borrow().clone();
         q.extend(self.running.borrow().iter().map(FakeSlurm::listed));
         q.sort_by_key(|j| j.id);
@@ -162,6 +168,7 @@ impl Slurm for FakeSlurm {
         Ok(self.stepped.borrow().contains(&id))
     }
     fn nodes(&self) -> Result<Vec<NodeGpus>> {
+        self.calls.borrow_mut().push("sinfo".into());
         Ok(self.nodes.clone())
     }
 }
@@ -435,6 +442,32 @@ fn node_n1(kinds: &[&str]) -> Vec<NodeGpus> {
         gpus,
         usable: true,
     }]
+}
+
+/// The re-audit's L8: jobs released in slurmctld's first second were pinned by a node list
+/// read before its restart, while the nodes had not registered again (22.05 shows them
+/// `unknown`, a busy one with `shard:0`), and waited 59 s as BadConstraints. A listing that
+/// fails drops the remembered nodes: the next pass reads them afresh.
+#[test]
+fn the_nodes_are_read_afresh_after_slurmctld_did_not_answer() {
+    let mut s = FakeSlurm { nodes: node_n1(&[""]), ..FakeSlurm::default() };
+    *s.pending.get_mut() = (5..9).map(|j| held(j, "beta", "bob", "gres:shard:1")).collect();
+    let w = World::new("restart-nodes", s);
+    let mut state = kace_node::decider_state::DeciderState::default();
+    let sinfo = |w: &World| w.slurm.calls.borrow().iter().filter(|c| *c == "sinfo").count();
+    dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1500.0).unwrap();
+    assert_eq!(sinfo(&w), 1);
+    dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1501.0).unwrap();
+    assert_eq!(sinfo(&w), 1, "read at most every 5 s");
+    w.slurm.unreachable_listings.set(1);
+    assert!(dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1502.0).is_err());
+    dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1503.0).unwrap();
+    assert_eq!(
+        sinfo(&w),
+        2,
+        "after slurmctld did not answer, the nodes are read again: {:?}",
+        w.slurm.calls.borrow()
+    );
 }
 
 /// The re-audit's L6: while a lead nobody profiled ran, the watch loop logged "couldn't choose
