@@ -42,6 +42,12 @@ pub fn warn(r: &spool::IngestReport) {
     for p in &r.requeued {
         eprintln!("kace: ingest: {} now parses; taken back from quarantine", p.display());
     }
+    for p in &r.hidden {
+        eprintln!(
+            "kace: ingest: {} is a hidden file, not a kace record (the epilog writes none); left alone",
+            p.display()
+        );
+    }
 }
 
 /// Runs `kace ingest`.
@@ -64,6 +70,7 @@ pub fn run(args: IngestArgs, ctx: &Ctx) -> Result<()> {
             "vanished": r.vanished,
             "stale_temp_files": r.stale_temp_files,
             "requeued": r.requeued,
+            "hidden": r.hidden,
             "decisions": {
                 "inserted": d.inserted,
                 "duplicates": d.duplicates,

@@ -147,6 +147,7 @@ fn summary_json(
             "duplicates": i.duplicates,
             "quarantined": i.quarantined.len(),
             "stale_temp_files": i.stale_temp_files.len(),
+            "hidden_files": i.hidden.len(),
         },
         "model": model,
         "pruned": p.removed.len(),

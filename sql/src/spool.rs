@@ -696,6 +696,9 @@ pub struct IngestReport {
     /// Files quarantined unparsed earlier that parse now (a copy that was not complete yet),
     /// moved back into the spool to be ingested.
     pub requeued: Vec<PathBuf>,
+    /// Hidden files (`.*`, not kace's `.tmp.*`): not kace's records, left where they are and
+    /// reported.
+    pub hidden: Vec<PathBuf>,
 }
 
 /// Age after which a `.tmp.*` file in the spool is reported as an abandoned write.
@@ -863,7 +866,6 @@ fn flush(
 pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<IngestReport> {
     // (path, is a regular file)
     let mut entries: Vec<(PathBuf, bool)> = Vec::new();
-    let mut hidden: Vec<PathBuf> = Vec::new();
     let mut report = IngestReport::default();
     trusted(spool)?;
     requeue_completed(spool, quarantine_dir, &mut report)?;
@@ -887,18 +889,16 @@ pub fn ingest(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingest
             continue;
         }
         if name.starts_with('.') {
-            // Never written by kace (its temporary files are `.tmp.*`): said, not skipped in
-            // silence for ever (the re-audit's L10).
-            hidden.push(entry.path());
+            // Never written by kace (its temporary files are `.tmp.*`), nor moved: it may be
+            // the file system's (NFS's `.nfs*` of a file still open) or an admin's. Said at
+            // each ingest, not skipped in silence for ever (the re-audit's L10).
+            report.hidden.push(entry.path());
             continue;
         }
         entries.push((entry.path(), ft.is_file()));
     }
     entries.sort();
-    hidden.sort();
-    for path in hidden {
-        report.refuse(path, "a hidden file: the epilog writes none".into(), quarantine_dir)?;
-    }
+    report.hidden.sort();
 
     let mut batch: Vec<(PathBuf, Observation)> = Vec::new();
     for (path, regular) in entries {
