@@ -18,7 +18,7 @@
 
 mod common;
 
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{field, json, kace};
@@ -27,16 +27,6 @@ use kace_sql::Db;
 
 /// The workload nobody profiled alone.
 const NEW: &str = "newcomer-train";
-
-/// `kace-sampler`, stopped when dropped.
-struct Sampler(Child);
-
-impl Drop for Sampler {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A plain PyTorch training loop, run with the real torch from PyPI
 /// ([`kace_test_support::real_python`]): nothing in it knows about kace.
@@ -118,7 +108,7 @@ fn a_new_workload_profiles_itself_alone_is_paired_and_cannot_crash_its_partner()
     .clone();
     let v = |i: usize| model.values[i].unwrap();
     let memcap_mib = (v(9) * 1024.0).round() as u64;
-    let _sampler = Sampler(
+    let _sampler = common::Sampler(
         Command::new(setup::bin_dir().unwrap().join("kace-sampler"))
             .args(["--config", conf.to_str().unwrap()])
             .env("KACE_FAKE_NVML", format!("gpu=Fake;samples={},{},{memcap_mib}", v(7), v(8)))

@@ -10,20 +10,26 @@
 
 mod common;
 
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::Duration;
 
 use common::{field, json, kace};
 use kace_e2e::{kace as setup, Cluster, NodeSpec};
 
-/// `kace-sampler`, stopped when dropped.
-struct Sampler(Child);
-
-impl Drop for Sampler {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// One node with one fake GPU, the real plugin, prolog, epilog and decider hooks, and kace set
+/// up with the demo's data (`max_hold` 1 s).
+fn kace_cluster() -> Cluster {
+    let c = Cluster::builder()
+        .nodes(vec![NodeSpec::new("n1", 1)])
+        .plugin_args("mps_root={dir}/mps progress_root={dir}/progress")
+        .prolog(setup::hook("kace-prolog", "").unwrap())
+        .epilog(setup::hook("kace-epilog", "").unwrap())
+        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
+        .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
+        .start()
+        .unwrap();
+    common::prepare(&c, 1);
+    c
 }
 
 /// Appends progress lines to the file named by its argument as fast as it can for 6 s (about
@@ -46,17 +52,8 @@ const CAP: u64 = 65_536;
 #[ignore = "needs root and Slurm"]
 fn a_hard_linked_progress_file_is_capped_by_a_sampler_without_nvml() {
     kace_e2e::require_e2e("a_hard_linked_progress_file_is_capped_by_a_sampler_without_nvml");
-    let c = Cluster::builder()
-        .nodes(vec![NodeSpec::new("n1", 1)])
-        .plugin_args("mps_root={dir}/mps progress_root={dir}/progress")
-        .prolog(setup::hook("kace-prolog", "").unwrap())
-        .epilog(setup::hook("kace-epilog", "").unwrap())
-        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
-        .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
-        .start()
-        .unwrap();
+    let c = kace_cluster();
     let dir = c.dir().to_path_buf();
-    common::prepare(&c, 1);
     let conf = dir.join("etc/kace.conf");
     let mut text = std::fs::read_to_string(&conf).unwrap();
     text.push_str(&format!(
@@ -73,7 +70,7 @@ fn a_hard_linked_progress_file_is_capped_by_a_sampler_without_nvml() {
     std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o1777)).unwrap();
     let log = dir.join("log/kace-sampler.log");
     // No KACE_FAKE_NVML: this machine has no NVML, so the sampler only caps.
-    let _sampler = Sampler(
+    let _sampler = common::Sampler(
         Command::new(setup::bin_dir().unwrap().join("kace-sampler"))
             .args(["--config", conf.to_str().unwrap()])
             .stderr(std::fs::File::create(&log).unwrap())
@@ -93,16 +90,7 @@ fn a_hard_linked_progress_file_is_capped_by_a_sampler_without_nvml() {
     );
     let opt = format!("--kace-colocate={lead_w}");
     let id = c.sbatch(&[&opt, "--gres=shard:1", "--wrap", &script]).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    loop {
-        let j = c.job(id).unwrap();
-        if !matches!(field(&j, "JobState"), "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING") {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "job {id} did not end");
-        kace(&c, &["dispatch"]);
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    wait_ended(&c, &[id]);
     let out = c.job_output(id);
     assert_eq!(field(&c.job(id).unwrap(), "JobState"), "COMPLETED", "{out}");
     let lines: u64 = out
@@ -154,17 +142,8 @@ fn wait_ended(c: &Cluster, ids: &[u32]) {
 #[ignore = "needs root and Slurm"]
 fn one_users_forged_pairs_over_two_nights_change_no_other_users_decisions() {
     kace_e2e::require_e2e("one_users_forged_pairs_over_two_nights_change_no_other_users_decisions");
-    let c = Cluster::builder()
-        .nodes(vec![NodeSpec::new("n1", 1)])
-        .plugin_args("mps_root={dir}/mps progress_root={dir}/progress")
-        .prolog(setup::hook("kace-prolog", "").unwrap())
-        .epilog(setup::hook("kace-epilog", "").unwrap())
-        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
-        .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
-        .start()
-        .unwrap();
+    let c = kace_cluster();
     let dir = c.dir().to_path_buf();
-    common::prepare(&c, 1);
     let db_path = dir.join("kace.db");
     let (lead, cands) = common::lead_with_candidates(&db_path, 3);
     let target = cands.last().unwrap().clone();
@@ -270,17 +249,8 @@ fn one_users_forged_pairs_over_two_nights_change_no_other_users_decisions() {
 #[ignore = "needs root and Slurm"]
 fn a_job_whose_clock_is_a_day_ahead_is_not_observed_and_poisons_nothing() {
     kace_e2e::require_e2e("a_job_whose_clock_is_a_day_ahead_is_not_observed_and_poisons_nothing");
-    let c = Cluster::builder()
-        .nodes(vec![NodeSpec::new("n1", 1)])
-        .plugin_args("mps_root={dir}/mps progress_root={dir}/progress")
-        .prolog(setup::hook("kace-prolog", "").unwrap())
-        .epilog(setup::hook("kace-epilog", "").unwrap())
-        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
-        .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
-        .start()
-        .unwrap();
+    let c = kace_cluster();
     let dir = c.dir().to_path_buf();
-    common::prepare(&c, 1);
     let (lead, _) = common::lead_with_candidates(&dir.join("kace.db"), 1);
     let opt = format!("--kace-colocate={lead}");
     let ahead = format!("faketime -f +1d sh -c '{}'", common::worker(6, 2).replace('\'', "'\\''"));

@@ -1,8 +1,8 @@
 //! Shared by the co-scheduling tests: the project's synthetic training data
 //! (`packaging/demo/`, as the demo uses), running `kace` against a test cluster, a
 //! progress-writing job script, a cluster's kace setup (config, fake MPS control, a database
-//! with the demo profiles and a model trained on its pairs), and where a job landed, read
-//! through kace's own Slurm interface.
+//! with the demo profiles and a model trained on its pairs), where a job landed, read
+//! through kace's own Slurm interface, and a `kace-sampler` process that stops with its guard.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -197,4 +197,14 @@ pub fn percentile(v: &mut [f64], p: f64) -> f64 {
 /// The environment variable `name` as a count (a bench or scale size), or `default`.
 pub fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// A `kace-sampler` process, stopped when dropped.
+pub struct Sampler(pub std::process::Child);
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
