@@ -142,7 +142,7 @@ impl Db {
     /// The exclusive throughput each workload's observations are bounded by: the admin's
     /// ([`Db::exclusive_throughputs`]), or for a workload no admin profiled, what at least two
     /// users' alone runs agree on ([`corroborated`]). A workload in neither has no bound of
-    /// its own ([`MAX_UNPROFILED_THROUGHPUT`] applies).
+    /// its own ([`crate::MAX_UNPROFILED_THROUGHPUT`] applies).
     pub fn exclusive_bounds(&self) -> Result<HashMap<String, f64>> {
         let mut out = self.exclusive_throughputs()?;
         let p = &self.path;
