@@ -127,7 +127,10 @@ fn spread(hs: &[History], d: usize, f: impl Fn(&Day) -> Option<f64>) -> Option<S
     Spread::of(&v)
 }
 
-fn figures() -> Vec<(&'static str, fn(&Day) -> Option<f64>)> {
+/// A day's figure, `None` where it is undefined (no group formed, nothing seen twice, …).
+type Figure = fn(&Day) -> Option<f64>;
+
+fn figures() -> Vec<(&'static str, Figure)> {
     vec![
         ("oracle_ratio", |d| Some(d.oracle_ratio)),
         ("gain_share", |d| d.gain_share),

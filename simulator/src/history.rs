@@ -289,8 +289,8 @@ fn job_errors(model: &Model, truth: &Truth, pairs: &[(String, String)]) -> Vec<f
         let Some(thr) = truth.pairs.get(&(a.clone(), b.clone())) else { continue };
         let Some(g) = truth.group(a, b, *thr) else { continue };
         let s = m.slowdowns(&g.members());
-        for j in 0..2 {
-            let predicted = s[j] * g.profiles[j].exclusive_throughput();
+        for (j, slowdown) in s.iter().enumerate() {
+            let predicted = slowdown * g.profiles[j].exclusive_throughput();
             out.push((predicted - g.throughputs[j]).abs() / g.throughputs[j]);
         }
     }
