@@ -55,7 +55,8 @@ fn peak_mib() -> f64 {
 fn history(data: &ColocationData, n: usize) -> (Vec<Group>, Vec<Evidence>) {
     let mut state: u64 = 0x2545_f491_4f6c_dd1d;
     let mut next = move || {
-        state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        state =
+            state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         (state >> 11) as f64 / (1u64 << 53) as f64
     };
     let mut groups = Vec::with_capacity(n);

@@ -74,7 +74,7 @@ impl From<&Tuned> for TunedRecord {
 pub struct CorrectionsRecord {
     /// Groups given a correction.
     pub corrected: usize,
-    /// Groups observed but not corroborated (weight zero).
+    /// Merged groups not corroborated (weight zero).
     pub uncorroborated: usize,
     /// Repeat noise used (σ, log units).
     #[serde(deserialize_with = "f64_or_nan")]

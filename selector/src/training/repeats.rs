@@ -14,7 +14,9 @@
 //! trusted (an admin imported or marked it), or the observations come from at least
 //! [`MIN_USERS`] different users. The same user on several days does not corroborate: one user
 //! can write progress lines on any number of days. An uncorroborated group still trains the
-//! global model (capped per user by the store, as before), with weight zero in its correction.
+//! global model (capped per user by the store, as before), with weight zero in its correction;
+//! and since trusted and untrusted observations are merged apart, one user's reports of a pair
+//! an admin imported do not move that pair's trusted correction either.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -200,7 +202,8 @@ fn align(reference: &[String], other: &[String]) -> Vec<usize> {
 pub struct CorrectionSummary {
     /// Groups given a correction.
     pub corrected: usize,
-    /// Groups observed but not corroborated (weight zero).
+    /// Merged groups (a combination's trusted or untrusted observations) not corroborated:
+    /// weight zero.
     pub uncorroborated: usize,
     /// The repeat noise used (σ, log units).
     pub repeat_noise: f64,
@@ -223,8 +226,16 @@ pub fn learn_corrections(model: &mut SlowdownModel, stats: &[GroupStats]) -> Cor
     model.corrections.clear();
     // Pool each workload combination's statistics (trusted and untrusted kept apart above).
     let mut pooled: BTreeMap<String, Pool> = BTreeMap::new();
+    // Only corroborated parts are pooled: one user's untrusted observations of a combination an
+    // admin also imported must not move the trusted correction (they are merged apart, so each
+    // part is judged on its own).
+    let mut uncorroborated = 0usize;
     for st in stats {
         if st.mean_log.iter().any(|v| !v.is_finite()) || st.group.k() < 2 {
+            continue;
+        }
+        if !st.corroborated() {
+            uncorroborated += 1;
             continue;
         }
         let key = group_key(st.group.workloads.iter().map(String::as_str));
@@ -238,12 +249,9 @@ pub fn learn_corrections(model: &mut SlowdownModel, stats: &[GroupStats]) -> Cor
             p.add(slot, st.count, st.mean_log[j], st.m2[j], predicted[j]);
         }
         p.count += st.count;
-        p.users.extend(st.users.iter().cloned());
-        p.trusted |= st.trusted;
     }
     let (mut within, mut dof) = (0.0, 0usize);
-    let corroborated: Vec<(&String, &Pool)> =
-        pooled.iter().filter(|(_, p)| p.trusted || p.users.len() >= MIN_USERS).collect();
+    let corroborated: Vec<(&String, &Pool)> = pooled.iter().collect();
     for (_, p) in &corroborated {
         within += p.m2.iter().sum::<f64>();
         dof += p.m2.len() * p.count.saturating_sub(1);
@@ -254,7 +262,7 @@ pub fn learn_corrections(model: &mut SlowdownModel, stats: &[GroupStats]) -> Cor
         (within / dof as f64).max(MIN_REPEAT_NOISE * MIN_REPEAT_NOISE)
     };
     let mut summary = CorrectionSummary {
-        uncorroborated: pooled.len() - corroborated.len(),
+        uncorroborated,
         repeat_noise: sigma2.sqrt(),
         ..CorrectionSummary::default()
     };
@@ -296,20 +304,11 @@ struct Pool {
     m2: Vec<f64>,
     /// Σ count · predicted log slowdown, per slot (the same for every part of the pool).
     predicted: Vec<f64>,
-    users: BTreeSet<String>,
-    trusted: bool,
 }
 
 impl Pool {
     fn new(k: usize) -> Pool {
-        Pool {
-            count: 0,
-            sum: vec![0.0; k],
-            m2: vec![0.0; k],
-            predicted: vec![0.0; k],
-            users: BTreeSet::new(),
-            trusted: false,
-        }
+        Pool { count: 0, sum: vec![0.0; k], m2: vec![0.0; k], predicted: vec![0.0; k] }
     }
 
     /// Adds a part of `n` observations (mean `mean`, M2 `m2`) to `slot`; Chan's parallel
@@ -498,6 +497,37 @@ mod tests {
             evidence.iter().map(|e| Evidence { trusted: true, ..e.clone() }).collect();
         let t = merge(&groups, Some(&trusted));
         assert_eq!(learn_corrections(&mut m, &t.stats).corrected, 28);
+    }
+
+    /// An admin imported every pair once; one user then reports a pair at half its speed five
+    /// times. The trusted correction of that pair is the import's alone.
+    #[test]
+    fn one_users_reports_do_not_move_a_trusted_correction() {
+        let (groups, evidence, _) = site(1, &["admin"]);
+        let trusted: Vec<Evidence> =
+            evidence.iter().map(|e| Evidence { trusted: true, ..e.clone() }).collect();
+        let honest = merge(&groups, Some(&trusted));
+        let mut reference =
+            fitted(&honest.stats.iter().map(|s| s.group.clone()).collect::<Vec<_>>());
+        learn_corrections(&mut reference, &honest.stats);
+        let (mut g, mut e) = (groups.clone(), trusted.clone());
+        for _ in 0..5 {
+            g.push(pair(0, 1, 0.35, 0.4));
+            e.push(ev("mallory", 5));
+        }
+        let forged = merge(&g, Some(&e));
+        assert_eq!(forged.stats.len(), 29, "the forgeries are merged apart from the import");
+        let mut m = fitted(&forged.stats.iter().map(|s| s.group.clone()).collect::<Vec<_>>());
+        let s = learn_corrections(&mut m, &forged.stats);
+        assert_eq!((s.corrected, s.uncorroborated), (28, 1));
+        let key = group_key(["w0", "w1"]);
+        let (a, b) = (&m.corrections[&key], &reference.corrections[&key]);
+        assert_eq!((a.count, b.count), (1, 1));
+        let honest_pair = &groups[0];
+        assert_eq!(honest_pair.workloads, ["w0", "w1"]);
+        let (got, want) =
+            (m.normalised_progress(&honest_pair.members()), honest_pair.normalised_progress());
+        assert!((got - want).abs() / want < 0.05, "predicted {got}, the import measured {want}");
     }
 
     #[test]
