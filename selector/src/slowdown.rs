@@ -465,6 +465,23 @@ impl SlowdownModel {
         self.corrections.get(&group_key(names?))
     }
 
+    /// [`SlowdownModel::shifts`] for a pair, with one allocation (the key): the prolog asks it
+    /// of every candidate.
+    fn pair_shifts(&self, a: Option<&str>, b: Option<&str>) -> Option<(f64, f64)> {
+        if self.corrections.is_empty() {
+            return None;
+        }
+        let (a, b) = (a?, b?);
+        let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+        let c = self.corrections.get(&format!("{lo}|{hi}"))?;
+        let (s_lo, s_hi) = (*c.shift.first()?, *c.shift.get(1)?);
+        if a == b {
+            let m = (s_lo + s_hi) / 2.0;
+            return Some((m, m));
+        }
+        Some(if a == lo { (s_lo, s_hi) } else { (s_hi, s_lo) })
+    }
+
     /// The shift of each member's log slowdown from the group's correction (zeros without one).
     /// Members with the same workload get the mean of that workload's shifts, so a self group's
     /// members are treated alike whatever their order.
@@ -647,8 +664,8 @@ impl SlowdownModel {
         let a = self.capped(self.log_slowdown(lead.0, cand.0, lt.0 + ct.1), lead.1);
         let b = self.capped(self.log_slowdown(cand.0, lead.0, ct.0 + lt.1), cand.1);
         // A correction is learnt against the capped prediction, so it applies after the cap.
-        match self.shifts(&[lead.1, cand.1]) {
-            Some(s) => (a * s[0].exp(), b * s[1].exp()),
+        match self.pair_shifts(lead.1, cand.1) {
+            Some((sa, sb)) => (a * sa.exp(), b * sb.exp()),
             None => (a, b),
         }
     }
@@ -737,6 +754,40 @@ mod tests {
         assert!(s.iter().all(|v| v.is_finite() && *v > 0.0 && *v < 1.5), "{s:?}");
         let json = serde_json::to_string(&m).unwrap();
         assert_eq!(serde_json::from_str::<SlowdownModel>(&json).unwrap(), m);
+    }
+
+    /// A correction shifts each member's log slowdown after its ceiling, the same on the
+    /// prolog's pair path and the general one, whatever the order of the members.
+    #[test]
+    fn a_correction_shifts_its_group_alike_on_every_path() {
+        let (ws, groups) = eight_workloads_paired();
+        let refs: Vec<&Group> = groups.iter().collect();
+        let mut m = SlowdownModel::fit(&refs, SlowdownParams::default()).unwrap();
+        let plain = m.clone();
+        let (sa, sb) = (-0.3, 0.1);
+        m.corrections.insert(
+            group_key(["w1", "w4"]),
+            Correction { shift: vec![sa, sb], sd: vec![0.01, 0.02], count: 2 },
+        );
+        m.corrections.insert(
+            group_key(["w2", "w2"]),
+            Correction { shift: vec![0.2, 0.2], sd: vec![0.01, 0.01], count: 3 },
+        );
+        let member = |i: usize| Member { profile: &ws[i].1, workload: Some(ws[i].0.as_str()) };
+        for (i, j, want) in
+            [(1, 4, (sa, sb)), (4, 1, (sb, sa)), (2, 2, (0.2, 0.2)), (0, 3, (0.0, 0.0))]
+        {
+            let members = [member(i), member(j)];
+            let before = plain.slowdowns_any_k(&members);
+            let general = m.slowdowns_any_k(&members);
+            let pair = m.slowdowns(&members);
+            assert!((general[0] - before[0] * want.0.exp()).abs() < 1e-12, "{i} {j}");
+            assert!((general[1] - before[1] * want.1.exp()).abs() < 1e-12, "{i} {j}");
+            assert!((pair[0] - general[0]).abs() < 1e-12 && (pair[1] - general[1]).abs() < 1e-12);
+        }
+        let corrected = [member(4), member(1)];
+        assert!((m.doubt(&corrected) - (0.01f64.powi(2) + 0.02f64.powi(2)).sqrt()).abs() < 1e-15);
+        assert_eq!(m.doubt(&[member(0), member(3)]), plain.doubt(&[member(0), member(3)]));
     }
 
     #[test]
