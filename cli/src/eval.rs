@@ -1,6 +1,6 @@
 //! `kace eval`: runs the paper's protocol or kace's general one on data files, under both the
 //! paper's and kace's production training protocol, and prints every policy's normalised
-//! objective.
+//! objective; `kace eval splits` and `kace eval history` hand over to their own modules.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -18,10 +18,11 @@ use kace_selector::eval::{
     KACE_GATED, KACE_LR, ORACLE, RANDOM,
 };
 use kace_selector::Objective;
+use kace_simulator::history::HistorySpec;
 use serde_json::{json, Value};
 
 use crate::output::{table, Format};
-use crate::splits_eval;
+use crate::{history_eval, splits_eval};
 
 /// `kace eval …`
 #[derive(Debug, Args)]
@@ -39,6 +40,10 @@ enum EvalCommand {
     /// Evaluate the SM split chooser (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` per member) on the
     /// artifact's raw MPS sweeps, nested. Not used by the product yet.
     Splits(SplitsArgs),
+    /// Replay a simulated site's days on the artifact's measured pairs: kace deciding with the
+    /// model of the night before, retrained every night as `kace retrain` does, against one
+    /// global model of independent observations (issue 34).
+    History(HistoryArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -197,6 +202,28 @@ struct SplitsArgs {
     no_doubt: bool,
 }
 
+#[derive(Debug, Args)]
+struct HistoryArgs {
+    /// The artifact folder (with pairs/).
+    #[arg(long, value_name = "DIR")]
+    data: PathBuf,
+    /// Days simulated.
+    #[arg(long, value_name = "N", default_value_t = 14)]
+    days: usize,
+    /// Seeds of the histories; `A-B` is every seed from A to B.
+    #[arg(long, value_delimiter = ',', value_parser = parse_seed_range, default_value = "1-10")]
+    seeds: Vec<SeedRange>,
+    /// Jobs submitted per day.
+    #[arg(long, value_name = "N", default_value_t = HistorySpec::default().jobs_per_day)]
+    jobs_per_day: usize,
+    /// Workloads the site has on day 1 (the others arrive one a day).
+    #[arg(long, value_name = "N", default_value_t = HistorySpec::default().initial_workloads)]
+    initial_workloads: usize,
+    /// Measurement noise of an observation (standard deviation of log throughput).
+    #[arg(long, value_name = "SD", default_value_t = HistorySpec::default().noise)]
+    noise: f64,
+}
+
 /// The two protocols' reports of one evaluation; `native` is the one the command is about.
 struct Evaluation {
     title: String,
@@ -217,6 +244,21 @@ pub fn run(args: EvalArgs, format: Format) -> Result<()> {
     let (eval, common) = match args.command {
         EvalCommand::Paper(a) => (eval_paper(&a)?, a.common),
         EvalCommand::Colocations(a) => (eval_colocations(&a)?, a.common),
+        EvalCommand::History(a) => {
+            let mut seeds: Vec<u32> = a.seeds.iter().flat_map(|r| r.0..=r.1).collect();
+            seeds.sort_unstable();
+            seeds.dedup();
+            let spec = HistorySpec {
+                days: a.days,
+                jobs_per_day: a.jobs_per_day,
+                initial_workloads: a.initial_workloads,
+                noise: a.noise,
+                ..HistorySpec::default()
+            };
+            let input = history_eval::Input { data: a.data, spec, seeds };
+            print!("{}", history_eval::run(&input, format)?);
+            return Ok(());
+        }
         EvalCommand::Splits(a) => {
             let seeds: Vec<u32> = {
                 let mut v: Vec<u32> = a.seeds.iter().flat_map(|r| r.0..=r.1).collect();

@@ -10,6 +10,7 @@ mod dispatch;
 mod doctor;
 mod eval;
 mod explain;
+mod history_eval;
 mod ingest;
 mod man;
 mod metrics;

@@ -158,6 +158,19 @@ impl Model {
                         m.new_workload_weight
                     ));
                 }
+                // A correction is a learnt log shift: one beyond the store's bound on an
+                // observed ratio (4× alone) did not come from an honest measurement.
+                let bound = crate::training::MAX_RATIO_TO_EXCLUSIVE.ln() + 1.0;
+                for (key, c) in &m.corrections {
+                    let members = key.split('|').count();
+                    let fine = c.shift.len() == members
+                        && c.sd.len() == members
+                        && c.shift.iter().all(|v| v.is_finite() && v.abs() <= bound)
+                        && c.sd.iter().all(|v| v.is_finite() && *v >= 0.0);
+                    if !fine {
+                        return Err(format!("correction for {key} is not a finite, bounded shift"));
+                    }
+                }
             }
         }
         Ok(())

@@ -228,6 +228,50 @@ pub struct SlowdownModel {
     /// existed (a new workload then needs only a predicted gain).
     #[serde(default)]
     pub new_workload_weight: f64,
+    /// Per-group corrections learnt from the group's own repeated observations on top of the
+    /// model above ([`crate::training::repeats`]), keyed by [`group_key`]. Empty in models
+    /// stored before they existed and in models trained without them; not written when empty,
+    /// so such a model's stored form is what it was.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub corrections: BTreeMap<String, Correction>,
+}
+
+/// A group's correction: for each member, in the order of the sorted workload names, the shift
+/// added to its predicted log slowdown (after the workload's ceiling: it is learnt against the
+/// capped prediction, and a measurement may lie above the ceiling) and the posterior standard deviation of that shift
+/// (log units), which replaces the workload spreads in the group's doubt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Correction {
+    /// Shift of each member's log slowdown, in sorted-name order.
+    pub shift: Vec<f64>,
+    /// Posterior standard deviation of each shift.
+    pub sd: Vec<f64>,
+    /// Observations it was learnt from (after the window).
+    pub count: usize,
+}
+
+/// The key of a group's correction: its workload names, sorted, joined by `|` (a character no
+/// workload name may contain: `kace_layout`'s rule allows letters, digits and `._+-`).
+pub fn group_key<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    let mut v: Vec<&str> = names.into_iter().collect();
+    v.sort_unstable();
+    v.join("|")
+}
+
+/// The mean of `values` (parallel to `sorted`) over the positions where `sorted` holds `name`.
+fn mean_for(sorted: &[&str], values: &[f64], name: &str) -> f64 {
+    let (mut sum, mut n) = (0.0, 0usize);
+    for (w, v) in sorted.iter().zip(values) {
+        if *w == name {
+            sum += v;
+            n += 1;
+        }
+    }
+    if n == 0 {
+        0.0
+    } else {
+        sum / n as f64
+    }
 }
 
 fn profile_part(own: &LogProfile, others: &LogProfile, out: &mut [f64]) {
@@ -408,7 +452,48 @@ impl SlowdownModel {
             doubt_weight: 0.0,
             profiles,
             new_workload_weight: 0.0,
+            corrections: BTreeMap::new(),
         })
+    }
+
+    /// The correction learnt for the group of `members`, if any (every member must be named).
+    pub fn correction(&self, members: &[Member<'_>]) -> Option<&Correction> {
+        if self.corrections.is_empty() {
+            return None;
+        }
+        let names: Option<Vec<&str>> = members.iter().map(|m| m.workload).collect();
+        self.corrections.get(&group_key(names?))
+    }
+
+    /// [`SlowdownModel::shifts`] for a pair, with one allocation (the key): the prolog asks it
+    /// of every candidate.
+    fn pair_shifts(&self, a: Option<&str>, b: Option<&str>) -> Option<(f64, f64)> {
+        if self.corrections.is_empty() {
+            return None;
+        }
+        let (a, b) = (a?, b?);
+        let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+        let c = self.corrections.get(&format!("{lo}|{hi}"))?;
+        let (s_lo, s_hi) = (*c.shift.first()?, *c.shift.get(1)?);
+        if a == b {
+            let m = (s_lo + s_hi) / 2.0;
+            return Some((m, m));
+        }
+        Some(if a == lo { (s_lo, s_hi) } else { (s_hi, s_lo) })
+    }
+
+    /// The shift of each member's log slowdown from the group's correction (zeros without one).
+    /// Members with the same workload get the mean of that workload's shifts, so a self group's
+    /// members are treated alike whatever their order.
+    fn shifts(&self, names: &[Option<&str>]) -> Option<Vec<f64>> {
+        if self.corrections.is_empty() {
+            return None;
+        }
+        let named: Vec<&str> = names.iter().copied().collect::<Option<Vec<&str>>>()?;
+        let c = self.corrections.get(&group_key(named.iter().copied()))?;
+        let mut sorted = named.clone();
+        sorted.sort_unstable();
+        Some(named.iter().map(|w| mean_for(&sorted, &c.shift, w)).collect())
     }
 
     /// Whether the model was trained on groups with `workload` in them.
@@ -440,7 +525,13 @@ impl SlowdownModel {
 
     /// How doubtful the model is about a group: the root-sum-square of its members' spreads
     /// (log units; a workload never trained on gets the largest spread the model has).
+    /// A group with a correction ([`SlowdownModel::corrections`]) is doubted by its
+    /// correction's posterior standard deviations instead: its own observations, not the
+    /// workloads' average fit, say how well it is known.
     pub fn doubt(&self, members: &[Member<'_>]) -> f64 {
+        if let Some(c) = self.correction(members) {
+            return c.sd.iter().map(|s| s * s).sum::<f64>().sqrt();
+        }
         members
             .iter()
             .map(|m| m.workload.and_then(|w| self.spread.get(w)).unwrap_or(self.spread.widest()))
@@ -527,14 +618,17 @@ impl SlowdownModel {
             .zip(&logs)
             .map(|(m, l)| self.terms(m.workload, l, m.profile.has_kernel_metrics))
             .collect();
+        let names: Vec<Option<&str>> = members.iter().map(|m| m.workload).collect();
+        let shifts = self.shifts(&names);
         (0..members.len())
             .map(|i| {
                 let others = LogProfile::of(&others_of(&profiles, i));
                 let pressure: f64 =
                     terms.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, t)| t.1).sum();
                 let own_name = members[i].workload;
+                let shift = shifts.as_ref().map_or(0.0, |s| s[i]);
                 let log = self.log_slowdown(&logs[i], &others, terms[i].0 + pressure);
-                self.capped(log, own_name)
+                self.capped(log, own_name) * shift.exp()
             })
             .collect()
     }
@@ -567,9 +661,13 @@ impl SlowdownModel {
         cand: (&LogProfile, Option<&str>),
     ) -> (f64, f64) {
         let (lt, ct) = (self.terms(lead.1, lead.0, true), self.terms(cand.1, cand.0, true));
-        let a = self.log_slowdown(lead.0, cand.0, lt.0 + ct.1);
-        let b = self.log_slowdown(cand.0, lead.0, ct.0 + lt.1);
-        (self.capped(a, lead.1), self.capped(b, cand.1))
+        let a = self.capped(self.log_slowdown(lead.0, cand.0, lt.0 + ct.1), lead.1);
+        let b = self.capped(self.log_slowdown(cand.0, lead.0, ct.0 + lt.1), cand.1);
+        // A correction is learnt against the capped prediction, so it applies after the cap.
+        match self.pair_shifts(lead.1, cand.1) {
+            Some((sa, sb)) => (a * sa.exp(), b * sb.exp()),
+            None => (a, b),
+        }
     }
 
     /// The ceiling on a workload's predicted slowdown.
@@ -656,6 +754,40 @@ mod tests {
         assert!(s.iter().all(|v| v.is_finite() && *v > 0.0 && *v < 1.5), "{s:?}");
         let json = serde_json::to_string(&m).unwrap();
         assert_eq!(serde_json::from_str::<SlowdownModel>(&json).unwrap(), m);
+    }
+
+    /// A correction shifts each member's log slowdown after its ceiling, the same on the
+    /// prolog's pair path and the general one, whatever the order of the members.
+    #[test]
+    fn a_correction_shifts_its_group_alike_on_every_path() {
+        let (ws, groups) = eight_workloads_paired();
+        let refs: Vec<&Group> = groups.iter().collect();
+        let mut m = SlowdownModel::fit(&refs, SlowdownParams::default()).unwrap();
+        let plain = m.clone();
+        let (sa, sb) = (-0.3, 0.1);
+        m.corrections.insert(
+            group_key(["w1", "w4"]),
+            Correction { shift: vec![sa, sb], sd: vec![0.01, 0.02], count: 2 },
+        );
+        m.corrections.insert(
+            group_key(["w2", "w2"]),
+            Correction { shift: vec![0.2, 0.2], sd: vec![0.01, 0.01], count: 3 },
+        );
+        let member = |i: usize| Member { profile: &ws[i].1, workload: Some(ws[i].0.as_str()) };
+        for (i, j, want) in
+            [(1, 4, (sa, sb)), (4, 1, (sb, sa)), (2, 2, (0.2, 0.2)), (0, 3, (0.0, 0.0))]
+        {
+            let members = [member(i), member(j)];
+            let before = plain.slowdowns_any_k(&members);
+            let general = m.slowdowns_any_k(&members);
+            let pair = m.slowdowns(&members);
+            assert!((general[0] - before[0] * want.0.exp()).abs() < 1e-12, "{i} {j}");
+            assert!((general[1] - before[1] * want.1.exp()).abs() < 1e-12, "{i} {j}");
+            assert!((pair[0] - general[0]).abs() < 1e-12 && (pair[1] - general[1]).abs() < 1e-12);
+        }
+        let corrected = [member(4), member(1)];
+        assert!((m.doubt(&corrected) - (0.01f64.powi(2) + 0.02f64.powi(2)).sqrt()).abs() < 1e-15);
+        assert_eq!(m.doubt(&[member(0), member(3)]), plain.doubt(&[member(0), member(3)]));
     }
 
     #[test]

@@ -20,7 +20,9 @@
 //!    (the validation fit against it; before the trusted reference this was the only test,
 //!    and the one the forged groups pass).
 //!
-//! A forced activation (`kace train --activate`) skips 2–4, never 1.
+//! A forced activation (`kace train --activate`) skips 2–4, never 1. Rules 2 and 3 compare the
+//! models as they serve, per-group corrections ([`repeats`]) included; rule 4 the active
+//! model's global part (the validation fit has no correction for groups it holds out).
 //!
 //! Pure: the caller reads the groups and the active model from its store, and stores what this
 //! returns. `kace train` and `kace retrain` are that caller.
@@ -29,8 +31,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 pub mod record;
+pub mod repeats;
 
-pub use record::{DataFacts, TrainingRecord, TunedRecord};
+pub use record::{CorrectionsRecord, DataFacts, TrainingRecord, TunedRecord};
+pub use repeats::{CorrectionSummary, Evidence};
 
 use crate::dataset::Group;
 use crate::error::SelectorError;
@@ -39,6 +43,7 @@ use crate::model::{Model, ModelKind};
 use crate::numpy_rng::permutation;
 use crate::policy::Objective;
 use crate::selection::Predictor;
+use crate::slowdown::group_key;
 use crate::tuning::{self, Folds, Tuned};
 
 /// Fewest fit groups accepted: the linear model has ten coefficients plus an intercept.
@@ -205,6 +210,16 @@ pub struct Trained {
     pub refusal: Option<Refusal>,
     /// Whether the new model may be activated: `refusal` is `None`.
     pub activate: bool,
+    /// Observations given to training (rows; [`train`] counts each group as one).
+    pub observations: usize,
+    /// Distinct groups they were merged into ([`train_observed`]; equal to `observations`
+    /// for [`train`]).
+    pub distinct_groups: usize,
+    /// Observations left out by the window ([`repeats::WINDOW_DAYS`]).
+    pub aged_observations: usize,
+    /// What the per-group corrections found (`None`: trained without them, or not a slowdown
+    /// model).
+    pub corrections: Option<CorrectionSummary>,
 }
 
 /// The new model against the active one on one set of groups.
@@ -352,6 +367,18 @@ fn fit_model(
     })
 }
 
+/// `model` without its per-group corrections (its global part).
+fn without_corrections(model: &Model) -> Model {
+    match model {
+        Model::Slowdown(m) if !m.corrections.is_empty() => {
+            let mut g = m.clone();
+            g.corrections.clear();
+            Model::Slowdown(g)
+        }
+        other => other.clone(),
+    }
+}
+
 /// The model in service when a new one is trained.
 #[derive(Debug, Clone, Copy)]
 pub struct Active<'a> {
@@ -380,6 +407,90 @@ pub fn train(
     active: Option<Active<'_>>,
     policy: &TrainingPolicy,
 ) -> Result<Trained, TrainingError> {
+    train_core(groups, active, policy, None)
+}
+
+/// Trains as [`train`] does on a site's observations, repeats and all: first merges each
+/// group's repeated observations into sufficient statistics ([`repeats::merge`], old ones aged
+/// out), trains the global model on one entry per distinct group, then learns each
+/// corroborated group's correction from its own observations ([`repeats::learn_corrections`])
+/// into the stored model, so that the activation rule compares the models as they serve (on
+/// held-out groups the active model has not seen, its global part: see [`train`]'s body).
+///
+/// `evidence`, parallel to `groups`, says who observed each and whether it is trusted; `None`
+/// counts every observation as trusted (the caller vouches for its data, as `kace eval` and
+/// the simulator do). `active.seen` and `active.trusted` are per observation, as for
+/// [`train`]; a merged group counts as seen when any observation of its workload combination
+/// was (the active model then carries its correction), and is trusted when its observations
+/// are (trusted and untrusted ones are merged apart). The indices in the
+/// result (`fit_indices`, `holdout_indices`, [`Refusal::OutOfRange`]) are the observations'.
+pub fn train_observed(
+    groups: &[Group],
+    evidence: Option<&[Evidence]>,
+    active: Option<Active<'_>>,
+    policy: &TrainingPolicy,
+) -> Result<Trained, TrainingError> {
+    let merged = repeats::merge(groups, evidence);
+    let reps: Vec<Group> = merged.stats.iter().map(|s| s.group.clone()).collect();
+    let any = |flags: Option<&[bool]>, s: &repeats::GroupStats| {
+        flags.map(|f| s.inputs.iter().any(|&i| f.get(i).copied().unwrap_or(false)))
+    };
+    // Seen: the active model saw an observation of the same combination, trusted or not (it
+    // then carries that combination's correction, so it is scored in-sample there).
+    let seen: Option<Vec<bool>> = active.and_then(|a| {
+        a.seen.map(|_| {
+            let mut by_key: BTreeMap<String, bool> = BTreeMap::new();
+            for s in &merged.stats {
+                let key = group_key(s.group.workloads.iter().map(String::as_str));
+                *by_key.entry(key).or_default() |= any(a.seen, s).unwrap_or(false);
+            }
+            merged
+                .stats
+                .iter()
+                .map(|s| {
+                    let key = group_key(s.group.workloads.iter().map(String::as_str));
+                    by_key.get(&key).copied().unwrap_or(false)
+                })
+                .collect()
+        })
+    });
+    let trusted: Option<Vec<bool>> = active.and_then(|a| {
+        a.trusted.map(|_| merged.stats.iter().filter_map(|s| any(a.trusted, s)).collect())
+    });
+    let merged_active = active.map(|a| Active {
+        model: a.model,
+        seen: seen.as_deref(),
+        trusted: trusted.as_deref(),
+    });
+    let mut t = train_core(&reps, merged_active, policy, Some(&merged.stats))?;
+    let inputs = |at: &[usize]| -> Vec<usize> {
+        let mut v: Vec<usize> = at.iter().flat_map(|&i| merged.stats[i].inputs.clone()).collect();
+        v.sort_unstable();
+        v
+    };
+    let unused: usize = (0..reps.len())
+        .filter(|&i| !policy.kind.learns_from_group(&reps[i]))
+        .map(|i| merged.stats[i].inputs.len())
+        .sum();
+    t.fit_indices = inputs(&t.fit_indices);
+    t.holdout_indices = inputs(&t.holdout_indices);
+    t.unused_groups = unused;
+    if let Some(Refusal::OutOfRange { group, .. }) = &mut t.refusal {
+        *group = merged.stats[*group].inputs.first().copied().unwrap_or(*group);
+    }
+    t.observations = groups.len();
+    t.aged_observations = merged.aged;
+    Ok(t)
+}
+
+/// [`train`]'s body; with `stats` (parallel to `groups`), the stored slowdown model learns
+/// per-group corrections from them.
+fn train_core(
+    groups: &[Group],
+    active: Option<Active<'_>>,
+    policy: &TrainingPolicy,
+    stats: Option<&[repeats::GroupStats]>,
+) -> Result<Trained, TrainingError> {
     let fraction = policy.holdout_fraction;
     if !(fraction > 0.0 && fraction < 1.0) {
         return Err(TrainingError::BadHoldoutFraction(fraction));
@@ -407,6 +518,12 @@ pub fn train(
     let new_q = quality(&validation_model);
     // An active model that cannot predict this objective is no competitor.
     let active = active.filter(|a| a.model.serves(policy.objective));
+    // On held-out groups the active model has not seen, the validation fit (which has no
+    // correction for them) meets the active model's global part: a correction the active model
+    // learnt for the same workloads from other observations would score it in-sample there.
+    // The trusted reference and the groups both have seen compare the models as they serve,
+    // corrections included: those are the predictions the rule protects.
+    let active_global: Option<Model> = active.map(|a| without_corrections(a.model));
     let unseen: Vec<&Group> = held_idx
         .iter()
         .filter(|&&i| {
@@ -421,13 +538,22 @@ pub fn train(
         |m: &dyn Predictor| FitQuality::of(&unseen_y, &predictions(m, &unseen, policy.objective));
     let (active_quality, compared_quality) = match active {
         Some(a) if !unseen.is_empty() => {
-            (Some(on_unseen(a.model)), Some(on_unseen(&validation_model)))
+            let global = active_global.as_ref().unwrap_or(a.model);
+            (Some(on_unseen(global)), Some(on_unseen(&validation_model)))
         }
         _ => (None, None),
     };
     // Refitted whether or not it is activated, so that a stored version is always what its
     // metrics say, and activating it later by hand gets the model a passing training stores.
-    let (model, tuned) = fit_model(policy.kind, &usable, policy.objective)?;
+    let (mut model, tuned) = fit_model(policy.kind, &usable, policy.objective)?;
+    let corrections = match (stats, &mut model) {
+        (Some(stats), Model::Slowdown(m)) => {
+            let usable_stats: Vec<repeats::GroupStats> =
+                usable_at.iter().filter_map(|&i| stats.get(i).cloned()).collect();
+            Some(repeats::learn_corrections(m, &usable_stats))
+        }
+        _ => None,
+    };
     let refit_predictions = predictions(&model, &usable, policy.objective);
     // Both models on a set of usable groups (positions into `usable`).
     let compare = |a: &Model, at: &[usize]| -> Option<Comparison> {
@@ -510,6 +636,10 @@ pub fn train(
         unseen_comparison,
         refusal,
         activate,
+        observations: groups.len(),
+        distinct_groups: groups.len(),
+        aged_observations: 0,
+        corrections,
     })
 }
 
@@ -742,6 +872,61 @@ mod tests {
         // validation fit does not beat it here, which is why a model that saw the groups is
         // not compared on them.
         assert!(q(&t.model).mse < t.quality.mse, "{:?} vs {:?}", q(&t.model), t.quality);
+    }
+
+    /// Repeats are merged before the split: the global model is what [`train`] fits on the
+    /// distinct groups, the indices are the observations', and the stored model carries the
+    /// corrections learnt from the repeats.
+    #[test]
+    fn observations_with_repeats_train_on_distinct_groups_with_corrections() {
+        // Each pair with its own interference, which no profile explains.
+        let mut base = groups(30);
+        for (i, g) in base.iter_mut().enumerate() {
+            let effect = (((i * 7) % 5) as f64 - 2.0) * 0.05;
+            g.throughputs.iter_mut().for_each(|t| *t *= effect.exp());
+        }
+        let mut obs = base.clone();
+        // Groups 3 and 7 observed twice more, a little slower each time, by two users.
+        for (i, f) in [(3, 0.97), (7, 0.96), (3, 0.95), (7, 0.98)] {
+            let mut g = base[i].clone();
+            g.throughputs.iter_mut().for_each(|t| *t *= f);
+            obs.push(g);
+        }
+        // The first observations are one user's, the repeats another's; groups 10..20 were
+        // imported by the admin (trusted).
+        let ev: Vec<Evidence> = (0..obs.len())
+            .map(|i| Evidence {
+                users: vec![if i < 30 { "a" } else { "b" }.into()],
+                trusted: (10..20).contains(&i),
+                day: Some(1),
+            })
+            .collect();
+        let p = policy(ModelKind::Slowdown);
+        let t = train_observed(&obs, Some(&ev), None, &p).unwrap();
+        assert_eq!((t.observations, t.distinct_groups, t.fit_groups), (34, 30, 30));
+        assert_eq!(t.fit_indices, (0..34).collect::<Vec<_>>());
+        let (_, held) = holdout_split(30, DEFAULT_HOLDOUT_FRACTION, DEFAULT_SEED);
+        let mut want: Vec<usize> = held.clone();
+        for (extra, of) in [(30, 3), (31, 7), (32, 3), (33, 7)] {
+            if held.contains(&of) {
+                want.push(extra);
+            }
+        }
+        want.sort_unstable();
+        assert_eq!(t.holdout_indices, want);
+        let Model::Slowdown(m) = &t.model else { panic!("a slowdown model") };
+        let c = t.corrections.unwrap();
+        // 3 and 7 (two users) and the ten trusted ones; the other 18 were one user's.
+        assert_eq!((c.corrected, c.uncorroborated, m.corrections.len()), (12, 18, 12), "{c:?}");
+        assert!(m.corrections.contains_key(&group_key(["w0", "w4"])), "group 3 is w0+w4");
+        // The global part is the plain training's on the merged groups.
+        let merged = repeats::merge(&obs, Some(&ev));
+        let reps: Vec<Group> = merged.stats.iter().map(|s| s.group.clone()).collect();
+        let plain = train(&reps, None, &p).unwrap();
+        let Model::Slowdown(pm) = &plain.model else { panic!("a slowdown model") };
+        assert_eq!((&m.weights, m.intercept), (&pm.weights, pm.intercept));
+        assert!(pm.corrections.is_empty() && plain.corrections.is_none());
+        assert_eq!(plain.quality, t.quality, "validation is on distinct groups alike");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! - [`policy`]: exclusive FIFO, queue order (Slurm shard), memcap, kace, oracle.
 //! - [`model`]: kace's model, trained as `kace train` does, on the paper's n_occur = 3 split only.
 //! - [`onboarding`]: what a new workload (no observations, system profile only) costs.
+//! - [`history`]: a site's days, retrained every night: what learning from repeats buys.
 //! - [`engine`]: the event loop and its model of a GPU shared in pairs.
 //! - [`metrics`]: makespan, completion times, throughput, ratios, the utilisation timeline.
 //! - [`plot`]: an SVG of completion-time CDFs and utilisation.
@@ -18,6 +19,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod history;
 pub mod metrics;
 pub mod model;
 pub mod onboarding;

@@ -6,7 +6,7 @@
 
 use kace_selector::eval::FitQuality;
 use kace_selector::training::{
-    self, DataFacts, Refusal, TrainingError, TrainingPolicy, TrainingRecord,
+    self, DataFacts, Evidence, Refusal, TrainingError, TrainingPolicy, TrainingRecord,
 };
 use kace_selector::ModelKind;
 
@@ -79,6 +79,7 @@ pub struct Comparison {
 /// Trains under `policy` on what `db` holds and stores the result (see the module docs).
 /// `policy.force_activation` also stores a model fitted on unchanged data again.
 pub fn train(db: &mut Db, policy: &TrainingPolicy) -> Result<Outcome> {
+    let started = std::time::Instant::now();
     let set = training_set(db)?;
     let digest = set.digest();
     if !policy.force_activation {
@@ -123,7 +124,19 @@ pub fn train(db: &mut Db, policy: &TrainingPolicy) -> Result<Outcome> {
         seen: seen.as_deref(),
         trusted: reference,
     });
-    let t = match training::train(&set.groups, competitor, policy) {
+    // Who observed each group and whether it is trusted: a group's own correction needs
+    // corroboration (the selector's `training::repeats`).
+    let evidence: Vec<Evidence> = set
+        .observed
+        .iter()
+        .map(|o| {
+            let mut users: Vec<String> = o.members.iter().filter_map(|m| m.user.clone()).collect();
+            users.sort_unstable();
+            users.dedup();
+            Evidence { users, trusted: o.trusted, day: None }
+        })
+        .collect();
+    let t = match training::train_observed(&set.groups, Some(&evidence), competitor, policy) {
         Err(TrainingError::NotEnoughGroups { usable, needed }) => {
             return Ok(Outcome::NotEnoughGroups { usable, skipped: set.skipped, needed })
         }
@@ -145,7 +158,8 @@ pub fn train(db: &mut Db, policy: &TrainingPolicy) -> Result<Outcome> {
         observations_upto: set.newest_observation(),
         active_version: previous.map(|p| p.version),
     };
-    let record = TrainingRecord::new(&t, policy, facts);
+    let mut record = TrainingRecord::new(&t, policy, facts);
+    record.train_wall_s = Some(started.elapsed().as_secs_f64());
     let metrics = serde_json::to_value(&record)
         .map_err(|source| Error::Json { what: "training record".into(), source })?;
     let version = db.insert_model(&model_to_new_model(&t.model, metrics, digest, t.fit_groups)?)?;

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::{Trained, TrainingPolicy, ACTIVATION_MARGIN};
+use super::{CorrectionSummary, Trained, TrainingPolicy, ACTIVATION_MARGIN};
 use crate::model::ModelKind;
 use crate::policy::Objective;
 use crate::tuning::Tuned;
@@ -64,6 +64,33 @@ impl From<&Tuned> for TunedRecord {
             doubt_weight: t.doubt_weight,
             new_workload_weight: t.new_workload_weight,
             cv_log_mse: t.log_mse,
+        }
+    }
+}
+
+/// What the per-group corrections of a training found ([`super::repeats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CorrectionsRecord {
+    /// Groups given a correction.
+    pub corrected: usize,
+    /// Merged groups not corroborated (weight zero).
+    pub uncorroborated: usize,
+    /// Repeat noise used (σ, log units).
+    #[serde(deserialize_with = "f64_or_nan")]
+    pub repeat_noise: f64,
+    /// Spread of true group effects around the global model (τ, log units).
+    #[serde(deserialize_with = "f64_or_nan")]
+    pub between: f64,
+}
+
+impl From<&CorrectionSummary> for CorrectionsRecord {
+    fn from(c: &CorrectionSummary) -> Self {
+        CorrectionsRecord {
+            corrected: c.corrected,
+            uncorroborated: c.uncorroborated,
+            repeat_noise: c.repeat_noise,
+            between: c.between,
         }
     }
 }
@@ -134,6 +161,17 @@ pub struct TrainingRecord {
     pub tuned: Option<TunedRecord>,
     /// The settings the search chose for the validation fit.
     pub validation_tuned: Option<TunedRecord>,
+    /// Observations (rows) given to training (`None` in models from before kace kept it).
+    pub observations: Option<usize>,
+    /// Distinct groups they were merged into.
+    pub distinct_groups: Option<usize>,
+    /// Observations left out by the age window.
+    pub aged_observations: Option<usize>,
+    /// What the per-group corrections found (`None`: trained without them).
+    pub corrections: Option<CorrectionsRecord>,
+    /// Wall time of the training in seconds, as the caller measured it (the library has no
+    /// clock); `None` when it was not measured.
+    pub train_wall_s: Option<f64>,
 }
 
 impl TrainingRecord {
@@ -168,6 +206,11 @@ impl TrainingRecord {
             observations_upto: Some(facts.observations_upto),
             tuned: t.tuned.as_ref().map(TunedRecord::from),
             validation_tuned: t.validation_tuned.as_ref().map(TunedRecord::from),
+            observations: Some(t.observations),
+            distinct_groups: Some(t.distinct_groups),
+            aged_observations: Some(t.aged_observations),
+            corrections: t.corrections.as_ref().map(CorrectionsRecord::from),
+            train_wall_s: None,
         }
     }
 
@@ -204,6 +247,14 @@ mod tests {
             holdout_r2: f64::NAN,
             observations_upto: Some(41),
             tuned: Some(TunedRecord { alpha: 0.1, ..TunedRecord::default() }),
+            observations: Some(1_000_000),
+            distinct_groups: Some(181),
+            corrections: Some(CorrectionsRecord {
+                corrected: 90,
+                between: 0.09,
+                ..Default::default()
+            }),
+            train_wall_s: Some(1.5),
             ..TrainingRecord::default()
         };
         let v = serde_json::to_value(&r).unwrap();
@@ -217,12 +268,18 @@ mod tests {
             (ModelKind::Linear, 7, Some(41))
         );
         assert_eq!(back.tuned.map(|t| t.alpha), Some(0.1));
+        assert_eq!(
+            (back.observations, back.distinct_groups, back.train_wall_s),
+            (Some(1_000_000), Some(181), Some(1.5))
+        );
+        assert_eq!(back.corrections.map(|c| (c.corrected, c.between)), Some((90, 0.09)));
         // A model stored before the objective and the upto mark were kept.
         let old: TrainingRecord = serde_json::from_value(serde_json::json!({
             "kind": "slowdown", "seed": 3, "holdout_fraction": 0.15, "holdout_mse": 0.5
         }))
         .unwrap();
         assert_eq!(old.observations_upto, None);
+        assert_eq!((old.observations, old.corrections, old.train_wall_s), (None, None, None));
         assert_eq!(old.objective, Objective::default());
         assert_eq!(old.holdout_mse, 0.5);
         assert!(old.holdout_r2.is_nan(), "not recorded is NaN, not 0");
