@@ -415,6 +415,7 @@ mod tests {
                     key: format!("c/{id}/{k}"),
                     id: 2 * id + k as i64,
                     user: user.map(str::to_string),
+                    end: 0.0,
                 })
                 .collect(),
             trusted,

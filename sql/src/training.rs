@@ -133,7 +133,7 @@ pub fn train(db: &mut Db, policy: &TrainingPolicy) -> Result<Outcome> {
             let mut users: Vec<String> = o.members.iter().filter_map(|m| m.user.clone()).collect();
             users.sort_unstable();
             users.dedup();
-            Evidence { users, trusted: o.trusted, day: None }
+            Evidence { users, trusted: o.trusted, day: o.day() }
         })
         .collect();
     let t = match training::train_observed(&set.groups, Some(&evidence), competitor, policy) {

@@ -585,12 +585,21 @@ pub struct ObservedMember {
     pub id: i64,
     /// The job's user, when recorded.
     pub user: Option<String>,
+    /// End of its interval, Unix seconds (0: not known, an imported table's row).
+    pub end: f64,
 }
 
 impl ObservedGroup {
     /// Number of jobs in the group.
     pub fn k(&self) -> usize {
         self.members.len()
+    }
+
+    /// The day (since the Unix epoch) its newest interval ended, when known: training ages
+    /// out what lies far before the newest day (`kace_selector::training::repeats`).
+    pub fn day(&self) -> Option<i64> {
+        let end = self.members.iter().map(|m| m.end).fold(0.0, f64::max);
+        (end > 0.0).then(|| (end / 86_400.0).floor() as i64)
     }
 
     /// The row id of its newest observation.
@@ -752,6 +761,24 @@ mod tests {
         o.throughput = 1.0;
         o.mps_share = Some(150.0);
         assert!(o.validate().is_err());
+    }
+
+    #[test]
+    fn a_groups_day_is_its_newest_end() {
+        let m = |end: f64| ObservedMember {
+            workload: "w".into(),
+            throughput: 1.0,
+            key: "k".into(),
+            id: 1,
+            user: None,
+            end,
+        };
+        let g = |ends: &[f64]| ObservedGroup {
+            members: ends.iter().map(|e| m(*e)).collect(),
+            trusted: false,
+        };
+        assert_eq!(g(&[0.0, 0.0]).day(), None, "an imported row: when is not known");
+        assert_eq!(g(&[86_399.0, 2.0 * 86_400.0 + 5.0]).day(), Some(2));
     }
 
     #[test]

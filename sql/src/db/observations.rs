@@ -393,6 +393,7 @@ impl Db {
                         key: m.key.clone(),
                         id: row(m).0,
                         user: m.user.clone(),
+                        end: m.end,
                     })
                     .collect(),
                 trusted: members.iter().all(|m| row(m).1),
