@@ -6,37 +6,16 @@
 //! [`TrainingRecord`] stores. Run with `cargo bench -p kace-selector --bench training_scale`;
 //! `-- 100000` stops at that size.
 
-use std::fs::File;
+mod common;
+use common::pairs;
+
 use std::time::Instant;
 
-use kace_selector::dataset::{read_colocations, ColocationData, Group};
+use kace_selector::dataset::{ColocationData, Group};
 use kace_selector::training::{
     train, train_observed, DataFacts, Evidence, TrainingPolicy, TrainingRecord,
 };
-use kace_selector::{ModelKind, Objective, Profile};
-
-/// The artifact's pair table, or a synthetic table of the same size when it is absent.
-fn pairs() -> (ColocationData, &'static str) {
-    let path =
-        kace_test_support::artifact_dir().join("pairs/MPS100_kernel_labels_targetMPS100.csv");
-    if let Ok(f) = File::open(&path) {
-        if let Ok(d) = read_colocations("pairs", f) {
-            return (d, "artifact, 181 pairs");
-        }
-    }
-    eprintln!("artifact not found at {}: using synthetic pairs", path.display());
-    let mut groups = Vec::new();
-    for i in 0..181 {
-        let p = |s: f64| Profile::new(std::array::from_fn(|j| 1.0 + s * (j as f64 + 1.0)));
-        let (a, b) = (p((i % 21) as f64), p((i % 13) as f64 * 0.7));
-        groups.push(Group {
-            workloads: vec![format!("w{}", i % 21), format!("w{}", i % 13)],
-            profiles: vec![a, b],
-            throughputs: vec![10.0 + (i % 7) as f64, 5.0 + (i % 5) as f64],
-        });
-    }
-    (ColocationData { k: 2, groups }, "synthetic, 181 pairs")
-}
+use kace_selector::{ModelKind, Objective};
 
 /// Peak resident memory of this process so far, MiB (Linux; 0 elsewhere).
 fn peak_mib() -> f64 {
