@@ -80,11 +80,13 @@ fn a_hard_linked_progress_file_is_capped_by_a_sampler_without_nvml() {
 
     let (lead_w, _) = common::lead_with_candidates(&dir.join("kace.db"), 1);
     // Appends through the link ([`APPEND`]; the rate only changes how far past the cap one
-    // interval's lines go), then reports the file's disk use and links as the job sees them.
+    // interval's lines go), then gives the sampler up to 10 s to catch up (a debug build on a
+    // loaded machine thins a few MB slowly) and reports the file's disk use and links as the
+    // job sees them.
     let script = format!(
         "ln \"$KACE_PROGRESS_FILE\" {pub}/link-$SLURM_JOB_ID || exit 3\n\
          python3 - {pub}/link-$SLURM_JOB_ID <<'EOF'\n{APPEND}EOF\n\
-         sleep 1\n\
+         for i in $(seq 50); do [ $(stat -c %b \"$KACE_PROGRESS_FILE\") -lt 2048 ] && break; sleep 0.2; done\n\
          echo LINKS=$(stat -c %h \"$KACE_PROGRESS_FILE\") BLOCKS=$(stat -c %b \"$KACE_PROGRESS_FILE\")\n",
         pub = public.display()
     );
