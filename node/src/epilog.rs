@@ -189,15 +189,17 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
                     None
                 }
             };
-            let observations = progress
-                .as_ref()
-                .map(|p| observe(n, env, gpu, &me, &history, &path, p))
-                .unwrap_or_default();
+            // kace-sampler's readings of the GPU while the job ran, read once for the
+            // intervals' SM utilization, an out-of-memory line's backing and the alone profile.
+            let samples = readings_while_it_ran(n, gpu, &me);
+            let ran = Ran { gpu, me: &me, history: &history, samples: &samples };
+            let observations =
+                progress.as_ref().map(|p| observe(n, env, &ran, &path, p)).unwrap_or_default();
             let points = progress.as_ref().map(|p| p.points.as_slice()).unwrap_or(&[]);
             let oom_at = progress.as_ref().and_then(|p| p.oom_at);
-            let profile = match out_of_memory(n, env, gpu, &me, oom_at) {
+            let profile = match out_of_memory(n, env, &ran, oom_at) {
                 Some(record) => Some(record),
-                None => measure_profile(n, env, gpu, &me, &history, points),
+                None => measure_profile(n, env, &ran, points),
             };
             (observations, profile)
         }
@@ -291,11 +293,10 @@ fn finish_on_gpu(n: &Node, env: &JobEnv, gpu: GpuIndex, now: f64) -> Result<Fini
 fn measure_profile(
     n: &Node,
     env: &JobEnv,
-    gpu: GpuIndex,
-    me: &JobRecord,
-    history: &[JobRecord],
+    ran: &Ran<'_>,
     points: &[Point],
 ) -> Option<Box<ObservedProfile>> {
+    let Ran { gpu, me, history, samples } = *ran;
     let log = |m: &str| (n.log)(&format!("kace: epilog: job {}: {m}", env.job));
     if kace_sql::validate_workload_name(&me.workload).is_err() {
         return None;
@@ -306,17 +307,17 @@ fn measure_profile(
         log("never ran alone on its GPU; no profile measurement");
         return None;
     }
-    let readings = match readings_while_it_ran(n, gpu, me) {
+    let readings: &[kace_sampler::Reading] = match samples {
         Ok(r) => r,
         Err(e) => {
             // Then fewer than profile.min_samples readings: the log below says nothing is stored.
             log(&format!("couldn't read the GPU's samples (is kace-sampler running?): {e}"));
-            Vec::new()
+            &[]
         }
     };
     let warmup = n.config.profiling.warmup_steps;
     let min_samples = n.config.profile.min_samples as usize;
-    let run = crate::measure::alone_run(&segs, &readings, points, warmup, min_samples);
+    let run = crate::measure::alone_run(&segs, readings, points, warmup, min_samples);
     if run.system.is_none() {
         // Too short or unsampled: a workload's first alone run makes it a candidate, so it must
         // be a measurement, not a second of progress lines.
@@ -390,10 +391,10 @@ fn spool_profile(
 fn out_of_memory(
     n: &Node,
     env: &JobEnv,
-    gpu: GpuIndex,
-    me: &JobRecord,
+    ran: &Ran<'_>,
     oom_at: Option<f64>,
 ) -> Option<Box<ObservedProfile>> {
+    let Ran { gpu, me, samples, .. } = *ran;
     let log = |m: &str| (n.log)(&format!("kace: epilog: job {}: {m}", env.job));
     let at = oom_at?;
     if env.exit.is_some_and(|x| !x.failed()) {
@@ -427,7 +428,7 @@ fn out_of_memory(
         return None;
     }
     let end = me.end.unwrap_or(me.start);
-    let readings = match readings_while_it_ran(n, gpu, me) {
+    let readings = match samples {
         Ok(r) => r,
         Err(e) => {
             log(&format!(
@@ -497,12 +498,21 @@ fn mean_sm_within(readings: &[kace_sampler::Reading], from: f64, to: f64) -> Opt
     (sm.len() >= MIN_SM_READINGS).then(|| sm.iter().sum::<f64>() / sm.len() as f64)
 }
 
-/// kace-sampler's readings of the job's GPU from the job's start to its end.
-fn readings_while_it_ran(
-    n: &Node,
+/// kace-sampler's readings of the job's GPU while the job ran, or why there are none.
+type Samples = std::result::Result<Vec<kace_sampler::Reading>, kace_sampler::RingError>;
+
+/// The job's run on its GPU, as the epilog measures it: its record, the GPU's other records
+/// and the sampler's readings (read once for every measurement below).
+#[derive(Clone, Copy)]
+struct Ran<'a> {
     gpu: GpuIndex,
-    me: &JobRecord,
-) -> std::result::Result<Vec<kace_sampler::Reading>, kace_sampler::RingError> {
+    me: &'a JobRecord,
+    history: &'a [JobRecord],
+    samples: &'a Samples,
+}
+
+/// kace-sampler's readings of the job's GPU from the job's start to its end.
+fn readings_while_it_ran(n: &Node, gpu: GpuIndex, me: &JobRecord) -> Samples {
     let ring = kace_sampler::ring::ring_path(&n.config.sampler.dir, gpu.0);
     kace_sampler::Ring::open(&ring).and_then(|r| r.readings(me.start, me.end.unwrap_or(me.start)))
 }
@@ -519,12 +529,11 @@ pub const UNKNOWN_GPU_MODEL: &str = "unspecified";
 fn observe(
     n: &Node,
     env: &JobEnv,
-    gpu: GpuIndex,
-    me: &JobRecord,
-    history: &[JobRecord],
+    ran: &Ran<'_>,
     path: &Path,
     prog: &Progress,
 ) -> Vec<Observation> {
+    let Ran { gpu, me, history, samples } = *ran;
     let log = |m: &str| (n.log)(&format!("kace: epilog: job {}: {m}", env.job));
     if kace_sql::validate_workload_name(&me.workload).is_err() {
         log("couldn't name the job's workload; no observation");
@@ -546,7 +555,7 @@ fn observe(
     let mut unspooled = 0;
     // What root measured of the GPU while the job ran (none without kace-sampler): each
     // interval carries its mean SM utilization, which ingest holds the claimed rate against.
-    let readings = readings_while_it_ran(n, gpu, me).unwrap_or_default();
+    let readings: &[kace_sampler::Reading] = samples.as_deref().unwrap_or(&[]);
     for (i, seg) in segments(me.start, end, history).iter().enumerate() {
         let Some((thr, steps)) = throughput_within(&prog.points, seg.start, seg.end, warmup) else {
             continue;
@@ -572,7 +581,7 @@ fn observe(
             steps: Some(steps),
             throughput: thr,
             user: (!env.user.is_empty()).then(|| env.user.clone()),
-            gpu_sm_pct: mean_sm_within(&readings, seg.start, seg.end),
+            gpu_sm_pct: mean_sm_within(readings, seg.start, seg.end),
         };
         match write_or_park(&n.config.spool.dir, &n.config.node.progress_root, &obs) {
             Ok(Written::Spooled(_)) => out.push(obs),
