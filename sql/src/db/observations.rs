@@ -119,24 +119,42 @@ impl Db {
     /// measurements (source `observed`), as `(user, value)`; measurements without a user (made
     /// before migration 5) are not counted.
     pub fn observed_exclusive_by_user(&self, workload: &str) -> Result<Vec<(String, f64)>> {
+        Ok(self
+            .observed_exclusive_by_workload_and_user(Some(workload))?
+            .remove(workload)
+            .unwrap_or_default())
+    }
+
+    /// [`Db::observed_exclusive_by_user`] for one workload, or for every workload in one read.
+    fn observed_exclusive_by_workload_and_user(
+        &self,
+        workload: Option<&str>,
+    ) -> Result<HashMap<String, Vec<(String, f64)>>> {
         let p = &self.path;
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT p.user, p.exclusive_throughput FROM profiles p \
+                "SELECT w.name, p.user, p.exclusive_throughput FROM profiles p \
                  JOIN workloads w ON w.id = p.workload_id \
-                 WHERE w.name = ?1 AND p.source = ?2 AND p.user IS NOT NULL \
+                 WHERE (?1 IS NULL OR w.name = ?1) AND p.source = ?2 AND p.user IS NOT NULL \
                  AND p.exclusive_throughput IS NOT NULL ORDER BY p.created_at DESC, p.id DESC",
             )
             .map_err(sql("load observed exclusive throughputs", p))?;
         let rows = stmt
             .query_map(params![workload, OBSERVED_SOURCE], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?))
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, f64>(2)?))
             })
             .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
             .map_err(sql("load observed exclusive throughputs", p))?;
+        // Rows come newest first: the first of each workload and user is its newest.
+        let mut out: HashMap<String, Vec<(String, f64)>> = HashMap::new();
         let mut seen = HashSet::new();
-        Ok(rows.into_iter().filter(|(u, _)| seen.insert(u.clone())).collect())
+        for (w, u, x) in rows {
+            if seen.insert((w.clone(), u.clone())) {
+                out.entry(w).or_default().push((u, x));
+            }
+        }
+        Ok(out)
     }
 
     /// The exclusive throughput each workload's observations are bounded by: the admin's
@@ -145,25 +163,12 @@ impl Db {
     /// its own ([`crate::MAX_UNPROFILED_THROUGHPUT`] applies).
     pub fn exclusive_bounds(&self) -> Result<HashMap<String, f64>> {
         let mut out = self.exclusive_throughputs()?;
-        let p = &self.path;
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT DISTINCT w.name FROM profiles p JOIN workloads w ON w.id = p.workload_id \
-                 WHERE p.source = ?1 AND p.user IS NOT NULL AND p.exclusive_throughput IS NOT NULL",
-            )
-            .map_err(sql("load observed exclusive throughputs", p))?;
-        let names = stmt
-            .query_map([OBSERVED_SOURCE], |r| r.get::<_, String>(0))
-            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
-            .map_err(sql("load observed exclusive throughputs", p))?;
-        for name in names {
+        for (name, per_user) in self.observed_exclusive_by_workload_and_user(None)? {
             if out.contains_key(&name) {
                 continue;
             }
-            let per_user: Vec<f64> =
-                self.observed_exclusive_by_user(&name)?.into_iter().map(|(_, x)| x).collect();
-            if let Some(e) = corroborated(&per_user) {
+            let values: Vec<f64> = per_user.into_iter().map(|(_, x)| x).collect();
+            if let Some(e) = corroborated(&values) {
                 out.insert(name, e);
             }
         }
