@@ -544,6 +544,12 @@ impl Observation {
                 return bad(format!("observation {}: mps_share must be in (0, 100]", self.key));
             }
         }
+        if let Some(sm) = self.gpu_sm_pct {
+            // A NaN would make the SM check pass every claim.
+            if !(sm.is_finite() && (0.0..=100.0).contains(&sm)) {
+                return bad(format!("observation {}: gpu_sm_pct must be in [0, 100]", self.key));
+            }
+        }
         Ok(())
     }
 }
@@ -761,6 +767,9 @@ mod tests {
         o.throughput = 1.0;
         o.mps_share = Some(150.0);
         assert!(o.validate().is_err());
+        o.mps_share = None;
+        o.gpu_sm_pct = Some(f64::NAN);
+        assert!(o.validate().unwrap_err().to_string().contains("gpu_sm_pct"));
     }
 
     #[test]
