@@ -137,17 +137,8 @@ pub fn create_for_job(root: &Path, file: &Path, uid: u32) -> Result<(), CreateEr
     kace_layout::trusted_dir::ensure_trusted_dir(root).map_err(CreateError::Untrusted)?;
     let io =
         |op: &'static str| move |source| CreateError::Io { op, path: file.to_path_buf(), source };
-    match std::fs::remove_file(file) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io("remove old progress file")(e)),
-    }
-    let id = identity_file(file);
-    match std::fs::remove_file(&id) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io("remove old progress file identity")(e)),
-    }
+    // A requeued job's, or a left-over one: the file and its recorded inode both go.
+    remove_for_job(file).map_err(io("remove old progress file"))?;
     let f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -165,7 +156,7 @@ pub fn create_for_job(root: &Path, file: &Path, uid: u32) -> Result<(), CreateEr
         .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(&id)
+        .open(identity_file(file))
         .map_err(io("create progress file identity"))?;
     idf.write_all(text.as_bytes()).map_err(io("write progress file identity"))
 }
