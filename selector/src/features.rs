@@ -136,6 +136,16 @@ pub struct Profile {
     pub has_kernel_metrics: bool,
 }
 
+/// A profile for the crate's tests: every feature 1 but the exclusive throughput and the SM
+/// utilisation.
+#[cfg(test)]
+pub(crate) fn test_profile(excl: f64, sm: f64) -> Profile {
+    let mut f = [1.0; FEATURE_COUNT];
+    f[Feature::ExclusiveThroughput.index()] = excl;
+    f[Feature::SmUtil.index()] = sm;
+    Profile::new(f)
+}
+
 impl Profile {
     /// A complete profile from values in [`Feature::ALL`] order.
     pub fn new(features: [f64; FEATURE_COUNT]) -> Self {

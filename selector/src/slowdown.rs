@@ -688,10 +688,7 @@ mod tests {
     use crate::features::Feature;
 
     fn prof(excl: f64, sm: f64) -> Profile {
-        let mut f = [1.0; FEATURE_COUNT];
-        f[Feature::ExclusiveThroughput.index()] = excl;
-        f[Feature::SmUtil.index()] = sm;
-        Profile::new(f)
+        crate::features::test_profile(excl, sm)
     }
 
     /// Synthetic truth: a job slows down by its partner's SM utilisation.

@@ -349,13 +349,10 @@ pub fn fit_tuned(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::features::{Feature, Profile, FEATURE_COUNT};
+    use crate::features::{Feature, Profile};
 
     fn prof(excl: f64, sm: f64) -> Profile {
-        let mut f = [1.0; FEATURE_COUNT];
-        f[Feature::ExclusiveThroughput.index()] = excl;
-        f[Feature::SmUtil.index()] = sm;
-        Profile::new(f)
+        crate::features::test_profile(excl, sm)
     }
 
     /// Pairs of 8 workloads whose slowdown grows with the partner's SM utilisation; the two

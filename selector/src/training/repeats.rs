@@ -337,14 +337,11 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::features::{Feature, Profile, FEATURE_COUNT};
+    use crate::features::Profile;
     use crate::slowdown::SlowdownParams;
 
     fn prof(excl: f64, sm: f64) -> Profile {
-        let mut f = [1.0; FEATURE_COUNT];
-        f[Feature::ExclusiveThroughput.index()] = excl;
-        f[Feature::SmUtil.index()] = sm;
-        Profile::new(f)
+        crate::features::test_profile(excl, sm)
     }
 
     fn pair(a: usize, b: usize, ra: f64, rb: f64) -> Group {
