@@ -21,6 +21,7 @@ fn cand(job: &str, w: &str, p: Option<f64>, r: Option<&str>) -> DecisionCandidat
         prediction: p,
         rejected: r.map(str::to_string),
         held_s: None,
+        priority: None,
     }
 }
 
@@ -85,6 +86,7 @@ fn explain_tells_late_arrivals_and_max_hold_releases_from_dispatchs_records() {
             model_version: chosen.map(|_| 1),
             candidates: vec![DecisionCandidate {
                 held_s: Some(held),
+                priority: None,
                 ..cand(chosen.unwrap_or(lead), "vit", chosen.map(|_| 4.0), None)
             }],
         },

@@ -81,6 +81,7 @@ fn prepared(tag: &str) -> Env {
                     prediction: Some(28.8),
                     rejected: None,
                     held_s: Some(12.0),
+                    priority: None,
                 }],
             },
         },
@@ -105,6 +106,7 @@ fn prepared(tag: &str) -> Env {
                     prediction: chosen.map(|_| 27.0),
                     rejected: None,
                     held_s: Some(held),
+                    priority: None,
                 }],
             },
         };

@@ -21,6 +21,7 @@
 //! max_jobs_per_gpu = 2    # kace jobs sharing one GPU (3-4 make sense on 80-141 GiB GPUs)
 //! time_limit = "extend"   # lengthen time limits by sharing's predicted cost; "refuse"; "ignore"
 //! time_limit_cap = 2.0    # at most this multiple of a job's own limit
+//! priority_window = 4     # a joiner is chosen among the 4 held jobs first in Slurm's priority order
 //! refill = true           # false: fill a GPU only at its lead's start (for comparison)
 //! refuse_likely_harm = true   # a doubtful group needs a larger predicted gain
 //!
@@ -194,6 +195,14 @@ pub struct Selection {
     /// The most a time limit is lengthened to, as a multiple of the job's own. Default 2.0;
     /// in [1, 10].
     pub time_limit_cap: f64,
+    /// How far kace may reorder Slurm's priority order for throughput. Leads start in
+    /// Slurm's order (multifactor priority: fair-share, QOS, partition, age); a joiner is
+    /// chosen among the first `priority_window` held jobs of that order that may go to the
+    /// GPU, and a held job passed over `priority_window` times by jobs of lower priority is
+    /// the only candidate at its next chance. 1 keeps Slurm's order exactly. Default 4
+    /// (chosen before any measurement: a GPU takes one joiner at a time, and four candidates
+    /// give the decision a choice among the workloads a queue mixes); in [1, 64].
+    pub priority_window: usize,
 }
 
 /// `[selection] time_limit`.
@@ -221,6 +230,7 @@ impl Default for Selection {
             refuse_likely_harm: true,
             time_limit: TimeLimit::Extend,
             time_limit_cap: 2.0,
+            priority_window: 4,
         }
     }
 }
@@ -594,6 +604,12 @@ impl Config {
             return Err(format!(
                 "selection.time_limit_cap = {}: must be in [1, 10]",
                 s.time_limit_cap
+            ));
+        }
+        if !(1..=64).contains(&s.priority_window) {
+            return Err(format!(
+                "selection.priority_window = {}: must be in [1, 64]",
+                s.priority_window
             ));
         }
         if !(2..=16).contains(&s.max_jobs_per_gpu) {

@@ -84,9 +84,20 @@ pub struct DeciderState {
     /// profile, or too few alone runs): said once each, not every pass (the re-audit's L6).
     #[serde(default)]
     pub unpaired_said: BTreeSet<u32>,
+    /// Held jobs → how often a job of lower priority was released onto a GPU they could
+    /// have taken (`selection.priority_window` bounds it; [`crate::dispatch`]).
+    #[serde(default)]
+    pub overtaken: BTreeMap<u32, u32>,
+    /// Releases that passed over a held job of higher priority, since the state began
+    /// (`kace metrics`' priority inversions).
+    #[serde(default)]
+    pub inversions_total: u64,
     /// The nodes and when they were read (Unix seconds), in this process only.
     #[serde(skip)]
     pub nodes: Option<(f64, Vec<crate::slurm::NodeGpus>)>,
+    /// The priority factors and when they were read, in this process only.
+    #[serde(skip)]
+    pub priority: Option<(f64, crate::priority::PriorityInputs)>,
 }
 
 impl DeciderState {

@@ -39,6 +39,7 @@ use kace_sql::{DecisionCandidate, NewDecision};
 use crate::decider_state::{Begun, DeciderState};
 use crate::error::{io, Result};
 use crate::placement::{self, HandBack, Wants};
+use crate::priority::{self, PriorityInputs};
 use crate::slurm::{Commands, NodeGpus, QueuedJob, Slurm, Target};
 
 /// How long one pass may take in all, so that a hanging Slurm command cannot pile up passes.
@@ -89,15 +90,17 @@ pub fn in_flight_to(j: &QueuedJob, gpu: &GpuAt) -> bool {
     }
 }
 
-/// A held job as a decision record lists it, before the decision's verdict: its id, workload
-/// and how long it has been held at `now`.
-pub fn candidate_record(j: &QueuedJob, now: f64) -> DecisionCandidate {
+/// A held job as a decision record lists it, before the decision's verdict: its id, workload,
+/// how long it has been held at `now` and the priority Slurm would give it (`None` without
+/// priority/multifactor).
+pub fn candidate_record(j: &QueuedJob, now: f64, priority: Option<f64>) -> DecisionCandidate {
     DecisionCandidate {
         job: Some(j.id.to_string()),
         workload: j.workload.clone(),
         prediction: None,
         rejected: None,
         held_s: j.hold_started().map(|t| (now - t).max(0.0)),
+        priority,
     }
 }
 
@@ -129,6 +132,8 @@ pub struct Settings<'a> {
     pub time_limit: kace_config::TimeLimit,
     /// `selection.time_limit_cap`.
     pub time_limit_cap: f64,
+    /// `selection.priority_window`.
+    pub priority_window: usize,
 }
 
 impl<'a> Settings<'a> {
@@ -149,6 +154,7 @@ impl<'a> Settings<'a> {
             stuck_after_s: crate::slurm::stuck_after_s(&config.node),
             time_limit: config.selection.time_limit,
             time_limit_cap: config.selection.time_limit_cap,
+            priority_window: config.selection.priority_window,
         }
     }
 }
@@ -372,6 +378,9 @@ pub struct Report {
     pub notes: Vec<String>,
     /// The release records spooled, in the order of the releases.
     pub records: Vec<SpooledDecision>,
+    /// Joiners released ahead of held jobs of higher priority that could have taken the same
+    /// GPU (within `selection.priority_window`): (joiner, the jobs it passed over).
+    pub passed_over: Vec<(u32, Vec<u32>)>,
 }
 
 impl Report {
@@ -399,6 +408,11 @@ impl Report {
         }
         for (job, why) in &self.held_again {
             out.push(format!("held job {job} again and unpinned it: {why}"));
+        }
+        for (job, over) in &self.passed_over {
+            out.push(format!(
+                "job {job} joined ahead of higher-priority job(s) {over:?} (selection.priority_window)"
+            ));
         }
         for (job, old, new) in &self.lengthened {
             out.push(format!(
@@ -572,6 +586,7 @@ pub fn run(
     state.own_limits.retain(|id, _| listed.contains(id));
     state.policy_seen.retain(|id, _| listed.contains(id));
     state.unpaired_said.retain(|id| on_a_gpu.contains(id));
+    state.overtaken.retain(|id, _| listed.contains(id));
 
     // 0. What an earlier pass began, and the records it parked while the spool was full.
     finish_begun(slurm, s, state, &queue, &mut report);
@@ -594,6 +609,11 @@ pub fn run(
     if held.is_empty() {
         return Ok(report);
     }
+    // Slurm's order: every step below serves `held` front to back.
+    let inputs = priority_inputs(slurm, state, held.len(), now, &mut report);
+    let held: Vec<&QueuedJob> =
+        priority::order(&inputs, &held, now).into_iter().map(|i| held[i]).collect();
+    let prio: Vec<Option<f64>> = held.iter().map(|j| priority::estimate(&inputs, j, now)).collect();
     let max_hold = s.max_hold_s as f64;
     let expired: Vec<usize> = (0..held.len())
         .filter(|&i| held[i].hold_started().is_some_and(|t| now - t >= max_hold))
@@ -782,7 +802,7 @@ pub fn run(
                 .map(|(k, &i)| DecisionCandidate {
                     prediction: d.selection.verdicts.get(k).and_then(|v| v.prediction),
                     rejected: d.reason(k),
-                    ..candidate_record(held[i], now)
+                    ..candidate_record(held[i], now, prio[i])
                 })
                 .collect();
             Ok(Chosen {
@@ -873,6 +893,7 @@ pub fn run(
         if cands.is_empty() {
             continue;
         }
+        let cands = within_window(&cands, &held, state, s.priority_window);
         let chosen = match choose(slot, &cands, &s.policy) {
             Ok(c) => c,
             Err(Unpaired(why)) => {
@@ -927,6 +948,20 @@ pub fn run(
                     report.problems.extend(p);
                     report.records.push(d);
                     report.joiners.push((held[i].id, slot.at.node.clone(), slot.at.index.0));
+                    // Jobs ahead of it in Slurm's order that this GPU could have taken.
+                    let ahead: Vec<u32> = cands
+                        .iter()
+                        .take_while(|&&k| k != i)
+                        .filter(|&&k| !taken.contains(&k))
+                        .map(|&k| held[k].id)
+                        .collect();
+                    if !ahead.is_empty() {
+                        for id in &ahead {
+                            *state.overtaken.entry(*id).or_default() += 1;
+                        }
+                        state.inversions_total += 1;
+                        report.passed_over.push((held[i].id, ahead));
+                    }
                     slot.coming += 1;
                     if let Err(e) =
                         lengthen(slurm, state, &plan, |id| id != held[i].id, &mut report)
@@ -940,7 +975,8 @@ pub fn run(
         }
     }
 
-    // 3. Leads onto free GPUs, oldest first, each onto the first free GPU it may use.
+    // 3. Leads onto free GPUs in Slurm's priority order, each onto the first free GPU it may
+    //    use.
     for slot in slots.iter_mut() {
         if !slot.free() {
             continue;
@@ -983,6 +1019,71 @@ pub fn run(
         .filter(|t| *t > now)
         .min_by(f64::total_cmp);
     Ok(report)
+}
+
+/// The priority factors, read from Slurm at most once per `PriorityCalcPeriod` and only when
+/// an order is to be chosen (two held jobs or more). Unreadable: submission order, said once
+/// per read.
+fn priority_inputs(
+    slurm: &dyn Slurm,
+    state: &mut DeciderState,
+    held: usize,
+    now: f64,
+    report: &mut Report,
+) -> PriorityInputs {
+    if let Some((at, inputs)) = &state.priority {
+        if (0.0..inputs.fresh_for_s()).contains(&(now - at)) {
+            return inputs.clone();
+        }
+    }
+    if held < 2 {
+        return state.priority.as_ref().map(|p| p.1.clone()).unwrap_or_default();
+    }
+    match slurm.priority_inputs() {
+        Ok(inputs) => {
+            let first = state.priority.is_none();
+            if first && !inputs.unmodelled().is_empty() {
+                report.notes.push(format!(
+                    "Slurm's priority weights {:?} are not in kace's estimate of a held job's \
+                     priority (age, fair-share, partition, QOS and nice are)",
+                    inputs.unmodelled()
+                ));
+            }
+            state.priority = Some((now, inputs.clone()));
+            inputs
+        }
+        Err(e) => {
+            report.problems.push(format!(
+                "couldn't read Slurm's priority factors ({e}); held jobs go in submission order"
+            ));
+            // Not asked again before the period is over.
+            state.priority = Some((now, PriorityInputs::default()));
+            PriorityInputs::default()
+        }
+    }
+}
+
+/// `j`'s estimated priority from the factors this decider last read, if any.
+fn known_priority(state: &DeciderState, j: &QueuedJob, now: f64) -> Option<f64> {
+    state.priority.as_ref().and_then(|(_, inputs)| priority::estimate(inputs, j, now))
+}
+
+/// The candidates a joiner is chosen from: the first `window` of `cands` (indices into
+/// `held`, in Slurm's order), or only the first job passed over `window` times already.
+fn within_window(
+    cands: &[usize],
+    held: &[&QueuedJob],
+    state: &DeciderState,
+    window: usize,
+) -> Vec<usize> {
+    let window = window.max(1);
+    let due = cands
+        .iter()
+        .find(|&&i| state.overtaken.get(&held[i].id).is_some_and(|&n| n as usize >= window));
+    match due {
+        Some(&i) => vec![i],
+        None => cands.iter().take(window).copied().collect(),
+    }
 }
 
 /// Where the decider parks decision records while the spool is full or read-only.
@@ -1079,7 +1180,7 @@ fn release(
             model_version: chosen.and_then(|c| c.model_version),
             candidates: match chosen {
                 Some(c) if !c.records.is_empty() => c.records.clone(),
-                _ => vec![candidate_record(j, now)],
+                _ => vec![candidate_record(j, now, known_priority(state, j, now))],
             },
         },
     };
@@ -1158,7 +1259,7 @@ fn hand_back(
             model_version: None,
             candidates: vec![DecisionCandidate {
                 rejected: Some(why.to_string()),
-                ..candidate_record(j, now)
+                ..candidate_record(j, now, known_priority(state, j, now))
             }],
         },
     };

@@ -39,6 +39,7 @@ pub mod measure;
 pub mod mps;
 pub mod nudge;
 pub mod placement;
+pub mod priority;
 pub mod prolog;
 pub mod slurm;
 pub mod slurm_json;

@@ -34,10 +34,10 @@ pub const MARK: &str = "kace:";
 pub const QUEUE_FORMAT: &str = "JobID:|,admin_comment:|,UserName:|,Reason:|,tres-per-node:|,\
                                 SubmitTime:|,ReqNodes:|,StateCompact:|,Dependency:|,EligibleTime:|,\
                                 StartTime:|,EndTime:|,NodeList:|,Partition:|,Reservation:|,\
-                                RestartCnt:|,TimeLimit:|,Feature:|";
+                                RestartCnt:|,TimeLimit:|,Account:|,QOS:|,Nice:|,Feature:|";
 
 /// The number of fields in [`QUEUE_FORMAT`].
-const QUEUE_FIELDS: usize = 18;
+const QUEUE_FIELDS: usize = 21;
 
 /// The `sinfo -N -O` format kace reads the nodes with: one line per node and partition.
 pub const NODES_FORMAT: &str = "NodeList:|,PartitionName:|,Gres:|,StateLong:|,Features:|,Time:|";
@@ -108,6 +108,12 @@ pub struct QueuedJob {
     pub restarts: u32,
     /// Its time limit, seconds; `None` when unlimited or unreadable.
     pub time_limit_s: Option<f64>,
+    /// The account it is charged to (its association with `user`; empty when unknown).
+    pub account: String,
+    /// Its QOS (empty when none or unknown).
+    pub qos: String,
+    /// Its nice value (`--nice`; an admin's may be negative).
+    pub nice: i64,
 }
 
 impl QueuedJob {
@@ -337,6 +343,11 @@ pub trait Slurm {
     fn steps_here(&self, id: u32, node: &str) -> Result<bool>;
     /// The cluster's nodes and their GPUs (one `sinfo`).
     fn nodes(&self) -> Result<Vec<NodeGpus>>;
+    /// What [`crate::priority::estimate`] needs: the multifactor weights (`scontrol show
+    /// config`), and when they count, the associations' fair-share factors (`sshare`), the
+    /// QOS priorities (`sacctmgr`, which asks slurmdbd) and the partitions' priority factors
+    /// (`scontrol show partition`).
+    fn priority_inputs(&self) -> Result<crate::priority::PriorityInputs>;
 }
 
 /// The kinds of Slurm commands kace runs, as [`Commands`] counts them (`kace metrics`).
@@ -360,11 +371,19 @@ pub enum CommandKind {
     Hold,
     /// `scontrol listpids`: asks a node's slurmstepd, not slurmctld.
     Steps,
+    /// `scontrol show config`: the priority weights.
+    Config,
+    /// `sshare`: the associations' fair-share factors.
+    Shares,
+    /// `scontrol show partition`: the partitions' priority factors.
+    Partitions,
+    /// `sacctmgr show qos`: asks slurmdbd, not slurmctld.
+    Qos,
 }
 
 impl CommandKind {
     /// Every kind, in the order metrics list them.
-    pub const ALL: [CommandKind; 9] = [
+    pub const ALL: [CommandKind; 13] = [
         CommandKind::List,
         CommandKind::Job,
         CommandKind::WholeQueue,
@@ -374,6 +393,10 @@ impl CommandKind {
         CommandKind::Release,
         CommandKind::Hold,
         CommandKind::Steps,
+        CommandKind::Config,
+        CommandKind::Shares,
+        CommandKind::Partitions,
+        CommandKind::Qos,
     ];
 
     /// Its name in metrics and state files.
@@ -388,6 +411,10 @@ impl CommandKind {
             CommandKind::Release => "release",
             CommandKind::Hold => "hold",
             CommandKind::Steps => "steps",
+            CommandKind::Config => "config",
+            CommandKind::Shares => "shares",
+            CommandKind::Partitions => "partitions",
+            CommandKind::Qos => "qos",
         }
     }
 
@@ -397,7 +424,8 @@ impl CommandKind {
     /// an update naming nodes the job, with the federation whatever `--local` says
     /// (src/scontrol/update_job.c: `NodeList` sets `update_size`, and `_is_single_job` loads
     /// the job with SHOW_ALL);
-    /// `scontrol listpids` asks slurmstepd only. Checked against sdiag by
+    /// `scontrol listpids` asks slurmstepd only, `sacctmgr` slurmdbd only; `sshare` has no
+    /// `--local` and asks for the federation first. Checked against sdiag by
     /// tests/tests/slurm_output.rs on each supported Slurm.
     pub fn rpcs(self) -> u64 {
         match self {
@@ -405,8 +433,13 @@ impl CommandKind {
                 2
             }
             CommandKind::UpdateNodes => 3,
-            CommandKind::Update | CommandKind::Release | CommandKind::Hold => 1,
-            CommandKind::Steps => 0,
+            CommandKind::Update
+            | CommandKind::Release
+            | CommandKind::Hold
+            | CommandKind::Config
+            | CommandKind::Partitions => 1,
+            CommandKind::Shares => 2,
+            CommandKind::Steps | CommandKind::Qos => 0,
         }
     }
 }
@@ -751,6 +784,33 @@ impl Slurm for Commands {
         let out = self.call(CommandKind::Nodes, &self.sinfo, &args)?;
         Ok(parse_nodes(&out))
     }
+
+    fn priority_inputs(&self) -> Result<crate::priority::PriorityInputs> {
+        use crate::priority;
+        let config = self.scontrol(CommandKind::Config, &["show", "config"])?;
+        let mut inputs = priority::PriorityInputs {
+            weights: priority::parse_config(&config),
+            ..Default::default()
+        };
+        let Some(w) = inputs.weights.clone() else { return Ok(inputs) };
+        // sshare and sacctmgr sit beside scontrol (one Slurm install).
+        let beside = |name: &str| self.scontrol.with_file_name(name);
+        if w.fairshare > 0.0 {
+            let args = ["-n", "-P", "-a", "-o", "Account,User,FairShare"];
+            let out = self.call(CommandKind::Shares, &beside("sshare"), &args)?;
+            inputs.fairshare = priority::parse_shares(&out);
+        }
+        if w.qos > 0.0 {
+            let args = ["-n", "-P", "show", "qos", "format=Name,Priority"];
+            let out = self.call(CommandKind::Qos, &beside("sacctmgr"), &args)?;
+            inputs.qos = priority::parse_named_values(&out);
+        }
+        if w.partition > 0.0 {
+            let out = self.scontrol(CommandKind::Partitions, &["-o", "show", "partition"])?;
+            inputs.partitions = priority::parse_partitions(&out);
+        }
+        Ok(inputs)
+    }
 }
 
 /// Whether this process's slurmctld takes a direct untyped→typed GRES change of a held job (Slurm
@@ -810,7 +870,10 @@ pub fn parse_queue(out: &str) -> (Vec<QueuedJob>, Vec<String>) {
             reservation: none(f[14]),
             restarts: f[15].parse().unwrap_or(0),
             time_limit_s: parse_duration(f[16]),
-            features: none(f[17]),
+            account: none(f[17]),
+            qos: none(f[18]),
+            nice: f[19].parse().unwrap_or(0),
+            features: none(f[20]),
         });
     }
     jobs.sort_by_key(|j| j.id);
@@ -854,6 +917,9 @@ pub fn queued_from_json(j: slurm_json::JsonJob) -> Option<QueuedJob> {
         features: j.features,
         restarts: j.restarts,
         time_limit_s: j.time_limit_s,
+        account: j.account,
+        qos: j.qos,
+        nice: j.nice,
     })
 }
 
@@ -1028,10 +1094,10 @@ mod tests {
 
     #[test]
     fn pending_kace_jobs_are_read_and_others_skipped() {
-        let out = "12|kace:bert|alice|JobHeldUser|gres:shard:1|2026-11-29T06:58:46|(null)|PD|(null)|N/A|N/A|N/A||pa,pb|(null)|0|1:30:00|fa&fb|fc|\n\
-                   11|(null)|bob|Resources|N/A|2026-11-29T06:58:40||PD|(null)|N/A|N/A|N/A||debug|(null)|0|UNLIMITED|(null)|\n\
-                   10|kace:lstm|alice|None|gres/shard:g1:2|2026-11-29T06:58:00|n1|PD|(null)|2026-11-29T06:58:00|2026-11-29T07:00:00|NONE||debug|maint|2|5:00|(null)|\n\
-                   14|kace:wav|alice|Prolog|gres/shard:1|2026-11-29T06:58:00|n2|R|(null)|N/A|2026-11-29T06:58:40|2026-11-29T07:58:40|n2|debug|(null)|0|UNLIMITED|(null)|\n";
+        let out = "12|kace:bert|alice|JobHeldUser|gres:shard:1|2026-11-29T06:58:46|(null)|PD|(null)|N/A|N/A|N/A||pa,pb|(null)|0|1:30:00|acct|normal|0|fa&fb|fc|\n\
+                   11|(null)|bob|Resources|N/A|2026-11-29T06:58:40||PD|(null)|N/A|N/A|N/A||debug|(null)|0|UNLIMITED|acct|normal|0|(null)|\n\
+                   10|kace:lstm|alice|None|gres/shard:g1:2|2026-11-29T06:58:00|n1|PD|(null)|2026-11-29T06:58:00|2026-11-29T07:00:00|NONE||debug|maint|2|5:00|acct|normal|0|(null)|\n\
+                   14|kace:wav|alice|Prolog|gres/shard:1|2026-11-29T06:58:00|n2|R|(null)|N/A|2026-11-29T06:58:40|2026-11-29T07:58:40|n2|debug|(null)|0|UNLIMITED|acct|normal|0|(null)|\n";
         let (jobs, bad) = parse_queue(out);
         assert!(bad.is_empty(), "{bad:?}");
         assert_eq!(jobs.len(), 3);
@@ -1104,8 +1170,8 @@ mod tests {
     fn a_newline_in_one_admin_comment_skips_only_its_pieces() {
         // 26.05.3, root: scontrol update jobid=8 AdminComment=$'line1\nline2|x'.
         let out = "8|line1\n\
-                   line2|x|root|None|gres/shard:1|2026-12-01T01:12:57||PD|(null)|2026-12-01T01:12:57|N/A|N/A||debug|(null)|0|UNLIMITED|(null)|\n\
-                   5|kace:bert|root|JobHeldUser|gres/shard:1|2026-12-01T01:12:56||PD|(null)|N/A|N/A|N/A||debug|(null)|0|UNLIMITED|(null)|\n\
+                   line2|x|root|None|gres/shard:1|2026-12-01T01:12:57||PD|(null)|2026-12-01T01:12:57|N/A|N/A||debug|(null)|0|UNLIMITED|acct|normal|0|(null)|\n\
+                   5|kace:bert|root|JobHeldUser|gres/shard:1|2026-12-01T01:12:56||PD|(null)|N/A|N/A|N/A||debug|(null)|0|UNLIMITED|acct|normal|0|(null)|\n\
                    garbage\n";
         let (jobs, bad) = parse_queue(out);
         assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![5]);

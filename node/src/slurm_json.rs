@@ -64,6 +64,12 @@ pub struct JsonJob {
     pub restarts: u32,
     /// `time_limit` (minutes in the record), seconds; `None` when unlimited or unset.
     pub time_limit_s: Option<f64>,
+    /// `account` (empty when unset).
+    pub account: String,
+    /// `qos` (empty when unset).
+    pub qos: String,
+    /// `nice` (22.05 writes `null` for none: 0).
+    pub nice: i64,
 }
 
 impl JsonJob {
@@ -157,6 +163,9 @@ pub fn job(record: &Value) -> Option<JsonJob> {
         restarts: record.get("restart_cnt").and_then(number).unwrap_or(0).min(u32::MAX as u64)
             as u32,
         time_limit_s: record.get("time_limit").and_then(number).map(|m| m as f64 * 60.0),
+        account: text(record, "account"),
+        qos: text(record, "qos"),
+        nice: record.get("nice").and_then(Value::as_i64).unwrap_or(0),
     })
 }
 

@@ -69,6 +69,9 @@ impl Slurm for Queue {
             features: Vec::new(),
         }])
     }
+    fn priority_inputs(&self) -> Result<kace_node::priority::PriorityInputs> {
+        Ok(Default::default())
+    }
 }
 
 fn job(

@@ -40,6 +40,8 @@ struct FakeSlurm {
     unreachable_reads: std::cell::Cell<u32>,
     /// Queue listings that fail first, as while slurmctld is down.
     unreachable_listings: std::cell::Cell<u32>,
+    /// What `priority_inputs` answers (default: no multifactor, submission order).
+    priority: kace_node::priority::PriorityInputs,
     calls: RefCell<Vec<String>>,
 }
 
@@ -170,6 +172,10 @@ impl Slurm for FakeSlurm {
     fn nodes(&self) -> Result<Vec<NodeGpus>> {
         self.calls.borrow_mut().push("sinfo".into());
         Ok(self.nodes.clone())
+    }
+    fn priority_inputs(&self) -> Result<kace_node::priority::PriorityInputs> {
+        self.calls.borrow_mut().push("priority".into());
+        Ok(self.priority.clone())
     }
 }
 
@@ -756,7 +762,9 @@ fn epilogs_observe_each_interval_and_the_last_one_stops_mps() {
 }
 
 fn dispatch_settings(w: &World) -> dispatch::Settings<'_> {
-    dispatch::Settings::of(&w.config)
+    // These tests are about the decision among every candidate; the priority window has its
+    // own tests (`..._priority_...`).
+    dispatch::Settings { priority_window: 64, ..dispatch::Settings::of(&w.config) }
 }
 
 /// One decider pass with a fresh memory.
@@ -2211,4 +2219,112 @@ fn dispatch_lengthens_time_limits_of_a_group_or_does_not_pair() {
     let r = dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1100.0).unwrap();
     assert!(r.expired.is_empty() && r.lengthened.is_empty(), "{r:?}");
     assert_eq!(r.handed_back.iter().map(|(j, _)| *j).collect::<Vec<_>>(), vec![11], "{r:?}");
+}
+
+/// Multifactor inputs where alice (account `light`) has three times bob's (`heavy`) share.
+fn fair_share_inputs() -> kace_node::priority::PriorityInputs {
+    kace_node::priority::PriorityInputs {
+        weights: Some(kace_node::priority::Weights {
+            fairshare: 100_000.0,
+            age: 1000.0,
+            max_age_s: 86_400.0,
+            calc_period_s: 60.0,
+            ..Default::default()
+        }),
+        fairshare: [
+            (("light".to_string(), "alice".to_string()), 0.75),
+            (("heavy".to_string(), "bob".to_string()), 0.25),
+        ]
+        .into(),
+        ..Default::default()
+    }
+}
+
+/// The site-policy audit's §1: kace served held jobs oldest first, so a user with three times
+/// another's fair-share priority waited behind that user's backlog. Leads now start in the
+/// order Slurm's priority gives, and the factors are read once per PriorityCalcPeriod.
+#[test]
+fn leads_start_in_slurms_priority_order_not_submission_order() {
+    let mut s =
+        FakeSlurm { nodes: node_n1(&[""]), priority: fair_share_inputs(), ..FakeSlurm::default() };
+    let bob = |id| QueuedJob { account: "heavy".into(), ..held(id, "beta", "bob", "gres:shard:1") };
+    let alice =
+        |id| QueuedJob { account: "light".into(), ..held(id, "beta", "alice", "gres:shard:1") };
+    *s.pending.get_mut() = vec![bob(5), bob(6), bob(7), alice(8)];
+    let w = World::new("priority-leads", s);
+    let mut state = kace_node::decider_state::DeciderState::default();
+    let r =
+        dispatch::run(&w.slurm, &dispatch::Settings::of(&w.config), &mut state, 1500.0).unwrap();
+    assert_eq!(r.leads, vec![(8, "n1".to_string(), 0)], "{r:?}");
+    let record = &r.records[0].decision.candidates[0];
+    assert_eq!(record.priority.map(f64::round), Some(75_000.0 + 6.0), "{record:?}");
+    // Read once; the next pass within the period reads no factor again.
+    dispatch::run(&w.slurm, &dispatch::Settings::of(&w.config), &mut state, 1510.0).unwrap();
+    let reads = w.slurm.calls.borrow().iter().filter(|c| *c == "priority").count();
+    assert_eq!(reads, 1, "{:?}", w.slurm.calls.borrow());
+}
+
+/// A joiner is chosen for throughput only among the first `selection.priority_window` held
+/// jobs of Slurm's order; with a window of 1 it is the first of them that may go there.
+#[test]
+fn a_joiner_is_chosen_inside_the_priority_window() {
+    let mut s = lead_slurm(Some("g1"));
+    s.nodes = node_n1(&["g1"]);
+    s.running.get_mut().push(RunningJob { gpus: vec![0], ..starting_lead(10, "alpha", 0) });
+    let w = World::new("priority-window", s);
+    // Without multifactor, Slurm's order is the submission order: 11 first.
+    let first = w.expected_choice("alpha", &[held(11, "beta", "alice", "")]);
+    assert_eq!(first, Some(11), "the synthetic data pair beta beside alpha");
+    let settings = dispatch::Settings { priority_window: 1, ..dispatch::Settings::of(&w.config) };
+    let mut state = kace_node::decider_state::DeciderState::default();
+    let r = dispatch::run(&w.slurm, &settings, &mut state, 1500.0).unwrap();
+    assert_eq!(r.joiners, vec![(11, "n1".to_string(), 0)], "{r:?}");
+    assert!(r.passed_over.is_empty(), "{r:?}");
+    let d = &r.records.iter().find(|d| d.decision.chosen_job.is_some()).unwrap().decision;
+    assert_eq!(d.candidates.len(), 1, "only the window is offered: {d:?}");
+}
+
+/// A job passed over `priority_window` times by jobs of lower priority is the only candidate
+/// at its next chance, so the reordering is bounded; each pass-over is counted.
+#[test]
+fn a_job_passed_over_as_often_as_the_window_is_offered_alone() {
+    let mut s = lead_slurm(Some("g1"));
+    s.nodes = node_n1(&["g1"]);
+    s.running.get_mut().push(RunningJob { gpus: vec![0], ..starting_lead(10, "alpha", 0) });
+    let w = World::new("priority-due", s);
+    let window = 4;
+    let settings =
+        dispatch::Settings { priority_window: window, ..dispatch::Settings::of(&w.config) };
+    let in_window = [
+        held(11, "beta", "alice", ""),
+        held(12, "zeta", "alice", ""),
+        held(13, "gamma", "bob", ""),
+        held(14, "unknown-wl", "alice", ""),
+    ];
+    let free_choice = w.expected_choice("alpha", &in_window).expect("a choice");
+    let mut state = kace_node::decider_state::DeciderState::default();
+    let r = dispatch::run(&w.slurm, &settings, &mut state, 1500.0).unwrap();
+    assert_eq!(r.joiners, vec![(free_choice, "n1".to_string(), 0)], "{r:?}");
+    if free_choice != 11 {
+        assert_eq!(state.overtaken.get(&11), Some(&1), "{state:?}");
+        assert_eq!(state.inversions_total, 1);
+        assert_eq!(r.passed_over[0].0, free_choice, "{r:?}");
+    }
+    // Job 12 (zeta) has been passed over `window` times: it alone is offered now.
+    let w = World::new("priority-due-2", {
+        let mut s = lead_slurm(Some("g1"));
+        s.nodes = node_n1(&["g1"]);
+        s.running.get_mut().push(RunningJob { gpus: vec![0], ..starting_lead(10, "alpha", 0) });
+        s
+    });
+    let mut state = kace_node::decider_state::DeciderState::default();
+    state.overtaken.insert(12, window as u32);
+    let r = dispatch::run(&w.slurm, &settings, &mut state, 1500.0).unwrap();
+    let alone = w.expected_choice("alpha", &[held(12, "zeta", "alice", "")]);
+    let joined: Vec<u32> = r.joiners.iter().map(|j| j.0).collect();
+    assert_eq!(joined, alone.into_iter().collect::<Vec<_>>(), "{r:?}");
+    let d =
+        &r.records.iter().find(|d| d.decision.lead_job.as_deref() == Some("10")).unwrap().decision;
+    assert_eq!(d.candidates.len(), 1, "{d:?}");
+    assert_eq!(d.candidates[0].job.as_deref(), Some("12"));
 }

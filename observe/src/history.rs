@@ -245,6 +245,10 @@ mod tests {
         fn nodes(&self) -> kace_node::Result<Vec<NodeGpus>> {
             Ok(Vec::new())
         }
+
+        fn priority_inputs(&self) -> kace_node::Result<kace_node::priority::PriorityInputs> {
+            Ok(Default::default())
+        }
     }
 
     fn detail(id: u32, submitted: f64, started: Option<f64>) -> JobDetail {

@@ -139,6 +139,7 @@ mod tests {
                     prediction: None,
                     rejected: None,
                     held_s: Some(*h),
+                    priority: None,
                 })
                 .collect(),
         }

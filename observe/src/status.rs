@@ -525,6 +525,10 @@ mod tests {
         fn nodes(&self) -> kace_node::Result<Vec<NodeGpus>> {
             Ok(self.nodes.clone())
         }
+
+        fn priority_inputs(&self) -> kace_node::Result<kace_node::priority::PriorityInputs> {
+            Ok(Default::default())
+        }
     }
 
     fn held(id: u32, user: &str, submitted: f64) -> QueuedJob {

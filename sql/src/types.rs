@@ -669,6 +669,10 @@ pub struct DecisionCandidate {
     /// its hold time (`kace metrics`' histogram).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_s: Option<f64>,
+    /// The priority Slurm would have given it (kace's estimate of the multifactor sum; kace
+    /// holds it with priority 0); `None` without priority/multifactor and in older records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<f64>,
 }
 
 /// A partner choice to record.

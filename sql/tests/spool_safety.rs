@@ -49,6 +49,7 @@ fn decision(key: &str, lead: &str, at: f64, candidates: usize) -> SpooledDecisio
                     prediction: None,
                     rejected: Some("memory does not fit (40.0 GiB > 30.4 GiB)".into()),
                     held_s: None,
+                    priority: None,
                 })
                 .collect(),
         },

@@ -316,6 +316,7 @@ fn decisions_round_trip() {
                 prediction: Some(7.5),
                 rejected: None,
                 held_s: None,
+                priority: None,
             },
             DecisionCandidate {
                 job: None,
@@ -323,6 +324,7 @@ fn decisions_round_trip() {
                 prediction: None,
                 rejected: Some("unknown profile".into()),
                 held_s: None,
+                priority: None,
             },
         ],
     };

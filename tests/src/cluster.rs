@@ -14,6 +14,7 @@ use std::sync::Mutex;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+use crate::accounting::{self, AccountingPorts, MariaDbPaths};
 use crate::conf::{self, Hooks, Layout, NodeSpec};
 use crate::{plugin, sys, HarnessError, SlurmInstall};
 
@@ -42,6 +43,7 @@ pub struct ClusterBuilder {
     prolog_slurmctld: Option<Hook>,
     epilog_slurmctld: Option<Hook>,
     extra: Vec<String>,
+    accounting: Option<Vec<String>>,
 }
 
 impl ClusterBuilder {
@@ -107,6 +109,15 @@ impl ClusterBuilder {
         self
     }
 
+    /// Accounting as a site runs it: a private MariaDB and slurmdbd, enforcing associations,
+    /// limits and QOS ([`crate::accounting`]). `setup` are `sacctmgr -i` commands (one string
+    /// each, words split on whitespace: `add account heavy Fairshare=1`) run after the cluster
+    /// is registered and before slurmctld starts; every job's user needs an association.
+    pub fn accounting(mut self, setup: &[&str]) -> Self {
+        self.accounting = Some(setup.iter().map(|c| c.to_string()).collect());
+        self
+    }
+
     /// Writes the configuration, starts the daemons and waits until every node is idle.
     pub fn start(self) -> Result<Cluster, HarnessError> {
         let started = Instant::now();
@@ -119,6 +130,8 @@ impl ClusterBuilder {
             nodes: Vec::new(),
             ctld: None,
             slurmds: Vec::new(),
+            mariadb: None,
+            slurmdbd: None,
             keep: std::env::var_os("KACE_E2E_KEEP").is_some(),
         };
         let dir = cluster.dir.clone();
@@ -160,6 +173,10 @@ impl ClusterBuilder {
         for n in &self.nodes {
             nodes.push((n.clone(), free_port()?));
         }
+        let accounting = match self.accounting {
+            Some(_) => Some(AccountingPorts { mariadb: free_port()?, slurmdbd: free_port()? }),
+            None => None,
+        };
         let layout = Layout {
             dir: dir.clone(),
             hostname: short_hostname()?,
@@ -171,6 +188,7 @@ impl ClusterBuilder {
             gate: self.gate.is_some(),
             plugstack: self.plugin,
             extra: self.extra.clone(),
+            accounting: accounting.clone(),
         };
 
         for (_, _, global) in layout.gpus() {
@@ -203,6 +221,9 @@ impl ClusterBuilder {
             mkdir(&dir.join("spool").join(&node.name))?;
         }
 
+        if let (Some(ports), Some(setup)) = (&accounting, &self.accounting) {
+            cluster.start_accounting(ports, setup, layout.plugin_dir.as_deref())?;
+        }
         cluster.ctld = Some(cluster.spawn("slurmctld", &["-D"], "slurmctld")?);
         for node in cluster.nodes.clone() {
             let d = cluster.spawn(
@@ -259,6 +280,9 @@ pub struct Cluster {
     nodes: Vec<NodeSpec>,
     ctld: Option<Daemon>,
     slurmds: Vec<(String, Daemon)>,
+    /// The private MariaDB and slurmdbd of an accounting cluster.
+    mariadb: Option<Daemon>,
+    slurmdbd: Option<Daemon>,
     keep: bool,
     /// The Slurm whose daemons and commands this cluster runs.
     slurm: SlurmInstall,
@@ -282,6 +306,7 @@ impl Cluster {
             prolog_slurmctld: None,
             epilog_slurmctld: None,
             extra: Vec::new(),
+            accounting: None,
         }
     }
 
@@ -504,21 +529,103 @@ impl Cluster {
     }
 
     fn spawn(&self, program: &str, args: &[&str], log: &str) -> Result<Daemon, HarnessError> {
+        let mut c = self.command(program);
+        c.args(args);
+        self.spawn_command(c, program, log)
+    }
+
+    fn spawn_command(
+        &self,
+        mut c: Command,
+        program: &str,
+        log: &str,
+    ) -> Result<Daemon, HarnessError> {
         let out_path = self.dir.join(format!("log/{log}.out"));
         let out = fs::File::create(&out_path).map_err(io_err(&out_path))?;
         let err = out.try_clone().map_err(io_err(&out_path))?;
-        let child = self
-            .command(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| HarnessError::Io {
-                what: format!("couldn't start {program}"),
-                source: e.to_string(),
-            })?;
+        let child = c.stdin(Stdio::null()).stdout(out).stderr(err).spawn().map_err(|e| {
+            HarnessError::Io { what: format!("couldn't start {program}"), source: e.to_string() }
+        })?;
         Ok(Daemon { name: log.to_string(), child: Mutex::new(child) })
+    }
+
+    /// Starts MariaDB (a fresh datadir), gives slurmdbd its database user, starts slurmdbd,
+    /// registers the cluster and runs the test's `sacctmgr` setup.
+    fn start_accounting(
+        &mut self,
+        ports: &AccountingPorts,
+        setup: &[String],
+        plugin_dir: Option<&Path>,
+    ) -> Result<(), HarnessError> {
+        let started = Instant::now();
+        let db = MariaDbPaths::under(&self.dir);
+        mkdir(&db.datadir)?;
+        run_checked(Command::new(accounting::MARIADB_INSTALL_DB).args([
+            "--no-defaults",
+            &format!("--datadir={}", db.datadir.display()),
+            "--user=root",
+            "--auth-root-authentication-method=socket",
+            "--skip-test-db",
+        ]))?;
+        let mut server = Command::new(accounting::MARIADBD);
+        server.args(db.server_args(ports.mariadb));
+        self.mariadb = Some(self.spawn_command(server, "mariadbd", "mariadbd")?);
+        let sql = accounting::storage_user_sql();
+        let socket = format!("--socket={}", db.socket.display());
+        self.wait_for("MariaDB to answer", Duration::from_secs(60), "mariadbd", || {
+            let mut c = Command::new(accounting::MARIADB);
+            c.args(["--no-defaults", &socket, "-u", "root", "-e", &sql]);
+            run_checked(&mut c).is_ok()
+        })?;
+
+        let conf = self.dir.join("etc/slurmdbd.conf");
+        write(&conf, &accounting::slurmdbd_conf(&self.dir, ports, plugin_dir))?;
+        fs::set_permissions(&conf, fs::Permissions::from_mode(0o600)).map_err(io_err(&conf))?;
+        self.slurmdbd = Some(self.spawn("slurmdbd", &["-D"], "slurmdbd")?);
+        self.wait_for("slurmdbd to answer", Duration::from_secs(60), "slurmdbd", || {
+            self.run_ok("sacctmgr", &["-n", "-P", "list", "cluster"]).is_ok()
+        })?;
+        self.run_ok("sacctmgr", &["-i", "add", "cluster", "kacee2e"])?;
+        for command in setup {
+            let mut args = vec!["-i"];
+            args.extend(command.split_whitespace());
+            self.run_ok("sacctmgr", &args)?;
+        }
+        eprintln!("kace-e2e: MariaDB and slurmdbd up in {:.1?}", started.elapsed());
+        Ok(())
+    }
+
+    /// Polls `ready` until it holds, failing early when the daemon logged as `log` exits.
+    fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        log: &str,
+        ready: impl Fn() -> bool,
+    ) -> Result<(), HarnessError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if ready() {
+                return Ok(());
+            }
+            let out =
+                fs::read_to_string(self.dir.join(format!("log/{log}.out"))).unwrap_or_default();
+            let daemon = self.mariadb.iter().chain(&self.slurmdbd).find(|d| d.name == log);
+            if daemon.is_some_and(|d| !d.running()) {
+                return Err(HarnessError::DaemonExited {
+                    daemon: log.to_string(),
+                    log: format!("{}\n{}", tail(&out, 40), self.log_tails()),
+                });
+            }
+            if Instant::now() >= deadline {
+                return Err(HarnessError::Timeout {
+                    what: what.to_string(),
+                    waited: timeout,
+                    detail: self.log_tails(),
+                });
+            }
+            sleep(Duration::from_millis(200));
+        }
     }
 
     fn wait_idle(&self, timeout: Duration) -> Result<(), HarnessError> {
@@ -612,6 +719,10 @@ impl Drop for Cluster {
         }
         if let Some(c) = &self.ctld {
             c.stop();
+        }
+        // slurmctld sends its last records to slurmdbd, which writes them to MariaDB.
+        for d in self.slurmdbd.iter().chain(&self.mariadb) {
+            d.stop();
         }
         for pid in self.stragglers() {
             eprintln!("kace-e2e: killing leftover process {pid} of {}", self.dir.display());

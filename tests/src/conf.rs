@@ -75,6 +75,8 @@ pub struct Layout {
     pub plugstack: bool,
     /// Extra slurm.conf lines, appended verbatim.
     pub extra: Vec<String>,
+    /// Accounting through slurmdbd on these ports (`None`: `accounting_storage/none`).
+    pub accounting: Option<crate::accounting::AccountingPorts>,
 }
 
 impl Layout {
@@ -121,7 +123,6 @@ impl Layout {
              ProctrackType=proctrack/linuxproc\n\
              TaskPlugin=task/none\n\
              JobAcctGatherType=jobacct_gather/none\n\
-             AccountingStorageType=accounting_storage/none\n\
              JobCompType=jobcomp/none\n\
              SelectType=select/cons_tres\n\
              SelectTypeParameters=CR_Core\n\
@@ -136,6 +137,16 @@ impl Layout {
             host = self.hostname,
             port = self.ctld_port,
         );
+        match &self.accounting {
+            None => {
+                let _ = writeln!(s, "AccountingStorageType=accounting_storage/none");
+            }
+            Some(ports) => {
+                for line in crate::accounting::slurm_conf_lines(ports) {
+                    let _ = writeln!(s, "{line}");
+                }
+            }
+        }
         if let Some(p) = &self.plugin_dir {
             let _ = writeln!(s, "PluginDir={}", p.display());
         }
@@ -234,6 +245,7 @@ mod tests {
             gate: true,
             plugstack: true,
             extra: vec![],
+            accounting: None,
         }
     }
 
@@ -270,6 +282,7 @@ mod tests {
         let conf = l.slurm_conf();
         assert!(conf.contains("Prolog=/tmp/c/hooks/prolog\n"));
         assert!(!conf.contains("EpilogSlurmctld="));
+        assert!(conf.contains("AccountingStorageType=accounting_storage/none\n"));
         assert!(conf.contains("JobSubmitPlugins=lua\n"));
         assert!(conf.contains("PlugStackConfig=/tmp/c/etc/plugstack.conf\n"));
         assert!(!conf.contains("PluginDir="));

@@ -13,6 +13,7 @@
 
 #![warn(missing_docs)]
 
+pub mod accounting;
 mod cluster;
 pub mod conf;
 pub mod demo;

@@ -113,6 +113,10 @@ impl Slurm for LocalJobs {
     fn nodes(&self) -> kace_node::Result<Vec<NodeGpus>> {
         no_slurm("sinfo")
     }
+
+    fn priority_inputs(&self) -> kace_node::Result<kace_node::priority::PriorityInputs> {
+        no_slurm("scontrol show config")
+    }
 }
 
 /// GPU memory is not asked for by the epilog; this answers from the configuration.

@@ -1,0 +1,251 @@
+//! Slurm's priority order with accounting on (issue 29): a cluster with its own MariaDB and
+//! slurmdbd, `AccountingStorageEnforce=associations,limits,qos`, multifactor priority with
+//! fair-share, two users in two accounts (`daemon` in `heavy`, Fairshare=1, with prior usage;
+//! `nobody` in `light`, Fairshare=9). One node, one typed GPU of 2 shards.
+//!
+//! The same burst is run twice behind a blocker holding the whole GPU: plain shard jobs (Slurm
+//! alone), then kace jobs (gate, decider, `selection.priority_window = 1`). kace must start the
+//! light user's jobs before the heavy user's, as Slurm does, and its estimate of each pending
+//! job's priority must be Slurm's own. Prints the fair-share table (each user's median wait).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::time::{Duration, Instant};
+
+use common::field;
+use kace_e2e::{kace as setup, Cluster, NodeSpec};
+use kace_node::slurm::{QueuedJob, Slurm};
+
+const HEAVY: (u32, &str) = (1, "daemon");
+const LIGHT: (u32, &str) = (65534, "nobody");
+const MAX_HOLD_S: u64 = 600;
+
+fn wait_for(c: &Cluster, what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !done() {
+        assert!(t0.elapsed() < limit, "{what} within {limit:?}\n{}", c.slurmctld_log());
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// `sbatch` as `uid`; returns the job id.
+fn submit(c: &Cluster, uid: u32, args: &[&str]) -> u32 {
+    let out_opt = format!("--output={}/out/%j.out", c.dir().display());
+    let chdir = format!("--chdir={}/work", c.dir().display());
+    let out = c
+        .command("sbatch")
+        .uid(uid)
+        .gid(uid)
+        .env("HOME", "/nonexistent")
+        .args(["--parsable", &out_opt, &chdir])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "sbatch {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    kace_e2e::parse_job_id(&String::from_utf8_lossy(&out.stdout)).unwrap()
+}
+
+/// The fair-share factor `sshare` gives `user`.
+fn fair_share(c: &Cluster, user: &str) -> f64 {
+    let out = c.run_ok("sshare", &["-n", "-P", "-a", "-o", "User,FairShare"]).unwrap();
+    out.lines()
+        .filter_map(|l| l.split_once('|'))
+        .find(|(u, _)| *u == user)
+        .and_then(|(_, f)| f.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Start − submit of each finished job, by user.
+fn waits(c: &Cluster, jobs: &[(u32, &str)]) -> BTreeMap<String, Vec<f64>> {
+    let mut by_user: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for (id, user) in jobs {
+        let j = c.wait_done(*id, Duration::from_secs(120)).unwrap();
+        assert_eq!(field(&j, "JobState"), "COMPLETED", "{j:?}\n{}", c.slurmctld_log());
+        let t = |k: &str| kace_node::slurm::parse_utc(field(&j, k)).unwrap();
+        by_user.entry(user.to_string()).or_default().push(t("StartTime") - t("SubmitTime"));
+    }
+    by_user
+}
+
+fn start_of(c: &Cluster, id: u32) -> f64 {
+    kace_node::slurm::parse_utc(field(&c.job(id).unwrap(), "StartTime")).unwrap()
+}
+
+#[test]
+#[ignore = "needs root, Slurm, slurmdbd and MariaDB"]
+fn kace_starts_jobs_in_slurms_fair_share_order() {
+    let test = "kace_starts_jobs_in_slurms_fair_share_order";
+    kace_e2e::require_e2e(test);
+    let c = setup::with_nudges(
+        Cluster::builder()
+            .nodes(vec![NodeSpec::new("n1", 1).shards_per_gpu(2)])
+            .typed_gpus(true)
+            .prolog(setup::hook("kace-prolog", "").unwrap())
+            .epilog(setup::hook("kace-epilog", "").unwrap()),
+    )
+    .unwrap()
+    .accounting(&[
+        "add account heavy Fairshare=1",
+        "add account light Fairshare=9",
+        "add user daemon Account=heavy",
+        "add user nobody Account=light",
+    ])
+    .slurm_conf_line("MinJobAge=3600")
+    .slurm_conf_line("PriorityType=priority/multifactor")
+    .slurm_conf_line("PriorityWeightFairshare=100000")
+    .slurm_conf_line("PriorityWeightAge=1000")
+    .slurm_conf_line("PriorityMaxAge=1-0")
+    .slurm_conf_line("PriorityWeightQOS=10000")
+    .slurm_conf_line("PriorityCalcPeriod=1")
+    .slurm_conf_line("PriorityDecayHalfLife=7-0")
+    .start()
+    .unwrap();
+    let dir = c.dir().to_path_buf();
+    common::prepare(&c, MAX_HOLD_S);
+    let conf = dir.join("etc/kace.conf");
+    let mut text = std::fs::read_to_string(&conf).unwrap();
+    text.push_str("[selection]\npriority_window = 1\n");
+    std::fs::write(&conf, text).unwrap();
+    std::env::set_var("SLURM_CONF", c.conf());
+
+    // The heavy user's prior usage: slurmctld applies it at the job's end and recomputes the
+    // fair-share factors once per PriorityCalcPeriod (a minute).
+    let usage = submit(&c, HEAVY.0, &["-c", "4", "--wrap", "sleep 4"]);
+    c.wait_done(usage, Duration::from_secs(60)).unwrap();
+    wait_for(&c, "the heavy user's fair-share to fall", Duration::from_secs(90), || {
+        fair_share(&c, HEAVY.1) < fair_share(&c, LIGHT.1)
+    });
+    let (fs_heavy, fs_light) = (fair_share(&c, HEAVY.1), fair_share(&c, LIGHT.1));
+    eprintln!("accounting: fair-share heavy {fs_heavy}, light {fs_light}");
+
+    let burst = |kace: bool| -> Vec<(u32, &'static str)> {
+        // kace sees a GPU's kace jobs, not a plain job on it: its blocker is a kace job of
+        // the whole GPU (a plain one would leave the GPU looking free, and the first job to
+        // arrive would be pinned there at once).
+        let blocker = if kace {
+            submit(&c, 0, &["--kace-colocate=bert-infer", "--gres=shard:2", "--wrap", "sleep 6"])
+        } else {
+            submit(&c, 0, &["--gres=shard:2", "--wrap", "sleep 6"])
+        };
+        wait_for(&c, "the blocker running", Duration::from_secs(30), || {
+            field(&c.job(blocker).unwrap(), "JobState") == "RUNNING"
+        });
+        let mut args = vec!["--gres=shard:1"];
+        if kace {
+            args.push("--kace-colocate=bert-infer");
+        }
+        args.extend(["--wrap", "sleep 3"]);
+        let mut jobs = Vec::new();
+        for _ in 0..4 {
+            jobs.push((submit(&c, HEAVY.0, &args), HEAVY.1));
+        }
+        for _ in 0..2 {
+            jobs.push((submit(&c, LIGHT.0, &args), LIGHT.1));
+        }
+        jobs
+    };
+
+    // 1. Slurm alone. While the jobs wait, kace's estimate of each one's priority is Slurm's.
+    let plain = burst(false);
+    let commands = common::commands(c.slurm(), Duration::from_secs(10));
+    c.reset_rpc_counts().unwrap();
+    let inputs = commands.priority_inputs().unwrap();
+    let rpcs: u64 = c.rpc_counts().unwrap().values().sum();
+    let counted: u64 = commands.counts.snapshot().iter().map(|(k, n)| k.rpcs() * n).sum();
+    eprintln!("accounting: reading the priority factors cost {rpcs} RPC(s) (counted {counted})");
+    assert!(rpcs <= counted, "{:?}", c.rpc_counts().unwrap());
+    assert!(inputs.unmodelled().is_empty(), "{inputs:?}");
+    let listing = c
+        .run_ok(
+            "squeue",
+            &[
+                "-h",
+                "-t",
+                "PD",
+                "-O",
+                "JobID:|,UserName:|,Account:|,QOS:|,Partition:|,PriorityLong:|",
+            ],
+        )
+        .unwrap();
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let mut compared = 0;
+    for line in listing.lines() {
+        let f: Vec<&str> = line.split('|').map(str::trim).collect();
+        let job = QueuedJob {
+            id: f[0].parse().unwrap(),
+            user: f[1].into(),
+            account: f[2].into(),
+            qos: f[3].into(),
+            partition: f[4].into(),
+            submitted: Some(now),
+            ..QueuedJob::default()
+        };
+        let slurm: f64 = f[5].parse().unwrap();
+        let ours = kace_node::priority::estimate(&inputs, &job, now).unwrap();
+        // The age factor moves by 1000 a day: under a point over this test.
+        assert!((ours - slurm).abs() <= 2.0, "job {}: kace {ours}, Slurm {slurm}", job.id);
+        compared += 1;
+    }
+    assert_eq!(compared, plain.len(), "{listing}");
+    let plain_waits = waits(&c, &plain);
+
+    // 2. The same burst as kace jobs: the decider serves Slurm's order.
+    let mut watch = setup::watch(&dir, c.conf()).unwrap();
+    let kace_jobs = burst(true);
+    let kace_waits = waits(&c, &kace_jobs);
+    let light_last = kace_jobs
+        .iter()
+        .filter(|(_, u)| *u == LIGHT.1)
+        .map(|(id, _)| start_of(&c, *id))
+        .fold(f64::NEG_INFINITY, f64::max);
+    let heavy_first = kace_jobs
+        .iter()
+        .filter(|(_, u)| *u == HEAVY.1)
+        .map(|(id, _)| start_of(&c, *id))
+        .fold(f64::INFINITY, f64::min);
+    let _ = watch.kill();
+    let _ = watch.wait();
+
+    eprintln!("accounting: fair-share table (median wait, s; one run)");
+    eprintln!("accounting: | user | fair-share | Slurm alone | kace |");
+    for (user, fs) in [(HEAVY.1, fs_heavy), (LIGHT.1, fs_light)] {
+        eprintln!(
+            "accounting: | {user} | {fs:.3} | {:.0} | {:.0} |",
+            median(plain_waits[user].clone()),
+            median(kace_waits[user].clone())
+        );
+    }
+    let decider = ["dispatch-watch.out", "dispatch-watch.err"]
+        .map(|f| std::fs::read_to_string(dir.join(f)).unwrap_or_default())
+        .join("");
+    assert!(
+        light_last <= heavy_first,
+        "the light user's kace jobs start before the heavy user's (last light {light_last}, \
+         first heavy {heavy_first})\n{decider}"
+    );
+    // Slurm alone gives the same order.
+    let plain_light_last = plain
+        .iter()
+        .filter(|(_, u)| *u == LIGHT.1)
+        .map(|(id, _)| start_of(&c, *id))
+        .fold(f64::NEG_INFINITY, f64::max);
+    let plain_heavy_first = plain
+        .iter()
+        .filter(|(_, u)| *u == HEAVY.1)
+        .map(|(id, _)| start_of(&c, *id))
+        .fold(f64::INFINITY, f64::min);
+    assert!(plain_light_last <= plain_heavy_first, "Slurm's own order differs: the test is wrong");
+}
