@@ -158,20 +158,29 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
             date(f.created_at),
             f.source
         );
+        // The priority Slurm would have given each (kace's estimate; records of a decider
+        // without priority/multifactor, and older ones, have none).
+        let priorities = d.candidates.iter().any(|c| c.priority.is_some());
         let rows: Vec<Vec<String>> = d
             .candidates
             .iter()
             .map(|c| {
-                vec![
-                    c.job.clone().unwrap_or_default(),
-                    c.workload.clone(),
-                    c.prediction.map(num).unwrap_or_else(|| "-".into()),
-                    verdict(d, c),
-                ]
+                let mut row = vec![c.job.clone().unwrap_or_default(), c.workload.clone()];
+                if priorities {
+                    row.push(c.priority.map(|p| format!("{p:.0}")).unwrap_or_else(|| "-".into()));
+                }
+                row.push(c.prediction.map(num).unwrap_or_else(|| "-".into()));
+                row.push(verdict(d, c));
+                row
             })
             .collect();
+        let header: &[&str] = if priorities {
+            &["job", "workload", "priority", "predicted", "verdict"]
+        } else {
+            &["job", "workload", "predicted", "verdict"]
+        };
         if !rows.is_empty() {
-            print!("{}", table(&["job", "workload", "predicted", "verdict"], &rows));
+            print!("{}", table(header, &rows));
         }
     }
     for (f, c) in &seen {

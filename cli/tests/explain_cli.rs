@@ -39,7 +39,10 @@ fn explain_reads_the_spool_then_the_database() {
             chosen_job: Some("12".into()),
             model_version: Some(1),
             candidates: vec![
-                cand("11", "lstm", Some(3.0), None),
+                DecisionCandidate {
+                    priority: Some(75_006.0),
+                    ..cand("11", "lstm", Some(3.0), None)
+                },
                 cand("12", "vit", Some(4.5), None),
                 cand("13", "huge", None, Some("memory does not fit (40.0 GiB > 30.4 GiB)")),
             ],
@@ -50,6 +53,8 @@ fn explain_reads_the_spool_then_the_database() {
         let out = e.ok(&["explain", "10"]);
         assert!(out.contains("job 10 (bert) led its GPU and chose job 12 (vit)"), "{out}");
         assert!(out.contains(&format!("[{source}]")), "{out}");
+        // The priority Slurm would have given each candidate, where the record has it.
+        assert!(out.contains("priority") && out.contains("75006"), "{out}");
         let out = e.ok(&["explain", "11"]);
         assert!(out.contains("not chosen: predicted 3.000, the chosen one 4.500"), "{out}");
         let out = e.ok(&["explain", "12"]);

@@ -1,6 +1,6 @@
 //! kace's Slurm readers on output captured from each supported Slurm release on the clusters the
 //! e2e suite starts (`node/tests/fixtures/<version>/`, written by the e2e test `slurm_output`
-//! with `KACE_FIXTURES_OUT=node/tests/fixtures`): 22.05 (Debian 12), 25.11 and 26.05.
+//! with `KACE_FIXTURES_OUT=$PWD/node/tests/fixtures` from the repository root: cargo runs it in `tests/`): 22.05 (Debian 12), 25.11 and 26.05.
 
 #[path = "fixtures/check.rs"]
 mod check;

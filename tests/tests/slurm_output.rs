@@ -145,6 +145,8 @@ fn kace_reads_what_this_slurm_prints() {
         ("one job's GPUs", Box::new(move |s| drop(s.job_gpus(partner, "n1").unwrap()))),
         ("a step on the node", Box::new(move |s| assert!(s.steps_here(partner, "n1").unwrap()))),
         ("the nodes", Box::new(|s| drop(s.nodes().unwrap()))),
+        // priority/basic here: the weights only (tests/tests/accounting.rs reads the rest).
+        ("the priority factors", Box::new(|s| drop(s.priority_inputs().unwrap()))),
         ("a time limit", Box::new(move |s| s.set_time_limit(held, 30).unwrap())),
         ("holding again", Box::new(move |s| s.hold_again(held).unwrap())),
         (
