@@ -424,8 +424,8 @@ impl CommandKind {
     /// an update naming nodes the job, with the federation whatever `--local` says
     /// (src/scontrol/update_job.c: `NodeList` sets `update_size`, and `_is_single_job` loads
     /// the job with SHOW_ALL);
-    /// `scontrol listpids` asks slurmstepd only, `sacctmgr` slurmdbd only; `sshare` has no
-    /// `--local` and asks for the federation first. Checked against sdiag by
+    /// `scontrol listpids` asks slurmstepd only, `sacctmgr` slurmdbd only; `scontrol show
+    /// config` pings the controller besides (to print its state). Checked against sdiag by
     /// tests/tests/slurm_output.rs on each supported Slurm.
     pub fn rpcs(self) -> u64 {
         match self {
@@ -436,9 +436,9 @@ impl CommandKind {
             CommandKind::Update
             | CommandKind::Release
             | CommandKind::Hold
-            | CommandKind::Config
+            | CommandKind::Shares
             | CommandKind::Partitions => 1,
-            CommandKind::Shares => 2,
+            CommandKind::Config => 2,
             CommandKind::Steps | CommandKind::Qos => 0,
         }
     }
