@@ -39,6 +39,8 @@ pub fn run(args: MetricsArgs, ctx: &Ctx) -> Result<()> {
     match kace_node::decider_state::DeciderState::peek(&ctx.config.dispatch.state_dir) {
         Ok(Some(state)) => {
             live.decider_rpcs_last_minute = state.rpcs_last_minute(now).or(Some(0));
+            live.priority_inversions =
+                Some((state.inversions_total, state.inversion_seconds_total));
             live.decider_commands = Some(state.commands_total);
         }
         Ok(None) => {}

@@ -62,6 +62,15 @@ pub fn run(args: ReportArgs, ctx: &Ctx) -> Result<()> {
         if released.is_empty() { "none recorded".into() } else { released.join(", ") },
         t.median_hold_s.map(kace_observe::time::span).unwrap_or_else(|| "-".into())
     );
+    let p = &t.priority;
+    if p.choices > 0 {
+        println!(
+            "priority order: {} of {} choice(s) passed over a candidate of higher priority{}",
+            p.inversions,
+            p.choices,
+            p.max_gap.map(|g| format!(" (by at most {})", num(g))).unwrap_or_default()
+        );
+    }
     let rows: Vec<Vec<String>> = r
         .groups
         .iter()

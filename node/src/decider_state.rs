@@ -92,6 +92,15 @@ pub struct DeciderState {
     /// (`kace metrics`' priority inversions).
     #[serde(default)]
     pub inversions_total: u64,
+    /// Held jobs → when a job of lower priority was first released onto a GPU they could have
+    /// taken; at their own release (or when they leave the queue) the time since is added to
+    /// [`DeciderState::inversion_seconds_total`].
+    #[serde(default)]
+    pub passed_over_since: BTreeMap<u32, f64>,
+    /// Seconds jobs waited, since the state began, after a job of lower priority was released
+    /// ahead of them (`kace metrics`' priority inversion time; issue 29 item 2).
+    #[serde(default)]
+    pub inversion_seconds_total: f64,
     /// The nodes and when they were read (Unix seconds), in this process only.
     #[serde(skip)]
     pub nodes: Option<(f64, Vec<crate::slurm::NodeGpus>)>,

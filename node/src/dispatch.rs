@@ -473,6 +473,8 @@ struct Member {
     partitions: Vec<String>,
     /// It holds every shard of the GPU (a job handed back to Slurm): nothing can join it.
     whole: bool,
+    /// The jobs it shared its GPU with so far (its `AdminComment`, [`crate::slurm::read_mark`]).
+    partners: Vec<u32>,
 }
 
 /// A GPU as the pass sees it.
@@ -587,6 +589,14 @@ pub fn run(
     state.policy_seen.retain(|id, _| listed.contains(id));
     state.unpaired_said.retain(|id| on_a_gpu.contains(id));
     state.overtaken.retain(|id, _| listed.contains(id));
+    // A job passed over and no longer held (released by its user's update, handed back,
+    // cancelled) stopped waiting by this pass at the latest.
+    let still_held: BTreeSet<u32> = queue.iter().filter(|j| j.held()).map(|j| j.id).collect();
+    let stopped: Vec<u32> =
+        state.passed_over_since.keys().filter(|id| !still_held.contains(id)).copied().collect();
+    for id in stopped {
+        stop_inversion(state, id, now);
+    }
 
     // 0. What an earlier pass began, and the records it parked while the spool was full.
     finish_begun(slurm, s, state, &queue, &mut report);
@@ -735,6 +745,7 @@ pub fn run(
                     started: j.started,
                     partitions: crate::slurm::split_words(&j.partition),
                     whole: shards > 0 && j.shards().is_some_and(|n| n >= shards),
+                    partners: j.partners.clone(),
                 });
             }
         }
@@ -874,6 +885,9 @@ pub fn run(
                 if let Err(e) = lengthen(slurm, state, &plan, |id| id != j.id, &mut report) {
                     report.problems.push(e);
                 }
+                if !slots[k].jobs.is_empty() {
+                    record_partners(slurm, j, &slots[k], &mut report);
+                }
             }
             Err(e) => report.problems.push(e),
         }
@@ -958,6 +972,7 @@ pub fn run(
                     if !ahead.is_empty() {
                         for id in &ahead {
                             *state.overtaken.entry(*id).or_default() += 1;
+                            state.passed_over_since.entry(*id).or_insert(now);
                         }
                         state.inversions_total += 1;
                         report.passed_over.push((held[i].id, ahead));
@@ -968,6 +983,7 @@ pub fn run(
                     {
                         report.problems.push(e);
                     }
+                    record_partners(slurm, held[i], slot, &mut report);
                     break;
                 }
                 Err(e) => report.problems.push(e),
@@ -1200,6 +1216,7 @@ fn release(
     state.begun.remove(&j.id);
     match moved {
         Ok(()) => {
+            stop_inversion(state, j.id, now);
             // Its GPU is known without asking Slurm when it runs.
             if slot.sole_of_kind {
                 state.gpus.insert(j.id, (slot.at.node.clone(), vec![slot.at.index.0]));
@@ -1218,6 +1235,33 @@ fn release(
             problems.insert(0, format!("couldn't release job {}: {e}", j.id));
             Err(problems.join("; "))
         }
+    }
+}
+
+/// Writes into the `AdminComment` of `joiner` and of each job on its GPU whom they share it
+/// with (sacct shows it; billing, issue 29 item 6): one update each, after the release. A
+/// failure costs only the record.
+fn record_partners(slurm: &dyn Slurm, joiner: &QueuedJob, slot: &Slot, report: &mut Report) {
+    let on_gpu: Vec<u32> = slot.jobs.iter().map(|m| m.id).collect();
+    let mut writes = vec![(joiner.id, joiner.workload.as_str(), on_gpu.clone())];
+    for m in &slot.jobs {
+        let mut partners = m.partners.clone();
+        partners.extend(on_gpu.iter().filter(|&&id| id != m.id));
+        partners.push(joiner.id);
+        writes.push((m.id, m.workload.as_str(), partners));
+    }
+    for (id, workload, partners) in writes {
+        if let Err(e) = slurm.record_partners(id, workload, &partners) {
+            report.problems.push(format!("couldn't record job {id}'s partners in Slurm: {e}"));
+        }
+    }
+}
+
+/// Job `id` waits no longer: the time since a lower-priority job was first released ahead of
+/// it counts as priority inversion.
+fn stop_inversion(state: &mut DeciderState, id: u32, now: f64) {
+    if let Some(since) = state.passed_over_since.remove(&id) {
+        state.inversion_seconds_total += (now - since).max(0.0);
     }
 }
 

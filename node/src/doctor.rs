@@ -477,6 +477,14 @@ pub fn run(config: &Config, setup: &Setup) -> Vec<Finding> {
             ),
         });
         out.push(check_rpc_budget(config, crate::Clock::now(&crate::SystemClock)));
+        out.push(match scontrol(&["-o", "show", "partition"]) {
+            Ok(text) => check_billing(&text),
+            Err(e) => Finding::warn(
+                "billing",
+                format!("couldn't read the partitions: {e}"),
+                "run on the controller",
+            ),
+        });
     }
     out.extend(check_database(config, setup.role));
     if setup.role.node() {
@@ -490,6 +498,59 @@ pub fn run(config: &Config, setup: &Setup) -> Vec<Finding> {
         out.push(check_nvml(config.node.gpu_memory_gib));
     }
     out
+}
+
+/// A `TRESBillingWeights` value's weight for `tres` (`GRES/gpu`; untyped only, any case).
+fn billing_weight(weights: &str, tres: &str) -> Option<f64> {
+    weights.split(',').find_map(|w| {
+        let (k, v) = w.split_once('=')?;
+        // A weight may carry a unit suffix (`Mem=0.25G`); GRES weights do not.
+        k.trim().eq_ignore_ascii_case(tres).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+/// kace's billing recommendation (admin guide §4.8): a kace job asks for shards, so where a
+/// partition bills GPUs (`TRESBillingWeights` with `GRES/gpu`) it must bill shards too, or
+/// kace jobs cost nothing there; `GRES/shard` = the GPU's weight / shards per GPU bills a
+/// job its share of the GPU, alone or shared. `scontrol -o show partition` lines in.
+pub fn check_billing(show_partition: &str) -> Finding {
+    let mut unbilled = Vec::new();
+    let mut billed = Vec::new();
+    for line in show_partition.lines() {
+        let fields: BTreeMap<&str, &str> =
+            line.split_whitespace().filter_map(|w| w.split_once('=')).collect();
+        let (Some(name), Some(weights)) =
+            (fields.get("PartitionName"), fields.get("TRESBillingWeights"))
+        else {
+            continue;
+        };
+        let gpu = billing_weight(weights, "GRES/gpu");
+        let shard = billing_weight(weights, "GRES/shard").filter(|w| *w > 0.0);
+        match (gpu.filter(|g| *g > 0.0), shard) {
+            (Some(g), None) => unbilled.push(format!("{name} (GRES/gpu={g})")),
+            (_, Some(w)) => billed.push(format!("{name}: GRES/shard={w}")),
+            (None, None) => {}
+        }
+    }
+    if !unbilled.is_empty() {
+        return Finding::warn(
+            "billing",
+            format!(
+                "partition(s) {} bill GPUs but not shards: kace jobs bill no GPU there",
+                unbilled.join(", ")
+            ),
+            "add GRES/shard=<GRES/gpu weight / shards per GPU> to their TRESBillingWeights \
+             (admin guide §4.8); scontrol reconfigure",
+        );
+    }
+    if billed.is_empty() {
+        return Finding::ok(
+            "billing",
+            "no partition weights GPUs (TRESBillingWeights): sacct's AllocTRES shows each kace \
+             job's gres/shard; kace records partners in AdminComment",
+        );
+    }
+    Finding::ok("billing", format!("shards billed ({})", billed.join("; ")))
 }
 
 fn check_plugstack(plugstack: &str, local: Option<(u32, u32)>) -> Finding {
@@ -777,6 +838,25 @@ fn check_nvml(fallback: Option<f64>) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn partitions_that_bill_gpus_must_bill_shards() {
+        let gpu_only = "PartitionName=gpu AllowGroups=ALL TRESBillingWeights=CPU=1.0,Mem=0.25G,GRES/gpu=4.0 State=UP\n\
+                        PartitionName=cpu TRESBillingWeights=CPU=1.0\n";
+        let f = check_billing(gpu_only);
+        assert_eq!(f.status, Status::Warn, "{f:?}");
+        assert!(f.detail.contains("gpu (GRES/gpu=4)") && !f.detail.contains("cpu"), "{f:?}");
+        let both = "PartitionName=gpu TRESBillingWeights=CPU=1.0,gres/gpu=4.0,GRES/shard=1.0\n";
+        let f = check_billing(both);
+        assert_eq!(f.status, Status::Ok, "{f:?}");
+        assert!(f.detail.contains("gpu: GRES/shard=1"), "{f:?}");
+        let none = "PartitionName=debug Nodes=n1 State=UP\n";
+        assert_eq!(check_billing(none).status, Status::Ok);
+        assert!(check_billing(none).detail.contains("no partition weights GPUs"));
+        // A zero shard weight bills nothing either.
+        let zero = "PartitionName=gpu TRESBillingWeights=GRES/gpu=2,GRES/shard=0\n";
+        assert_eq!(check_billing(zero).status, Status::Warn);
+    }
 
     const SHOW_CONFIG: &str = "Configuration data as of 2026-12-01T01:00:00\n\
         AccountingStorageType   = accounting_storage/none\n\

@@ -27,6 +27,43 @@ use crate::slurm_json;
 /// `admin_comment` prefix the gate (job_submit.lua) gives kace jobs; only root can set it.
 pub const MARK: &str = "kace:";
 
+/// What follows the workload in a kace job's `AdminComment` once the decider paired it: the
+/// jobs it shared its GPU with, for sacct and billing (issue 29 item 6).
+const PARTNERS_TAG: &str = " shared=";
+
+/// The most partners a job's `AdminComment` names: a long job refilled beside many short ones
+/// names its first ones (the decision records keep every pairing).
+pub const MAX_RECORDED_PARTNERS: usize = 32;
+
+/// Reads the gate's mark, `kace:<workload>` and, once the decider paired the job,
+/// ` shared=<job>,<job>…`: the workload (`None` without the mark or with an empty workload;
+/// the gate's workload names hold no space) and the partners (ids that do not read as job ids
+/// are left out; only root writes the field).
+pub fn read_mark(admin_comment: &str) -> Option<(&str, Vec<u32>)> {
+    let marked = admin_comment.strip_prefix(MARK)?;
+    let (workload, partners) = match marked.split_once(PARTNERS_TAG) {
+        Some((w, p)) => (w, p.split(',').filter_map(|id| id.trim().parse().ok()).collect()),
+        None => (marked, Vec::new()),
+    };
+    (!workload.is_empty() && !workload.contains(' ')).then_some((workload, partners))
+}
+
+/// The `AdminComment` of a kace job of `workload` that shared its GPU with `partners` (in
+/// order, each once, at most [`MAX_RECORDED_PARTNERS`]); [`read_mark`] reads it back.
+pub fn write_mark(workload: &str, partners: &[u32]) -> String {
+    let mut ids: Vec<u32> = Vec::new();
+    for &p in partners {
+        if !ids.contains(&p) && ids.len() < MAX_RECORDED_PARTNERS {
+            ids.push(p);
+        }
+    }
+    if ids.is_empty() {
+        return format!("{MARK}{workload}");
+    }
+    let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+    format!("{MARK}{workload}{PARTNERS_TAG}{}", ids.join(","))
+}
+
 /// The `squeue -O` format kace reads its jobs with: no field a user writes as free text. The
 /// constraint (`Feature`) is the user's, but Slurm accepts only the admin's feature names and
 /// the operators `&|,[]*()!` and digits; it comes last because `|` is one of them (see
@@ -73,6 +110,9 @@ pub struct QueuedJob {
     pub id: u32,
     /// The workload the gate recorded (`admin_comment=kace:<workload>`).
     pub workload: String,
+    /// The jobs it shared its GPU with, as the decider recorded them in its `AdminComment`
+    /// ([`read_mark`]).
+    pub partners: Vec<u32>,
     /// The submitting user's name.
     pub user: String,
     /// Slurm's pending reason (`JobHeldUser`, `Resources`, …).
@@ -240,7 +280,7 @@ impl JobDetail {
 
     /// The kace workload, when the gate marked this job.
     pub fn workload(&self) -> Option<&str> {
-        self.admin_comment.strip_prefix(MARK).filter(|w| !w.is_empty())
+        read_mark(&self.admin_comment).map(|(w, _)| w)
     }
 
     /// The allocation on `gpu`: the shard (or gpu) entry whose indices include that GPU.
@@ -337,6 +377,10 @@ pub trait Slurm {
     fn hold_again(&self, id: u32) -> Result<()>;
     /// Sets a job's time limit (whole minutes; root may lengthen a running job's).
     fn set_time_limit(&self, id: u32, minutes: u64) -> Result<()>;
+    /// Records in a kace job's `AdminComment` ([`write_mark`]) the jobs it shared its GPU
+    /// with: slurmctld sends it to slurmdbd at the job's end, so `sacct -o AdminComment` shows
+    /// it. Only root can set the field.
+    fn record_partners(&self, id: u32, workload: &str, partners: &[u32]) -> Result<()>;
     /// Whether `node`'s slurmd (on this host) runs a step of job `id` now: `scontrol listpids
     /// ID NODE`, which asks that node's slurmstepd over its local socket, not slurmctld (no RPC).
     /// `false` also when the job has no step yet (its prolog runs) or no process left.
@@ -759,6 +803,12 @@ impl Slurm for Commands {
         self.scontrol(CommandKind::Update, &["update", &job, &limit]).map(drop)
     }
 
+    fn record_partners(&self, id: u32, workload: &str, partners: &[u32]) -> Result<()> {
+        let job = format!("jobid={id}");
+        let comment = format!("AdminComment={}", write_mark(workload, partners));
+        self.scontrol(CommandKind::Update, &["update", &job, &comment]).map(drop)
+    }
+
     fn hold_again(&self, id: u32) -> Result<()> {
         let id_text = id.to_string();
         self.scontrol(CommandKind::Hold, &["uhold", &id_text])?;
@@ -849,12 +899,13 @@ pub fn parse_queue(out: &str) -> (Vec<QueuedJob>, Vec<String>) {
             unreadable.push(short(line));
             continue;
         };
-        let Some(workload) = f[1].strip_prefix(MARK) else { continue };
+        let Some((workload, partners)) = read_mark(f[1]) else { continue };
         let none =
             |v: &str| if matches!(v, "N/A" | "(null)") { String::new() } else { v.to_string() };
         jobs.push(QueuedJob {
             id,
             workload: workload.to_string(),
+            partners,
             user: f[2].to_string(),
             reason: f[3].to_string(),
             tres_per_node: none(f[4]),
@@ -884,7 +935,8 @@ pub fn parse_queue(out: &str) -> (Vec<QueuedJob>, Vec<String>) {
 /// the gate did not mark it. The compact state is squeue's (src/common/slurm_protocol_defs.c,
 /// job_state_string_compact: a `COMPLETING` flag first, then `CONFIGURING`, then the base).
 pub fn queued_from_json(j: slurm_json::JsonJob) -> Option<QueuedJob> {
-    let workload = j.admin_comment.strip_prefix(MARK)?.to_string();
+    let (workload, partners) = read_mark(&j.admin_comment)?;
+    let workload = workload.to_string();
     let flag = |f: &str| j.flags.iter().any(|x| x == f);
     let state = if flag("COMPLETING") {
         "CG".to_string()
@@ -901,6 +953,7 @@ pub fn queued_from_json(j: slurm_json::JsonJob) -> Option<QueuedJob> {
     Some(QueuedJob {
         id: j.id,
         workload,
+        partners,
         user: j.user,
         reason: j.reason,
         tres_per_node: j.tres_per_node,
@@ -936,7 +989,7 @@ pub fn running_kace_jobs(jobs: Vec<slurm_json::JsonJob>) -> Vec<RunningJob> {
                 "COMPLETING" => "CG",
                 _ => "R",
             };
-            let workload = j.admin_comment.strip_prefix(MARK).unwrap_or("").to_string();
+            let workload = read_mark(&j.admin_comment).map_or("", |(w, _)| w).to_string();
             RunningJob {
                 id: j.id,
                 node: j.nodes,
@@ -1091,6 +1144,28 @@ pub fn parse_utc(s: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mark_names_the_workload_and_the_partners() {
+        assert_eq!(read_mark("kace:bert"), Some(("bert", vec![])));
+        assert_eq!(write_mark("bert", &[]), "kace:bert");
+        let marked = write_mark("bert", &[12, 15, 12]);
+        assert_eq!(marked, "kace:bert shared=12,15");
+        assert_eq!(read_mark(&marked), Some(("bert", vec![12, 15])));
+        // What does not read as a job id is left out; no mark, no workload.
+        assert_eq!(read_mark("kace:bert shared=12,x,,7"), Some(("bert", vec![12, 7])));
+        for bad in ["", "bert", "kace:", "kace: shared=1", "site note", "kace:a b"] {
+            assert_eq!(read_mark(bad), None, "{bad:?}");
+        }
+        let many: Vec<u32> = (1..=100).collect();
+        let (_, kept) = read_mark(&write_mark("w", &many)).unwrap().clone();
+        assert_eq!(kept, (1..=MAX_RECORDED_PARTNERS as u32).collect::<Vec<_>>());
+        // A listing line with partners reads like one without.
+        let line = "12|kace:bert shared=9,10|alice|None|gres/shard:1|2026-11-29T06:58:00|n2|R|(null)|N/A|2026-11-29T06:58:40|2026-11-29T07:58:40|n2|debug|(null)|0|UNLIMITED|acct|normal|0|(null)|\n";
+        let (jobs, bad) = parse_queue(line);
+        assert!(bad.is_empty(), "{bad:?}");
+        assert_eq!((jobs[0].workload.as_str(), jobs[0].partners.clone()), ("bert", vec![9, 10]));
+    }
 
     #[test]
     fn pending_kace_jobs_are_read_and_others_skipped() {

@@ -52,6 +52,9 @@ impl Slurm for Queue {
     fn set_time_limit(&self, _id: u32, _minutes: u64) -> Result<()> {
         Ok(())
     }
+    fn record_partners(&self, _id: u32, _workload: &str, _partners: &[u32]) -> Result<()> {
+        Ok(())
+    }
     fn hold_again(&self, _id: u32) -> Result<()> {
         Ok(())
     }

@@ -42,6 +42,8 @@ struct FakeSlurm {
     unreachable_listings: std::cell::Cell<u32>,
     /// What `priority_inputs` answers (default: no multifactor, submission order).
     priority: kace_node::priority::PriorityInputs,
+    /// The `AdminComment`s the decider wrote (`record_partners`); the listing reads them back.
+    comments: RefCell<BTreeMap<u32, String>>,
     calls: RefCell<Vec<String>>,
 }
 
@@ -79,6 +81,11 @@ impl Slurm for FakeSlurm {
         let mut q = self.pending.borrow().clone();
         q.extend(self.running.borrow().iter().map(FakeSlurm::listed));
         q.sort_by_key(|j| j.id);
+        for j in &mut q {
+            if let Some(c) = self.comments.borrow().get(&j.id) {
+                j.partners = kace_node::slurm::read_mark(c).map(|(_, p)| p).unwrap_or_default();
+            }
+        }
         Ok(q)
     }
     fn queued(&self, id: u32) -> Result<Option<QueuedJob>> {
@@ -153,6 +160,12 @@ impl Slurm for FakeSlurm {
     }
     fn set_time_limit(&self, id: u32, minutes: u64) -> Result<()> {
         self.calls.borrow_mut().push(format!("time limit {id} {minutes}"));
+        Ok(())
+    }
+    fn record_partners(&self, id: u32, workload: &str, partners: &[u32]) -> Result<()> {
+        let comment = kace_node::slurm::write_mark(workload, partners);
+        self.calls.borrow_mut().push(format!("comment {id} {comment}"));
+        self.comments.borrow_mut().insert(id, comment);
         Ok(())
     }
     fn hold_again(&self, id: u32) -> Result<()> {
@@ -2277,9 +2290,17 @@ fn a_joiner_is_chosen_inside_the_priority_window() {
     assert_eq!(first, Some(11), "the synthetic data pair beta beside alpha");
     let settings = dispatch::Settings { priority_window: 1, ..dispatch::Settings::of(&w.config) };
     let mut state = kace_node::decider_state::DeciderState::default();
+    // The lead shared its GPU with job 7 before.
+    w.slurm.comments.borrow_mut().insert(10, "kace:alpha shared=7".into());
     let r = dispatch::run(&w.slurm, &settings, &mut state, 1500.0).unwrap();
     assert_eq!(r.joiners, vec![(11, "n1".to_string(), 0)], "{r:?}");
     assert!(r.passed_over.is_empty(), "{r:?}");
+    // Both name each other in their AdminComment (sacct's record), the lead its earlier
+    // partner too.
+    let calls = w.slurm.calls.borrow().clone();
+    for want in ["comment 11 kace:beta shared=10", "comment 10 kace:alpha shared=7,11"] {
+        assert!(calls.iter().any(|c| c == want), "{want:?} not in {calls:?}");
+    }
     let d = &r.records.iter().find(|d| d.decision.chosen_job.is_some()).unwrap().decision;
     assert_eq!(d.candidates.len(), 1, "only the window is offered: {d:?}");
 }
@@ -2319,10 +2340,19 @@ fn a_job_passed_over_as_often_as_the_window_is_offered_alone() {
     });
     let mut state = kace_node::decider_state::DeciderState::default();
     state.overtaken.insert(12, window as u32);
+    // Passed over since 1400 (12) and 1450 (999, which has left the queue): each stops
+    // waiting at its release or when the pass no longer lists it held.
+    state.passed_over_since.insert(12, 1400.0);
+    state.passed_over_since.insert(999, 1450.0);
     let r = dispatch::run(&w.slurm, &settings, &mut state, 1500.0).unwrap();
     let alone = w.expected_choice("alpha", &[held(12, "zeta", "alice", "")]);
     let joined: Vec<u32> = r.joiners.iter().map(|j| j.0).collect();
     assert_eq!(joined, alone.into_iter().collect::<Vec<_>>(), "{r:?}");
+    let (expected, still) =
+        if joined.contains(&12) { (150.0, None) } else { (50.0, Some(&1400.0)) };
+    assert_eq!(state.inversion_seconds_total, expected, "{state:?}");
+    assert_eq!(state.passed_over_since.get(&12), still, "{state:?}");
+    assert!(!state.passed_over_since.contains_key(&999), "{state:?}");
     let d =
         &r.records.iter().find(|d| d.decision.lead_job.as_deref() == Some("10")).unwrap().decision;
     assert_eq!(d.candidates.len(), 1, "{d:?}");

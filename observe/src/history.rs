@@ -236,6 +236,9 @@ mod tests {
         fn set_time_limit(&self, _: u32, _: u64) -> kace_node::Result<()> {
             Ok(())
         }
+        fn record_partners(&self, _: u32, _: &str, _: &[u32]) -> kace_node::Result<()> {
+            Ok(())
+        }
         fn hold_again(&self, _: u32) -> kace_node::Result<()> {
             Ok(())
         }

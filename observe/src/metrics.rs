@@ -47,6 +47,9 @@ pub struct Live {
     pub decider_commands: Option<std::collections::BTreeMap<String, u64>>,
     /// The Slurm RPCs the decider made in the last full minute.
     pub decider_rpcs_last_minute: Option<u64>,
+    /// The decider's priority inversions since its state began: releases that passed over a
+    /// held job of higher priority, and the seconds such jobs waited after it.
+    pub priority_inversions: Option<(u64, f64)>,
 }
 
 /// Counts the `.json` records directly in `dir`: none when it does not exist yet, `None` when
@@ -323,6 +326,22 @@ pub fn render(db: &Db, objective: Objective, live: &Live, now: f64) -> Result<St
             o.sample("kace_slurm_commands_total", &[("kind", kind)], *n as f64);
         }
     }
+    if let Some((n, seconds)) = live.priority_inversions {
+        o.one(
+            "kace_priority_inversions_total",
+            "counter",
+            "Releases that passed over a held kace job of higher priority (Slurm's multifactor \
+             order, as kace estimates it), bounded by selection.priority_window.",
+            n as f64,
+        );
+        o.one(
+            "kace_priority_inversion_seconds_total",
+            "counter",
+            "Seconds held kace jobs waited after a job of lower priority was released ahead of \
+             them, until their own release.",
+            seconds,
+        );
+    }
     if let Some(n) = live.decider_rpcs_last_minute {
         o.one(
             "kace_slurm_rpcs_last_minute",
@@ -372,6 +391,22 @@ mod tests {
         assert_eq!(quantile(&[1.0, 2.0, 3.0], 0.5), 2.0);
         assert_eq!(quantile(&[1.0, 3.0], 0.5), 2.0);
         assert_eq!(quantile(&[1.0, 3.0], 0.9), 2.8);
+    }
+
+    #[test]
+    fn the_deciders_priority_inversions_are_counters() {
+        let d = std::env::temp_dir().join(format!("kace-prom-inv-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let _ = std::fs::remove_file(d.join("kace.db"));
+        let (db, _) = Db::create(&d.join("kace.db")).unwrap();
+        let live = Live { priority_inversions: Some((3, 42.5)), ..Live::default() };
+        let text = render(&db, Objective::ThroughputSum, &live, 1000.0).unwrap();
+        assert!(text.contains("# TYPE kace_priority_inversions_total counter\n"), "{text}");
+        assert!(text.contains("\nkace_priority_inversions_total 3\n"), "{text}");
+        assert!(text.contains("\nkace_priority_inversion_seconds_total 42.5\n"), "{text}");
+        let none = render(&db, Objective::ThroughputSum, &Live::default(), 1000.0).unwrap();
+        assert!(!none.contains("kace_priority_inversion"), "no decider here: {none}");
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 use kace_plot::{close, escape, nice, open, Panel, PALETTE};
 use kace_selector::Objective;
-use kace_sql::{Db, Observation};
+use kace_sql::{Db, DecisionCandidate, NewDecision, Observation};
 use serde::Serialize;
 
 use crate::releases::{count_by, groups_by_kind, released, Released};
@@ -79,6 +79,50 @@ pub struct Totals {
     pub released: BTreeMap<String, usize>,
     /// Median hold of the released jobs, seconds.
     pub median_hold_s: Option<f64>,
+    /// Priority order over the period, from the decision records' candidates.
+    pub priority: PriorityOrder,
+}
+
+/// How kace's choices kept to Slurm's priority order (issue 29 item 2), from the candidates'
+/// priorities each decision record carries (kace's estimate; `None` in records without
+/// multifactor priority or from before it was kept).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PriorityOrder {
+    /// Choices among two or more candidates whose priorities are recorded.
+    pub choices: usize,
+    /// Of which the chosen job was not the one of highest priority among the candidates that
+    /// passed the filters: a job of lower priority went first (bounded by
+    /// `selection.priority_window`).
+    pub inversions: usize,
+    /// The most priority any chosen job was below the highest candidate's.
+    pub max_gap: Option<f64>,
+}
+
+/// Counts the choices where a candidate of higher priority was passed over.
+fn priority_order(decisions: &[&NewDecision]) -> PriorityOrder {
+    let mut order = PriorityOrder::default();
+    for d in decisions {
+        let Some(chosen) = d.chosen_job.as_deref() else { continue };
+        let eligible: Vec<&DecisionCandidate> =
+            d.candidates.iter().filter(|c| c.rejected.is_none()).collect();
+        let Some(mine) =
+            eligible.iter().find(|c| c.job.as_deref() == Some(chosen)).and_then(|c| c.priority)
+        else {
+            continue;
+        };
+        let best = eligible
+            .iter()
+            .filter(|c| c.job.as_deref() != Some(chosen))
+            .filter_map(|c| c.priority)
+            .fold(None, |m: Option<f64>, p| Some(m.map_or(p, |m| m.max(p))));
+        let Some(best) = best else { continue };
+        order.choices += 1;
+        if best > mine {
+            order.inversions += 1;
+            order.max_gap = Some(order.max_gap.map_or(best - mine, |g: f64| g.max(best - mine)));
+        }
+    }
+    order
 }
 
 /// The report.
@@ -251,6 +295,13 @@ pub fn build(db: &Db, objective: Objective, since: f64, now: f64) -> Result<Repo
             .map(|((by, place), n)| (format!("{by}/{place}"), n))
             .collect(),
         median_hold_s: median(releases.iter().filter_map(|r| r.held_s).collect()),
+        priority: priority_order(
+            &decisions
+                .iter()
+                .filter(|d| d.created_at >= since && d.created_at <= now)
+                .map(|d| &d.decision)
+                .collect::<Vec<_>>(),
+        ),
     };
     Ok(Report { since, until: now, objective: objective.key(), groups, days, totals })
 }
@@ -420,6 +471,46 @@ mod tests {
         for bad in ["", "d", "-3d", "7y", "nand", "0h"] {
             assert!(parse_since(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    fn chose(chosen: &str, candidates: &[(&str, Option<f64>, bool)]) -> NewDecision {
+        NewDecision {
+            lead_job: Some("1".into()),
+            lead_workload: "a".into(),
+            chosen_workload: Some("b".into()),
+            chosen_job: Some(chosen.into()),
+            model_version: None,
+            candidates: candidates
+                .iter()
+                .map(|(job, priority, rejected)| DecisionCandidate {
+                    job: Some(job.to_string()),
+                    workload: "b".into(),
+                    prediction: None,
+                    rejected: rejected.then(|| "too big".into()),
+                    held_s: None,
+                    priority: *priority,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_choice_below_a_fitting_candidates_priority_is_an_inversion() {
+        let ds = [
+            // 11 went before 12 of higher priority: one inversion, a gap of 400.
+            chose("11", &[("11", Some(600.0), false), ("12", Some(1000.0), false)]),
+            // The highest went first.
+            chose("13", &[("13", Some(900.0), false), ("14", Some(100.0), false)]),
+            // A rejected candidate of higher priority could not take the GPU: no inversion, and
+            // no choice by priority (one candidate fitted).
+            chose("15", &[("15", Some(1.0), false), ("16", Some(5000.0), true)]),
+            // No priorities recorded (no multifactor): not a choice by priority.
+            chose("17", &[("17", None, false), ("18", None, false)]),
+            // Alone: nothing to compare.
+            chose("19", &[("19", Some(3.0), false)]),
+        ];
+        let o = priority_order(&ds.iter().collect::<Vec<_>>());
+        assert_eq!((o.choices, o.inversions, o.max_gap), (2, 1, Some(400.0)));
     }
 
     #[test]

@@ -516,6 +516,9 @@ mod tests {
         fn set_time_limit(&self, _: u32, _: u64) -> kace_node::Result<()> {
             panic!("status changes nothing")
         }
+        fn record_partners(&self, _: u32, _: &str, _: &[u32]) -> kace_node::Result<()> {
+            panic!("status changes nothing")
+        }
         fn hold_again(&self, _: u32) -> kace_node::Result<()> {
             panic!("status changes nothing")
         }

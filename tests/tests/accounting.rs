@@ -1,7 +1,7 @@
 //! Slurm's priority order with accounting on (issue 29): a cluster with its own MariaDB and
 //! slurmdbd, `AccountingStorageEnforce=associations,limits,qos`, multifactor priority with
 //! fair-share, two users in two accounts (`daemon` in `heavy`, Fairshare=1, with prior usage;
-//! `nobody` in `light`, Fairshare=9). One node, one typed GPU of 2 shards.
+//! `bin` in `light`, Fairshare=9). One node, one typed GPU of 2 shards.
 //!
 //! The same burst is run twice behind a blocker holding the whole GPU: plain shard jobs (Slurm
 //! alone), then kace jobs (gate, decider, `selection.priority_window = 1`). kace must start the
@@ -19,7 +19,9 @@ use kace_e2e::{kace as setup, Cluster, NodeSpec};
 use kace_node::slurm::{QueuedJob, Slurm};
 
 const HEAVY: (u32, &str) = (1, "daemon");
-const LIGHT: (u32, &str) = (65534, "nobody");
+// Not `nobody`: 26.05 never resolves that name to a uid (src/common/uid.h, SLURM_AUTH_NOBODY_NAME),
+// so its association matches no job and sbatch says "Invalid account".
+const LIGHT: (u32, &str) = (2, "bin");
 const MAX_HOLD_S: u64 = 600;
 
 fn wait_for(c: &Cluster, what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
@@ -100,7 +102,7 @@ fn kace_starts_jobs_in_slurms_fair_share_order() {
         "add account heavy Fairshare=1",
         "add account light Fairshare=9",
         "add user daemon Account=heavy",
-        "add user nobody Account=light",
+        "add user bin Account=light",
     ])
     .slurm_conf_line("MinJobAge=3600")
     .slurm_conf_line("PriorityType=priority/multifactor")
@@ -206,6 +208,43 @@ fn kace_starts_jobs_in_slurms_fair_share_order() {
     let mut watch = setup::watch(&dir, c.conf()).unwrap();
     let kace_jobs = burst(true);
     let kace_waits = waits(&c, &kace_jobs);
+    // Billing (issue 29 item 6): sacct shows, for each kace job that shared its GPU, whom it
+    // shared it with (the AdminComment the decider writes; slurmctld stores it at the job's
+    // end), and partners name each other.
+    let ids: Vec<String> = kace_jobs.iter().map(|(id, _)| id.to_string()).collect();
+    let mut comments: BTreeMap<u32, String> = BTreeMap::new();
+    wait_for(&c, "slurmdbd to hold the kace jobs' ends", Duration::from_secs(60), || {
+        let out = c
+            .run_ok(
+                "sacct",
+                &["-X", "-n", "-P", "-o", "JobID,State,AdminComment", "-j", &ids.join(",")],
+            )
+            .unwrap_or_default();
+        comments = out
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.splitn(3, '|').collect();
+                (f.len() == 3 && f[1] == "COMPLETED")
+                    .then(|| Some((f[0].parse().ok()?, f[2].to_string())))
+                    .flatten()
+            })
+            .collect();
+        comments.len() == ids.len()
+    });
+    eprintln!("accounting: sacct AdminComment {comments:?}");
+    let partners = |id: u32| kace_node::slurm::read_mark(&comments[&id]).map(|(_, p)| p);
+    let mut shared = 0;
+    for &id in comments.keys() {
+        let p = partners(id).unwrap_or_else(|| panic!("job {id}: no kace mark: {comments:?}"));
+        for q in &p {
+            assert!(
+                comments.contains_key(q) && partners(*q).unwrap().contains(&id),
+                "job {id} names {q}, which does not name it back: {comments:?}"
+            );
+        }
+        shared += usize::from(!p.is_empty());
+    }
+    assert!(shared >= 2, "no kace job shows a partner in sacct: {comments:?}");
     let light_last = kace_jobs
         .iter()
         .filter(|(_, u)| *u == LIGHT.1)

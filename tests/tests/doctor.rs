@@ -129,6 +129,7 @@ fn doctor_passes_on_the_cluster_and_names_injected_faults() {
         "gate",
         "epilog slurmctld",
         "dispatch lock",
+        "billing",
         "database",
         "model",
         "spool",

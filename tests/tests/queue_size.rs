@@ -19,6 +19,15 @@ use kace_e2e::{kace as setup, Cluster, NodeSpec};
 
 const MAX_HOLD_S: u64 = 5;
 
+/// How many pending jobs wait for each reason (`squeue -o "%i|%r"` lines).
+fn reasons(listing: &str) -> std::collections::BTreeMap<&str, usize> {
+    let mut by_reason = std::collections::BTreeMap::new();
+    for (_, reason) in listing.lines().filter_map(|l| l.split_once('|')) {
+        *by_reason.entry(reason).or_insert(0) += 1;
+    }
+    by_reason
+}
+
 fn count(c: &Cluster, states: &str) -> usize {
     c.run_ok("squeue", &["-h", "-t", states, "-o", "%i"]).unwrap_or_default().lines().count()
 }
@@ -57,9 +66,42 @@ fn a_large_queue_stops_neither_pairing_nor_max_hold() {
     c.submit_many(held, "--hold --wrap true").unwrap();
     c.submit_many(running, "-x n1 --wrap 'sleep 900'").unwrap();
     let until = Instant::now() + Duration::from_secs(300);
+    // On a loaded 2-core machine slurmd can fail a few of the 300 batch launches at once;
+    // slurmctld then requeues each one held ("launch failed requeued held", CI 2026-12-03:
+    // 288 of 300 ran). Those are released again, counted and printed: the test is about the
+    // queue's size, not about Slurm's launch path.
+    let mut relaunched = 0;
     while count(&c, "R") < running {
-        assert!(Instant::now() < until, "only {} of {running} plain jobs run", count(&c, "R"));
+        let pending = c.run_ok("squeue", &["-h", "-t", "PD", "-o", "%i|%r"]).unwrap_or_default();
+        let failed: Vec<&str> = pending
+            .lines()
+            .filter_map(|l| l.split_once('|'))
+            .filter(|(_, reason)| reason.contains("launch failed"))
+            .map(|(id, _)| id)
+            .collect();
+        if !failed.is_empty() {
+            relaunched += failed.len();
+            let _ = c.run_ok("scontrol", &["release", &failed.join(",")]);
+        }
+        assert!(
+            Instant::now() < until,
+            "only {} of {running} plain jobs run; pending reasons: {:?}\n{}\n{}",
+            count(&c, "R"),
+            reasons(&pending),
+            c.run_ok("sinfo", &["-N", "-o", "%N %T %E"]).unwrap_or_default(),
+            ["n2", "n3"]
+                .map(|n| c.slurmd_log(n))
+                .join("\n")
+                .lines()
+                .filter(|l| l.contains("error"))
+                .take(20)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
         std::thread::sleep(Duration::from_secs(2));
+    }
+    if relaunched > 0 {
+        eprintln!("queue size: {relaunched} plain job launch(es) failed and were released again");
     }
     eprintln!(
         "queue size: {held} held and {running} running plain jobs in slurmctld after {:.0?}",

@@ -104,6 +104,9 @@ impl Slurm for LocalJobs {
     fn set_time_limit(&self, _id: u32, _minutes: u64) -> kace_node::Result<()> {
         no_slurm("scontrol update")
     }
+    fn record_partners(&self, _id: u32, _w: &str, _p: &[u32]) -> kace_node::Result<()> {
+        no_slurm("scontrol update")
+    }
     fn hold_again(&self, _id: u32) -> kace_node::Result<()> {
         no_slurm("scontrol uhold")
     }
