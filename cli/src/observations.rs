@@ -135,6 +135,7 @@ fn from_table(path: &Path, text: &str) -> Result<Vec<Observation>> {
                 steps: None,
                 throughput: *thr,
                 user: None,
+                account: None,
                 gpu_sm_pct: None,
             });
         }

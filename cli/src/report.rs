@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use kace_node::{Clock, SystemClock};
-use kace_observe::report::{build, parse_since, svg};
+use kace_observe::report::{build, parse_since, svg, usage_by, By};
 use kace_observe::time::date;
 
 use crate::context::{num, print_json, Ctx};
@@ -22,12 +22,71 @@ pub struct ReportArgs {
     /// Also draw the report as an SVG file.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
+    /// Instead, kace GPU-hours alone and shared over the period by user or account.
+    #[arg(long, value_enum)]
+    by: Option<ByArg>,
+}
+
+/// `--by`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum ByArg {
+    User,
+    Account,
+}
+
+/// `kace report --by`: one row per user or account.
+fn print_usage(args: &ReportArgs, by: ByArg, ctx: &Ctx, span: f64, now: f64) -> Result<()> {
+    let by = match by {
+        ByArg::User => By::User,
+        ByArg::Account => By::Account,
+    };
+    let db = ctx.open_read_only()?;
+    let rows = usage_by(&db, by, now - span, now)?;
+    if ctx.json() {
+        return print_json(&serde_json::to_value(&rows)?);
+    }
+    let name = match by {
+        By::User => "user",
+        By::Account => "account",
+    };
+    println!(
+        "kace GPU-hours by {name} from {} to {} ({})",
+        date(now - span),
+        date(now),
+        args.since
+    );
+    let h = |v: f64| format!("{v:.2}");
+    let body: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.key.clone(),
+                r.jobs.to_string(),
+                h(r.alone_gpu_h),
+                h(r.shared_gpu_h),
+                h(r.shared_share_h),
+                h(r.alone_gpu_h + r.shared_share_h),
+            ]
+        })
+        .collect();
+    if body.is_empty() {
+        println!("no kace job observed in the period");
+        return Ok(());
+    }
+    print!(
+        "{}",
+        table(&[name, "jobs", "alone h", "shared h", "share of shared h", "GPU h"], &body)
+    );
+    Ok(())
 }
 
 /// Runs `kace report`.
 pub fn run(args: ReportArgs, ctx: &Ctx) -> Result<()> {
     let span = parse_since(&args.since)?;
     let now = SystemClock.now();
+    if let Some(by) = args.by {
+        return print_usage(&args, by, ctx, span, now);
+    }
     let db = ctx.open_read_only()?;
     let r = build(&db, ctx.config.selection.objective, now - span, now)?;
     if let Some(path) = &args.svg {

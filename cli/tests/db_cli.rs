@@ -391,6 +391,7 @@ fn obs(i: usize) -> Observation {
         steps: Some(10.0),
         throughput: 10.0,
         user: None,
+        account: None,
         gpu_sm_pct: None,
     }
 }
@@ -954,6 +955,7 @@ fn forged_spooled_pairs_do_not_move_the_model_on_the_trusted_reference() {
                 steps: Some(thr * 100.0),
                 throughput: thr,
                 user: None,
+                account: None,
                 gpu_sm_pct: None,
             };
             kace_sql::spool::write_record(&spool, &o).unwrap();

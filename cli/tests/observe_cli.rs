@@ -50,6 +50,7 @@ fn obs(
         steps: Some(thr * (e - s)),
         throughput: thr,
         user: None,
+        account: None,
         gpu_sm_pct: None,
     }
 }
@@ -115,10 +116,31 @@ fn prepared(tag: &str) -> Env {
     release("c/1/1000/n1/lead_release", "1", None, 3.0);
     release("c/9/1000/n1/join", "1", Some("9"), 45.0);
     release("c/8/1000/n1/max_hold", "8", None, 700.0);
+    let of = |o: Observation, user: &str, account: &str| Observation {
+        user: Some(user.into()),
+        account: Some(account.into()),
+        ..o
+    };
     let records = [
-        obs("c/1/0", "1", "resnet50-train", None, t, t + 10.0, 12.0),
-        obs("c/1/1", "1", "resnet50-train", Some(("7", "bert-infer")), t + 10.0, t + 40.0, 8.5),
-        obs("c/7/0", "7", "bert-infer", Some(("1", "resnet50-train")), t + 10.0, t + 40.0, 21.0),
+        of(obs("c/1/0", "1", "resnet50-train", None, t, t + 10.0, 12.0), "alice", "acct-a"),
+        of(
+            obs("c/1/1", "1", "resnet50-train", Some(("7", "bert-infer")), t + 10.0, t + 40.0, 8.5),
+            "alice",
+            "acct-a",
+        ),
+        of(
+            obs(
+                "c/7/0",
+                "7",
+                "bert-infer",
+                Some(("1", "resnet50-train")),
+                t + 10.0,
+                t + 40.0,
+                21.0,
+            ),
+            "bob",
+            "acct-b",
+        ),
     ];
     for r in &records {
         write_record(&spool, r).unwrap();
@@ -275,4 +297,23 @@ fn report_reads_the_database_and_draws_the_pair() {
     let bad = e.run(&["report", "--since", "soon"]);
     assert_eq!(bad.status.code(), Some(2), "bad usage");
     assert!(String::from_utf8_lossy(&bad.stderr).contains("want a span"));
+
+    // GPU time by user and by account (issue 29 item 6): job 1 alone 10 s, then 30 s beside
+    // job 7; each pays half of the shared 30 s.
+    let by: serde_json::Value =
+        serde_json::from_str(&e.ok(&["--format", "json", "report", "--by", "account"])).unwrap();
+    let rows = by.as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{by}");
+    assert_eq!((rows[0]["key"].as_str(), rows[0]["jobs"].as_u64()), (Some("acct-a"), Some(1)));
+    let hours = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap() * 3600.0;
+    for (k, want) in [("alone_gpu_h", 10.0), ("shared_gpu_h", 30.0), ("shared_share_h", 15.0)] {
+        assert!((hours(&rows[0], k) - want).abs() < 1e-6, "{k}: {by}");
+    }
+    assert!((hours(&rows[1], "shared_share_h") - 15.0).abs() < 1e-6, "{by}");
+    let text = e.ok(&["report", "--by", "user"]);
+    assert!(
+        text.contains("kace GPU-hours by user") && text.contains("alice") && text.contains("bob"),
+        "{text}"
+    );
+    assert_eq!(e.run(&["report", "--by", "group"]).status.code(), Some(2), "bad usage");
 }

@@ -107,6 +107,13 @@ pub struct DeciderState {
     /// The priority factors and when they were read, in this process only.
     #[serde(skip)]
     pub priority: Option<(f64, crate::priority::PriorityInputs)>,
+    /// The site's QOS and association limits and when they were read, in this process only.
+    #[serde(skip)]
+    pub limits: Option<(f64, crate::limits::Limits)>,
+    /// Held jobs a limit keeps back, with the reason last said (said once per reason, not
+    /// every pass).
+    #[serde(default)]
+    pub limit_said: BTreeMap<u32, String>,
 }
 
 impl DeciderState {

@@ -38,6 +38,7 @@ use kace_sql::{DecisionCandidate, NewDecision};
 
 use crate::decider_state::{Begun, DeciderState};
 use crate::error::{io, Result};
+use crate::limits::{Counted, Limits, Usage};
 use crate::placement::{self, HandBack, Wants};
 use crate::priority::{self, PriorityInputs};
 use crate::slurm::{Commands, NodeGpus, QueuedJob, Slurm, Target};
@@ -552,8 +553,8 @@ pub fn run(
     now: f64,
 ) -> Result<Report> {
     let mut report = Report::default();
-    let queue = match slurm.kace_queue() {
-        Ok(q) => q,
+    let (queue, counted) = match slurm.listing() {
+        Ok(l) => (l.kace, l.counted),
         Err(e) => {
             // slurmctld may be restarting: until its nodes register again it shows them
             // `unknown`, or a busy one with `shard:0` (measured on 22.05: about 5 s), and a
@@ -615,6 +616,29 @@ pub fn run(
         .iter()
         .filter(|j| j.held() && j.blocked(now).is_none())
         .filter(|j| !report.resumed.contains(&j.id) && !state.resting.contains_key(&j.id))
+        .collect();
+    state.limit_said.retain(|id, _| held.iter().any(|j| j.id == *id));
+    if held.is_empty() {
+        return Ok(report);
+    }
+    // The site's limits, against what runs now and what this pass releases: a job Slurm
+    // would keep pending for a limit is neither offered nor released for max_hold (its hold
+    // counts as Slurm's would not start it either), and the decider says why once.
+    let limits = site_limits(slurm, state, now, &mut report);
+    let usage = std::cell::RefCell::new(Usage::of(counted));
+    let limited = |j: &QueuedJob| limits.blocks(&usage.borrow(), &counted_of(j));
+    let held: Vec<&QueuedJob> = held
+        .into_iter()
+        .filter(|j| match limited(j) {
+            None => true,
+            Some(why) => {
+                if state.limit_said.get(&j.id) != Some(&why) {
+                    report.notes.push(format!("job {} waits for a limit: {why}", j.id));
+                    state.limit_said.insert(j.id, why);
+                }
+                false
+            }
+        })
         .collect();
     if held.is_empty() {
         return Ok(report);
@@ -832,6 +856,7 @@ pub fn run(
         wants[i]
             .as_ref()
             .is_ok_and(|w| placement::allows(w, &nodes[slot.node_at], slot.at.kind.as_deref()))
+            && limited(held[i]).is_none()
     };
     let mut expired_left: Vec<usize> = Vec::new();
 
@@ -881,6 +906,7 @@ pub fn run(
                 report.problems.extend(p);
                 report.records.push(d);
                 report.expired.push((j.id, slots[k].at.node.clone(), slots[k].at.index.0));
+                usage.borrow_mut().add(counted_of(j));
                 slots[k].coming += 1;
                 if let Err(e) = lengthen(slurm, state, &plan, |id| id != j.id, &mut report) {
                     report.problems.push(e);
@@ -962,6 +988,7 @@ pub fn run(
                     report.problems.extend(p);
                     report.records.push(d);
                     report.joiners.push((held[i].id, slot.at.node.clone(), slot.at.index.0));
+                    usage.borrow_mut().add(counted_of(held[i]));
                     // Jobs ahead of it in Slurm's order that this GPU could have taken.
                     let ahead: Vec<u32> = cands
                         .iter()
@@ -1006,14 +1033,19 @@ pub fn run(
                 report.problems.extend(p);
                 report.records.push(d);
                 report.leads.push((held[i].id, slot.at.node.clone(), slot.at.index.0));
+                usage.borrow_mut().add(counted_of(held[i]));
                 slot.coming += 1;
                 expired_left.retain(|k| *k != i);
             }
             Err(e) => report.problems.push(e),
         }
     }
-    // 4. max_hold is a bound: an expired job no GPU takes now goes to Slurm.
+    // 4. max_hold is a bound: an expired job no GPU takes now goes to Slurm (one that a
+    //    release of this pass put over a limit waits for it, as in Slurm).
     for i in expired_left {
+        if limited(held[i]).is_some() {
+            continue;
+        }
         taken.push(i);
         hand_back(slurm, s, state, held[i], &nodes, &HandBack::MaxHold, now, &mut report);
     }
@@ -1035,6 +1067,40 @@ pub fn run(
         .filter(|t| *t > now)
         .min_by(f64::total_cmp);
     Ok(report)
+}
+
+/// What `j` holds against the site's limits once released.
+fn counted_of(j: &QueuedJob) -> Counted {
+    crate::slurm::counted(&j.user, &j.account, &j.qos, &j.tres_per_node)
+}
+
+/// How long the site's limits are kept before they are read again, seconds: an admin's
+/// change to a QOS or an association reaches kace within this.
+pub const LIMITS_FRESH_S: f64 = 300.0;
+
+/// The site's QOS and association limits, read at most once per [`LIMITS_FRESH_S`].
+/// Unreadable: none are checked before a release (Slurm still enforces them, and a released
+/// job it keeps pending for one is held again), said once per read.
+fn site_limits(
+    slurm: &dyn Slurm,
+    state: &mut DeciderState,
+    now: f64,
+    report: &mut Report,
+) -> Limits {
+    if let Some((at, limits)) = &state.limits {
+        if (0.0..LIMITS_FRESH_S).contains(&(now - at)) {
+            return limits.clone();
+        }
+    }
+    let limits = slurm.site_limits().unwrap_or_else(|e| {
+        report.problems.push(format!(
+            "couldn't read the site's QOS and association limits ({e}); none is checked before \
+             a release until the next read"
+        ));
+        Limits::default()
+    });
+    state.limits = Some((now, limits.clone()));
+    limits
 }
 
 /// The priority factors, read from Slurm at most once per `PriorityCalcPeriod` and only when

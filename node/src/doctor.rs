@@ -104,14 +104,31 @@ pub struct Setup {
 }
 
 /// `scontrol show config` as key → value (`PlugStackConfig` → `/etc/slurm/plugstack.conf`).
+/// A list Slurm prints one entry a line (26.05: `Prolog[0] = …`, `Prolog[1] = …`; 22.05:
+/// `Prolog = a,b`) is also given under its bare key, its entries joined by `,`
+/// (src/api/config_info.c, `Prolog[%d]`); the numbered keys stay too (`SlurmctldHost[1]`).
 pub fn parse_show_config(text: &str) -> BTreeMap<String, String> {
-    text.lines()
-        .filter_map(|l| {
-            let (k, v) = l.split_once(" = ")?;
-            let k = k.trim();
-            (!k.is_empty() && !k.contains(' ')).then(|| (k.to_string(), v.trim().to_string()))
-        })
-        .collect()
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
+    for l in text.lines() {
+        let Some((k, v)) = l.split_once(" = ") else { continue };
+        let (k, v) = (k.trim(), v.trim());
+        if k.is_empty() || k.contains(' ') {
+            continue;
+        }
+        out.insert(k.to_string(), v.to_string());
+        let numbered = k
+            .strip_suffix(']')
+            .and_then(|k| k.split_once('['))
+            .filter(|(_, n)| n.parse::<u32>().is_ok());
+        if let Some((base, _)) = numbered {
+            let joined = out.entry(base.to_string()).or_default();
+            if !joined.is_empty() {
+                joined.push(',');
+            }
+            joined.push_str(v);
+        }
+    }
+    out
 }
 
 /// The `Slurm a.b.c` version out of `scontrol --version` (`slurm 22.05.8`), as (major, minor).
@@ -838,6 +855,16 @@ fn check_nvml(fallback: Option<f64>) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbered_config_lists_are_read_under_their_key() {
+        let c = parse_show_config(
+            "Prolog[0]               = /etc/slurm/prolog.d/a\nProlog[1]               = /usr/libexec/kace/kace-prolog\nEpilog                  = /x/kace-epilog\nSlurmctldHost[0]        = c1\nSlurmctldHost[1]        = c2\n",
+        );
+        assert_eq!(c["Prolog"], "/etc/slurm/prolog.d/a,/usr/libexec/kace/kace-prolog");
+        assert_eq!(c["Epilog"], "/x/kace-epilog");
+        assert_eq!(c["SlurmctldHost[1]"], "c2");
+    }
 
     #[test]
     fn partitions_that_bill_gpus_must_bill_shards() {

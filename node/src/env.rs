@@ -19,6 +19,9 @@ pub struct JobEnv {
     pub uid: u32,
     /// `SLURM_JOB_USER` (empty when unset).
     pub user: String,
+    /// `SLURM_JOB_ACCOUNT` (empty when unset): slurmd sets it from the job's credential
+    /// (src/plugins/prep/script/prep_script_slurmd.c).
+    pub account: String,
     /// `SLURMD_NODENAME`.
     pub node: String,
     /// `SLURM_CLUSTER_NAME` (for observation keys; `cluster` when unset).
@@ -76,6 +79,7 @@ impl JobEnv {
                 job,
                 uid: 0,
                 user: String::new(),
+                account: String::new(),
                 node: String::new(),
                 cluster: String::new(),
                 kace,
@@ -92,6 +96,7 @@ impl JobEnv {
             job,
             uid: num("SLURM_JOB_UID")?,
             user: get("SLURM_JOB_USER").unwrap_or_default(),
+            account: get("SLURM_JOB_ACCOUNT").filter(|a| a.len() <= 256).unwrap_or_default(),
             node,
             cluster: get("SLURM_CLUSTER_NAME")
                 .filter(|c| !c.is_empty())

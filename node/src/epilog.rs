@@ -581,6 +581,7 @@ fn observe(
             steps: Some(steps),
             throughput: thr,
             user: (!env.user.is_empty()).then(|| env.user.clone()),
+            account: (!env.account.is_empty()).then(|| env.account.clone()),
             gpu_sm_pct: mean_sm_within(readings, seg.start, seg.end),
         };
         match write_or_park(&n.config.spool.dir, &n.config.node.progress_root, &obs) {

@@ -35,6 +35,7 @@ pub mod exec;
 pub mod gpu;
 pub mod gres;
 pub mod hook;
+pub mod limits;
 pub mod measure;
 pub mod mps;
 pub mod nudge;

@@ -348,9 +348,13 @@ pub struct Target {
 /// read and one or two updates); [`Commands`] counts them by [`CommandKind`], whose
 /// [`CommandKind::rpcs`] says what each costs slurmctld.
 pub trait Slurm {
-    /// Every kace job pending, starting, running or completing, oldest first (one
-    /// `squeue -O`, the pass's one listing).
-    fn kace_queue(&self) -> Result<Vec<QueuedJob>>;
+    /// The pass's one listing (one `squeue -O` of every job pending, starting, running or
+    /// completing): the kace jobs, oldest first, and what counts against the site's limits.
+    fn listing(&self) -> Result<Listing>;
+    /// Every kace job pending, starting, running or completing, oldest first (the listing's).
+    fn kace_queue(&self) -> Result<Vec<QueuedJob>> {
+        self.listing().map(|l| l.kace)
+    }
     /// One kace job as the listing shows it, in any state (`squeue -j ID`, which loads that
     /// job only); `None` when Slurm lists it no longer or it bears no gate's mark.
     fn queued(&self, id: u32) -> Result<Option<QueuedJob>>;
@@ -392,6 +396,10 @@ pub trait Slurm {
     /// QOS priorities (`sacctmgr`, which asks slurmdbd) and the partitions' priority factors
     /// (`scontrol show partition`).
     fn priority_inputs(&self) -> Result<crate::priority::PriorityInputs>;
+    /// The QOS and association limits slurmctld enforces ([`crate::limits`]): whether it
+    /// does (`scontrol show config`), and then the limits (`sacctmgr show qos` and `show
+    /// assoc` of this cluster, which ask slurmdbd).
+    fn site_limits(&self) -> Result<crate::limits::Limits>;
 }
 
 /// The kinds of Slurm commands kace runs, as [`Commands`] counts them (`kace metrics`).
@@ -423,11 +431,13 @@ pub enum CommandKind {
     Partitions,
     /// `sacctmgr show qos`: asks slurmdbd, not slurmctld.
     Qos,
+    /// `sacctmgr show assoc`: asks slurmdbd, not slurmctld.
+    Assocs,
 }
 
 impl CommandKind {
     /// Every kind, in the order metrics list them.
-    pub const ALL: [CommandKind; 13] = [
+    pub const ALL: [CommandKind; 14] = [
         CommandKind::List,
         CommandKind::Job,
         CommandKind::WholeQueue,
@@ -441,6 +451,7 @@ impl CommandKind {
         CommandKind::Shares,
         CommandKind::Partitions,
         CommandKind::Qos,
+        CommandKind::Assocs,
     ];
 
     /// Its name in metrics and state files.
@@ -459,6 +470,7 @@ impl CommandKind {
             CommandKind::Shares => "shares",
             CommandKind::Partitions => "partitions",
             CommandKind::Qos => "qos",
+            CommandKind::Assocs => "assocs",
         }
     }
 
@@ -483,7 +495,7 @@ impl CommandKind {
             | CommandKind::Shares
             | CommandKind::Partitions => 1,
             CommandKind::Config => 2,
-            CommandKind::Steps | CommandKind::Qos => 0,
+            CommandKind::Steps | CommandKind::Qos | CommandKind::Assocs => 0,
         }
     }
 }
@@ -641,19 +653,19 @@ impl Commands {
 }
 
 impl Slurm for Commands {
-    fn kace_queue(&self) -> Result<Vec<QueuedJob>> {
+    fn listing(&self) -> Result<Listing> {
         // `--local` everywhere: without it each squeue and scontrol first asks slurmctld for
         // the federation (an RPC per command, REQUEST_FED_INFO in sdiag); kace places only
         // this cluster's jobs.
         let args = ["--local", "-h", "-t", QUEUE_STATES, "-O", QUEUE_FORMAT];
         let out = self.call(CommandKind::List, &self.squeue, &args)?;
-        let (jobs, unreadable) = parse_queue(&out);
-        for line in unreadable {
+        let listing = parse_listing(&out);
+        for line in &listing.unreadable {
             self.logger.line(&format!(
                 "kace: slurm: couldn't read a line of squeue's queue listing, skipped it: {line:?}"
             ));
         }
-        Ok(jobs)
+        Ok(listing)
     }
 
     fn queued(&self, id: u32) -> Result<Option<QueuedJob>> {
@@ -861,6 +873,34 @@ impl Slurm for Commands {
         }
         Ok(inputs)
     }
+
+    fn site_limits(&self) -> Result<crate::limits::Limits> {
+        use crate::limits;
+        let config = self.scontrol(CommandKind::Config, &["show", "config"])?;
+        let mut out = limits::Limits { enforced: limits::enforced(&config), ..Default::default() };
+        if !out.enforced {
+            return Ok(out);
+        }
+        let cluster = crate::doctor::parse_show_config(&config)
+            .get("ClusterName")
+            .cloned()
+            .unwrap_or_default();
+        let sacctmgr = self.scontrol.with_file_name("sacctmgr");
+        let args = ["-n", "-P", "show", "qos", "format=Name,MaxJobsPU,GrpJobs,MaxTRESPU,GrpTRES"];
+        out.qos = limits::parse_qos(&self.call(CommandKind::Qos, &sacctmgr, &args)?);
+        let where_cluster = format!("cluster={cluster}");
+        let args = [
+            "-n",
+            "-P",
+            "show",
+            "assoc",
+            "where",
+            &where_cluster,
+            "format=Account,User,Partition,MaxJobs,GrpJobs,GrpTRES",
+        ];
+        out.assocs = limits::parse_assocs(&self.call(CommandKind::Assocs, &sacctmgr, &args)?);
+        Ok(out)
+    }
 }
 
 /// Whether this process's slurmctld takes a direct untyped→typed GRES change of a held job (Slurm
@@ -882,7 +922,44 @@ fn strict_fields(line: &str, n: usize) -> Option<Vec<&str>> {
 /// could not be read (wrong field count or id; e.g. the pieces of a job whose AdminComment
 /// holds a newline). Jobs that are not kace's are left out silently.
 pub fn parse_queue(out: &str) -> (Vec<QueuedJob>, Vec<String>) {
+    let listing = parse_listing(out);
+    (listing.kace, listing.unreadable)
+}
+
+/// A pass's listing: the kace jobs, and every job that counts against the site's limits.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Listing {
+    /// The kace jobs, oldest first.
+    pub kace: Vec<QueuedJob>,
+    /// Every job, kace's or not, that counts against QOS and association limits: running or
+    /// starting, and kace jobs released and not started yet ([`crate::limits`]).
+    pub counted: Vec<crate::limits::Counted>,
+    /// Lines that could not be read.
+    pub unreadable: Vec<String>,
+}
+
+/// What a job holds against limits, from its listing fields.
+pub fn counted(
+    user: &str,
+    account: &str,
+    qos: &str,
+    tres_per_node: &str,
+) -> crate::limits::Counted {
+    crate::limits::Counted {
+        user: user.to_string(),
+        account: account.to_string(),
+        qos: qos.to_string(),
+        gres: crate::limits::Gres {
+            gpu: gres::request_count(tres_per_node, "gpu").map(u64::from),
+            shard: gres::request_count(tres_per_node, "shard").map(u64::from),
+        },
+    }
+}
+
+/// Parses `squeue -h -O` [`QUEUE_FORMAT`] output into a [`Listing`].
+pub fn parse_listing(out: &str) -> Listing {
     let mut jobs = Vec::new();
+    let mut counts = Vec::new();
     let mut unreadable = Vec::new();
     for line in out.lines().filter(|l| !l.trim().is_empty()) {
         // The last field, the constraint, may hold `|` (an OR): every `|` past the others is
@@ -899,7 +976,12 @@ pub fn parse_queue(out: &str) -> (Vec<QueuedJob>, Vec<String>) {
             unreadable.push(short(line));
             continue;
         };
-        let Some((workload, partners)) = read_mark(f[1]) else { continue };
+        let Some((workload, partners)) = read_mark(f[1]) else {
+            if matches!(f[7], "R" | "CF") {
+                counts.push(counted(f[2], f[17], f[18], f[4]));
+            }
+            continue;
+        };
         let none =
             |v: &str| if matches!(v, "N/A" | "(null)") { String::new() } else { v.to_string() };
         jobs.push(QueuedJob {
@@ -927,8 +1009,26 @@ pub fn parse_queue(out: &str) -> (Vec<QueuedJob>, Vec<String>) {
             features: none(f[20]),
         });
     }
-    jobs.sort_by_key(|j| j.id);
-    (jobs, unreadable)
+    let mut listing = Listing::of_kace(jobs, counts);
+    listing.unreadable = unreadable;
+    listing
+}
+
+impl Listing {
+    /// The listing of kace jobs `jobs` beside `others`, the jobs not kace's that count
+    /// against limits (running or starting): `counted` gains the kace jobs that count.
+    pub fn of_kace(mut jobs: Vec<QueuedJob>, others: Vec<crate::limits::Counted>) -> Listing {
+        jobs.sort_by_key(|j| j.id);
+        let mut counts = others;
+        for j in &jobs {
+            // A kace job released and not started counts as soon as it starts: a second
+            // release beside it must not pass the limit meanwhile.
+            if j.on_gpu() || (j.pending() && !j.held() && !j.req_nodes.is_empty()) {
+                counts.push(counted(&j.user, &j.account, &j.qos, &j.tres_per_node));
+            }
+        }
+        Listing { kace: jobs, counted: counts, unreadable: Vec::new() }
+    }
 }
 
 /// A JSON job record as the queue listing gives it (`squeue -O` [`QUEUE_FORMAT`]): `None` when

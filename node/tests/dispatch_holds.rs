@@ -14,8 +14,8 @@ struct Queue {
 }
 
 impl Slurm for Queue {
-    fn kace_queue(&self) -> Result<Vec<QueuedJob>> {
-        Ok(self.jobs.clone())
+    fn listing(&self) -> Result<kace_node::slurm::Listing> {
+        Ok(kace_node::slurm::Listing::of_kace(self.jobs.clone(), Vec::new()))
     }
     fn queued(&self, id: u32) -> Result<Option<QueuedJob>> {
         Ok(self.jobs.iter().find(|j| j.id == id).cloned())
@@ -51,6 +51,9 @@ impl Slurm for Queue {
     }
     fn set_time_limit(&self, _id: u32, _minutes: u64) -> Result<()> {
         Ok(())
+    }
+    fn site_limits(&self) -> Result<kace_node::limits::Limits> {
+        Ok(kace_node::limits::Limits::default())
     }
     fn record_partners(&self, _id: u32, _workload: &str, _partners: &[u32]) -> Result<()> {
         Ok(())

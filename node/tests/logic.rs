@@ -44,6 +44,10 @@ struct FakeSlurm {
     priority: kace_node::priority::PriorityInputs,
     /// The `AdminComment`s the decider wrote (`record_partners`); the listing reads them back.
     comments: RefCell<BTreeMap<u32, String>>,
+    /// Jobs not kace's that count against limits, as the listing shows them.
+    others: RefCell<Vec<kace_node::limits::Counted>>,
+    /// What `site_limits` answers (default: none enforced).
+    limits: kace_node::limits::Limits,
     calls: RefCell<Vec<String>>,
 }
 
@@ -72,7 +76,7 @@ impl FakeSlurm {
 }
 
 impl Slurm for FakeSlurm {
-    fn kace_queue(&self) -> Result<Vec<QueuedJob>> {
+    fn listing(&self) -> Result<kace_node::slurm::Listing> {
         self.calls.borrow_mut().push("squeue".into());
         if self.unreachable_listings.get() > 0 {
             self.unreachable_listings.set(self.unreachable_listings.get() - 1);
@@ -86,7 +90,7 @@ impl Slurm for FakeSlurm {
                 j.partners = kace_node::slurm::read_mark(c).map(|(_, p)| p).unwrap_or_default();
             }
         }
-        Ok(q)
+        Ok(kace_node::slurm::Listing::of_kace(q, self.others.borrow().clone()))
     }
     fn queued(&self, id: u32) -> Result<Option<QueuedJob>> {
         self.calls.borrow_mut().push(format!("queued {id}"));
@@ -161,6 +165,10 @@ impl Slurm for FakeSlurm {
     fn set_time_limit(&self, id: u32, minutes: u64) -> Result<()> {
         self.calls.borrow_mut().push(format!("time limit {id} {minutes}"));
         Ok(())
+    }
+    fn site_limits(&self) -> Result<kace_node::limits::Limits> {
+        self.calls.borrow_mut().push("limits".into());
+        Ok(self.limits.clone())
     }
     fn record_partners(&self, id: u32, workload: &str, partners: &[u32]) -> Result<()> {
         let comment = kace_node::slurm::write_mark(workload, partners);
@@ -340,6 +348,7 @@ fn job_env(job: u32, gpu: u32) -> JobEnv {
         job,
         uid: 0,
         user: "alice".into(),
+        account: "acct".into(),
         node: "n1".into(),
         cluster: "c".into(),
         kace: true,
@@ -2357,4 +2366,46 @@ fn a_job_passed_over_as_often_as_the_window_is_offered_alone() {
         &r.records.iter().find(|d| d.decision.lead_job.as_deref() == Some("10")).unwrap().decision;
     assert_eq!(d.candidates.len(), 1, "{d:?}");
     assert_eq!(d.candidates[0].job.as_deref(), Some("12"));
+}
+
+/// A QOS limit (issue 29 item 1): a held job whose user already runs as many jobs as the QOS
+/// allows (a plain job counts too) is neither offered nor released, and said once; another
+/// user's is; and within one pass, a release counts before the next job is offered.
+#[test]
+fn a_job_a_limit_would_keep_pending_is_not_released() {
+    use kace_node::limits::{Counted, Limits, QosLimits};
+    let mut limits = Limits { enforced: true, ..Limits::default() };
+    limits
+        .qos
+        .insert("one".into(), QosLimits { max_jobs_per_user: Some(1), ..QosLimits::default() });
+    let in_qos =
+        |id, user: &str| QueuedJob { qos: "one".into(), ..held(id, "beta", user, "gres:shard:1") };
+    let mut s = FakeSlurm { nodes: node_n1(&["", "", ""]), limits, ..FakeSlurm::default() };
+    // alice runs a plain job in QOS one; carol's two kace jobs would both fit the free GPUs.
+    *s.others.get_mut() =
+        vec![Counted { user: "alice".into(), qos: "one".into(), ..Counted::default() }];
+    *s.pending.get_mut() =
+        vec![in_qos(5, "alice"), in_qos(6, "bob"), in_qos(7, "carol"), in_qos(8, "carol")];
+    let w = World::new("qos-limit", s);
+    let mut state = kace_node::decider_state::DeciderState::default();
+    let settings = dispatch::Settings::of(&w.config);
+    let r = dispatch::run(&w.slurm, &settings, &mut state, 1500.0).unwrap();
+    let leads: Vec<u32> = r.leads.iter().map(|l| l.0).collect();
+    assert_eq!(leads, vec![6, 7], "alice's job and carol's second wait for the QOS: {r:?}");
+    assert!(
+        r.notes.iter().any(|n| n == "job 5 waits for a limit: QOSMaxJobsPerUserLimit (QOS one)"),
+        "{r:?}"
+    );
+    // Said once, and the limits are not read again within the period.
+    let r = dispatch::run(&w.slurm, &settings, &mut state, 1510.0).unwrap();
+    assert!(!r.notes.iter().any(|n| n.starts_with("job 5 waits")), "{r:?}");
+    let reads = w.slurm.calls.borrow().iter().filter(|c| *c == "limits").count();
+    assert_eq!(reads, 1, "{:?}", w.slurm.calls.borrow());
+    // Past max_hold, alice's job still waits: Slurm would not start it either.
+    let late = 1000.0 + 5.0 + settings.max_hold_s as f64 + 1.0;
+    let r = dispatch::run(&w.slurm, &settings, &mut state, late.max(1520.0)).unwrap();
+    assert!(
+        r.handed_back.iter().all(|(j, _)| *j != 5) && r.expired.iter().all(|e| e.0 != 5),
+        "{r:?}"
+    );
 }

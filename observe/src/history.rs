@@ -208,8 +208,8 @@ mod tests {
     struct OneJob(JobDetail);
 
     impl Slurm for OneJob {
-        fn kace_queue(&self) -> kace_node::Result<Vec<QueuedJob>> {
-            Ok(Vec::new())
+        fn listing(&self) -> kace_node::Result<kace_node::slurm::Listing> {
+            Ok(kace_node::slurm::Listing::default())
         }
         fn job(&self, id: u32) -> kace_node::Result<JobDetail> {
             if id == self.0.id {
@@ -235,6 +235,9 @@ mod tests {
         }
         fn set_time_limit(&self, _: u32, _: u64) -> kace_node::Result<()> {
             Ok(())
+        }
+        fn site_limits(&self) -> kace_node::Result<kace_node::limits::Limits> {
+            Ok(kace_node::limits::Limits::default())
         }
         fn record_partners(&self, _: u32, _: &str, _: &[u32]) -> kace_node::Result<()> {
             Ok(())
@@ -368,6 +371,7 @@ mod tests {
             steps: Some(10.0),
             throughput: 2.0,
             user: None,
+            account: None,
             gpu_sm_pct: None,
         };
         let obs = vec![

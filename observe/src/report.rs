@@ -178,6 +178,69 @@ fn mean(v: &[f64]) -> Option<f64> {
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
+/// What `kace report --by` groups GPU time by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum By {
+    /// The job's user.
+    User,
+    /// The Slurm account the job was charged to.
+    Account,
+}
+
+/// One user's or account's kace GPU time over a period, from the observations (each interval
+/// of a job on its GPU, alone or beside other kace jobs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct UsageRow {
+    /// The user or account (`-` when the observation does not say: imports, older records).
+    pub key: String,
+    /// Distinct jobs.
+    pub jobs: usize,
+    /// Hours its jobs had their GPU to themselves (among kace jobs).
+    pub alone_gpu_h: f64,
+    /// Hours its jobs shared their GPU (wall time on the GPU).
+    pub shared_gpu_h: f64,
+    /// Their share of those GPUs: each shared interval divided by the jobs on the GPU.
+    pub shared_share_h: f64,
+}
+
+/// kace GPU time in `[since, now]` by user or account, largest first.
+pub fn usage_by(db: &Db, by: By, since: f64, now: f64) -> Result<Vec<UsageRow>> {
+    let mut rows: BTreeMap<String, (UsageRow, std::collections::BTreeSet<String>)> =
+        BTreeMap::new();
+    for o in db.observations()? {
+        if o.node == IMPORTED_NODE || o.end < since || o.start > now {
+            continue;
+        }
+        let key = match by {
+            By::User => o.user.clone(),
+            By::Account => o.account.clone(),
+        }
+        .unwrap_or_else(|| "-".into());
+        let span = (o.end.min(now) - o.start.max(since)).max(0.0) / 3600.0;
+        let (row, jobs) = rows.entry(key.clone()).or_default();
+        row.key = key;
+        jobs.insert(o.job.clone());
+        if o.partners.is_empty() {
+            row.alone_gpu_h += span;
+        } else {
+            row.shared_gpu_h += span;
+            row.shared_share_h += span / (1 + o.partners.len()) as f64;
+        }
+    }
+    let mut out: Vec<UsageRow> = rows
+        .into_values()
+        .map(|(mut row, jobs)| {
+            row.jobs = jobs.len();
+            row
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        (b.alone_gpu_h + b.shared_share_h).total_cmp(&(a.alone_gpu_h + a.shared_share_h))
+    });
+    Ok(out)
+}
+
 /// Builds the report for groups that ended in `[since, now]`.
 pub fn build(db: &Db, objective: Objective, since: f64, now: f64) -> Result<Report> {
     let observations: Vec<Observation> = db

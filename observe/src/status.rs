@@ -482,7 +482,7 @@ mod tests {
     }
 
     impl Slurm for Cluster {
-        fn kace_queue(&self) -> kace_node::Result<Vec<QueuedJob>> {
+        fn listing(&self) -> kace_node::Result<kace_node::slurm::Listing> {
             // The running jobs are in the listing too, as Slurm lists them.
             let running = self.running.iter().map(|r| QueuedJob {
                 id: r.id,
@@ -493,7 +493,8 @@ mod tests {
                 started: r.started,
                 ..Default::default()
             });
-            Ok(self.queue.iter().cloned().chain(running).collect())
+            let jobs = self.queue.iter().cloned().chain(running).collect();
+            Ok(kace_node::slurm::Listing::of_kace(jobs, Vec::new()))
         }
         fn queued(&self, _: u32) -> kace_node::Result<Option<QueuedJob>> {
             panic!("status needs no per-job query but the GPUs of running jobs")
@@ -515,6 +516,9 @@ mod tests {
         }
         fn set_time_limit(&self, _: u32, _: u64) -> kace_node::Result<()> {
             panic!("status changes nothing")
+        }
+        fn site_limits(&self) -> kace_node::Result<kace_node::limits::Limits> {
+            panic!("status reads no limits")
         }
         fn record_partners(&self, _: u32, _: &str, _: &[u32]) -> kace_node::Result<()> {
             panic!("status changes nothing")

@@ -84,6 +84,7 @@ fn build(path: &Path, observations: usize) -> Db {
             steps: Some(600.0),
             throughput: 10.0 * r.next(),
             user: None,
+            account: None,
             gpu_sm_pct: None,
         });
         if batch.len() == 10_000 {

@@ -391,6 +391,7 @@ impl Db {
                 steps: None,
                 throughput: thr,
                 user: None,
+                account: None,
                 gpu_sm_pct: None,
             };
             if let Some(why) = implausibility(&probe, excl) {

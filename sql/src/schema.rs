@@ -119,4 +119,9 @@ UPDATE observations SET trusted = 1 WHERE node = 'imported' AND key LIKE 'import
     r#"
 ALTER TABLE profiles ADD COLUMN user TEXT;
 "#,
+    // 6: the account an observed job was charged to (issue 29 item 6: `kace report --by
+    // account`); rows from before have none.
+    r#"
+ALTER TABLE observations ADD COLUMN account TEXT;
+"#,
 ];

@@ -375,6 +375,10 @@ pub struct Observation {
     /// [`MAX_GROUPS_PER_LONE_USER`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// The Slurm account the job was charged to (`SLURM_JOB_ACCOUNT`; `kace report --by
+    /// account`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
     /// The GPU's mean SM utilization (%) over the interval, as `kace-sampler` (root) read it,
     /// when it did: what the job's claimed progress is checked against at ingest
     /// ([`implausibility`]). Not stored: it only decides whether the observation is.
@@ -743,6 +747,7 @@ mod tests {
             steps: Some(5.0),
             throughput: 0.5,
             user: None,
+            account: None,
             gpu_sm_pct: None,
         };
         assert!(o.validate().is_ok());

@@ -28,6 +28,7 @@ fn obs(key: &str, job: &str, thr: f64) -> Observation {
         steps: Some(10.0 * thr),
         throughput: thr,
         user: None,
+        account: None,
         gpu_sm_pct: None,
     }
 }

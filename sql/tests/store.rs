@@ -28,6 +28,7 @@ fn obs(key: &str, job: &str, wl: &str, partner: Option<(&str, &str)>, thr: f64) 
         steps: Some(thr * 100.0),
         throughput: thr,
         user: None,
+        account: None,
         gpu_sm_pct: None,
     }
 }
@@ -682,7 +683,8 @@ fn admin_imports_are_trusted_and_spooled_records_are_not() {
     conn.execute_batch(
         "UPDATE observations SET node = 'imported' WHERE key LIKE 'import/%'; \
          ALTER TABLE observations DROP COLUMN trusted; ALTER TABLE observations DROP COLUMN user; \
-         ALTER TABLE profiles DROP COLUMN user; PRAGMA user_version = 3;",
+         ALTER TABLE profiles DROP COLUMN user; ALTER TABLE observations DROP COLUMN account; \
+         PRAGMA user_version = 3;",
     )
     .unwrap();
     drop(conn);

@@ -24,6 +24,10 @@ const HEAVY: (u32, &str) = (1, "daemon");
 const LIGHT: (u32, &str) = (2, "bin");
 const MAX_HOLD_S: u64 = 600;
 
+/// One accounting cluster at a time: each runs MariaDB, slurmdbd and slurmctld, and two on
+/// two cores slowed `scontrol show config` past its 10 s timeout.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn wait_for(c: &Cluster, what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     let t0 = Instant::now();
     while !done() {
@@ -90,6 +94,7 @@ fn start_of(c: &Cluster, id: u32) -> f64 {
 fn kace_starts_jobs_in_slurms_fair_share_order() {
     let test = "kace_starts_jobs_in_slurms_fair_share_order";
     kace_e2e::require_e2e(test);
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let c = setup::with_nudges(
         Cluster::builder()
             .nodes(vec![NodeSpec::new("n1", 1).shards_per_gpu(2)])
@@ -287,4 +292,78 @@ fn kace_starts_jobs_in_slurms_fair_share_order() {
         .map(|(id, _)| start_of(&c, *id))
         .fold(f64::INFINITY, f64::min);
     assert!(plain_light_last <= plain_heavy_first, "Slurm's own order differs: the test is wrong");
+}
+
+/// QOS limits before the release (issue 29 item 1): with `MaxJobsPerUser=1` on the user's
+/// QOS, kace must not release a second job of that user while the first runs (Slurm would
+/// keep it pending for the limit, `QOSMaxJobsPerUserLimit`, and kace would count its GPU
+/// share as taken); it waits held, and the decider says why. Another user's job beside it is
+/// released as usual.
+#[test]
+#[ignore = "needs root, Slurm, slurmdbd and MariaDB"]
+fn kace_releases_no_job_a_qos_limit_would_keep_pending() {
+    let test = "kace_releases_no_job_a_qos_limit_would_keep_pending";
+    kace_e2e::require_e2e(test);
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let c = setup::with_nudges(
+        Cluster::builder()
+            .nodes(vec![NodeSpec::new("n1", 2).shards_per_gpu(2)])
+            .typed_gpus(true)
+            .prolog(setup::hook("kace-prolog", "").unwrap())
+            .epilog(setup::hook("kace-epilog", "").unwrap()),
+    )
+    .unwrap()
+    .accounting(&[
+        "add qos one MaxJobsPerUser=1",
+        "add account heavy",
+        "add account light",
+        "add user daemon Account=heavy QOS=normal,one DefaultQOS=one",
+        "add user bin Account=light",
+    ])
+    .slurm_conf_line("MinJobAge=3600")
+    .start()
+    .unwrap();
+    let dir = c.dir().to_path_buf();
+    common::prepare(&c, MAX_HOLD_S);
+    std::env::set_var("SLURM_CONF", c.conf());
+    let mut watch = setup::watch(&dir, c.conf()).unwrap();
+
+    let kace = ["--kace-colocate=bert-infer", "--gres=shard:1", "--wrap", "sleep 6"];
+    let first = submit(&c, HEAVY.0, &kace);
+    let second = submit(&c, HEAVY.0, &kace);
+    let other = submit(&c, LIGHT.0, &kace);
+    // Until both of the user's jobs are done, the second is never released while the first
+    // runs: Slurm never shows it pending for the limit.
+    let mut reasons = BTreeMap::new();
+    wait_for(&c, "the three jobs to end", Duration::from_secs(120), || {
+        for id in [first, second, other] {
+            let j = c.job(id).unwrap();
+            *reasons
+                .entry((id, field(&j, "JobState").to_string(), field(&j, "Reason").to_string()))
+                .or_insert(0) += 1;
+        }
+        [first, second, other]
+            .iter()
+            .all(|id| field(&c.job(*id).unwrap(), "JobState") == "COMPLETED")
+    });
+    let decider = ["dispatch-watch.out", "dispatch-watch.err"]
+        .map(|f| std::fs::read_to_string(dir.join(f)).unwrap_or_default())
+        .join("");
+    let _ = watch.kill();
+    let _ = watch.wait();
+    eprintln!("accounting: states and reasons seen {reasons:?}");
+    assert!(
+        !reasons.keys().any(|(_, _, r)| r.contains("MaxJobsPerUser")),
+        "a job was released into the QOS limit: {reasons:?}\n{decider}"
+    );
+    let times = |id: u32| {
+        let j = c.job(id).unwrap();
+        let t = |k: &str| kace_node::slurm::parse_utc(field(&j, k)).unwrap();
+        (t("StartTime"), t("EndTime"))
+    };
+    let ((s1, e1), (s2, e2), (s3, _)) = (times(first), times(second), times(other));
+    assert!(s2 >= e1 || e2 <= s1, "the user's two jobs overlapped: {s1}..{e1} and {s2}..{e2}");
+    assert!(decider.contains("waits for a limit: QOSMaxJobsPerUserLimit (QOS one)"), "{decider}");
+    // The other user's job did not wait for the heavy user's limit.
+    assert!(s3 < e1.max(e2), "{reasons:?}");
 }

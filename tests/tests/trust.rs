@@ -230,6 +230,7 @@ fn one_users_forged_pairs_over_two_nights_change_no_other_users_decisions() {
                     steps: Some(thr * 100.0),
                     throughput: thr,
                     user: Some("nobody".into()),
+                    account: None,
                     gpu_sm_pct: None,
                 };
                 kace_sql::spool::write_record(&spool, &o).unwrap();

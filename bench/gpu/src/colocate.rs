@@ -68,7 +68,7 @@ fn no_slurm<T>(what: &str) -> kace_node::Result<T> {
 }
 
 impl Slurm for LocalJobs {
-    fn kace_queue(&self) -> kace_node::Result<Vec<QueuedJob>> {
+    fn listing(&self) -> kace_node::Result<kace_node::slurm::Listing> {
         no_slurm("squeue")
     }
     fn job(&self, _id: u32) -> kace_node::Result<JobDetail> {
@@ -103,6 +103,9 @@ impl Slurm for LocalJobs {
     }
     fn set_time_limit(&self, _id: u32, _minutes: u64) -> kace_node::Result<()> {
         no_slurm("scontrol update")
+    }
+    fn site_limits(&self) -> kace_node::Result<kace_node::limits::Limits> {
+        no_slurm("sacctmgr")
     }
     fn record_partners(&self, _id: u32, _w: &str, _p: &[u32]) -> kace_node::Result<()> {
         no_slurm("scontrol update")
@@ -204,6 +207,7 @@ pub fn run(
                 job,
                 uid: spec.uid,
                 user: String::new(),
+                account: String::new(),
                 node: spec.node.clone(),
                 cluster: spec.cluster.clone(),
                 kace: true,

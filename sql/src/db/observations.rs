@@ -55,8 +55,9 @@ impl Db {
                 .prepare_cached(
                     "INSERT INTO observations (key, job, workload_id, partners, node, gpu, \
                      mps_share, start_time, end_time, steps, throughput, exclusive, ingested_at, \
-                     trusted, user) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
+                     trusted, user, account) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
+                     ?16) \
                      ON CONFLICT(key) DO NOTHING",
                 )
                 .map_err(sql("store observation", &path))?;
@@ -76,7 +77,8 @@ impl Db {
                     o.exclusive(),
                     t,
                     trusted,
-                    o.user
+                    o.user,
+                    o.account
                 ])
                 .map_err(sql("store observation", &path))?;
             if n == 1 {
@@ -286,8 +288,8 @@ impl Db {
             .conn
             .prepare(
                 "SELECT o.key, o.job, w.name, o.partners, o.node, o.gpu, o.mps_share, \
-                 o.start_time, o.end_time, o.steps, o.throughput, o.id, o.trusted, o.user \
-                 FROM observations o \
+                 o.start_time, o.end_time, o.steps, o.throughput, o.id, o.trusted, o.user, \
+                 o.account FROM observations o \
                  JOIN workloads w ON w.id = o.workload_id WHERE o.quarantined IS NULL \
                  ORDER BY o.key",
             )
@@ -313,6 +315,7 @@ impl Db {
                         steps: r.get(9)?,
                         throughput: r.get(10)?,
                         user: r.get(13)?,
+                        account: r.get(14)?,
                         gpu_sm_pct: None,
                     },
                     partners,
