@@ -13,7 +13,7 @@ use kace_observe::history::{story, ReleasedBy, Story};
 use kace_observe::releases::Place;
 use kace_observe::time::{date, span};
 use kace_sql::spool::{spooled_decisions, spooled_profiles, ReleaseKind};
-use kace_sql::{DecisionCandidate, NewDecision, ObservedProfile, FEATURE_COLUMNS};
+use kace_sql::{DecisionCandidate, NewDecision, ObservedProfile, TimeLimitChange, FEATURE_COLUMNS};
 use serde_json::json;
 
 use crate::context::{num, print_json, Ctx};
@@ -110,9 +110,26 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
             Some((f, c))
         })
         .collect();
+    // Time limits a release lengthened for sharing (selection.time_limit = extend): this
+    // job's, set when it or a job beside it was released.
+    let mut lengthened: Vec<(&Found, String, &TimeLimitChange)> = Vec::new();
+    for f in &all {
+        for c in &f.decision.candidates {
+            for t in c.time_limits.iter().filter(|t| t.job == job) {
+                lengthened.push((f, c.job.clone().unwrap_or_default(), t));
+            }
+        }
+    }
 
     let job = printable(job);
     if ctx.json() {
+        let lengthened: Vec<_> = lengthened
+            .iter()
+            .map(|(f, released, t)| {
+                json!({"released_job": released, "from_s": t.from_s, "to_s": t.to_s,
+                       "at": f.created_at, "source": f.source})
+            })
+            .collect();
         let led: Vec<_> = led
             .iter()
             .map(|f| json!({"decision": f.decision, "at": f.created_at, "source": f.source}))
@@ -127,9 +144,23 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
         let measured: Vec<_> =
             measured.iter().map(|(p, source)| json!({"record": p, "source": source})).collect();
         return print_json(&json!({"job": job, "story": st, "led": led, "candidate_in": seen,
-                                  "measured": measured}));
+                                  "measured": measured, "time_limits": lengthened}));
     }
     print!("{}", render_story(&st));
+    for (f, released, t) in &lengthened {
+        let why = if *released == job {
+            "at its release".to_string()
+        } else {
+            format!("when job {} joined its GPU", printable(released))
+        };
+        println!(
+            "job {job}'s time limit was lengthened from {} to {} for sharing {why} ({}) [{}]",
+            span(t.from_s),
+            span(t.to_s),
+            date(f.created_at),
+            f.source
+        );
+    }
     for (p, source) in &measured {
         println!("{} [{source}]", printable(&measurement(&job, p)));
     }

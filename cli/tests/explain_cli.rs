@@ -5,7 +5,7 @@
 use std::process::Command;
 
 use kace_sql::spool::{write_decision, SpooledDecision};
-use kace_sql::{DecisionCandidate, NewDecision};
+use kace_sql::{DecisionCandidate, NewDecision, TimeLimitChange};
 
 mod common;
 use common::Env;
@@ -22,6 +22,7 @@ fn cand(job: &str, w: &str, p: Option<f64>, r: Option<&str>) -> DecisionCandidat
         rejected: r.map(str::to_string),
         held_s: None,
         priority: None,
+        time_limits: Vec::new(),
     }
 }
 
@@ -41,6 +42,7 @@ fn explain_reads_the_spool_then_the_database() {
             candidates: vec![
                 DecisionCandidate {
                     priority: Some(75_006.0),
+                    time_limits: Vec::new(),
                     ..cand("11", "lstm", Some(3.0), None)
                 },
                 cand("12", "vit", Some(4.5), None),
@@ -92,6 +94,14 @@ fn explain_tells_late_arrivals_and_max_hold_releases_from_dispatchs_records() {
             candidates: vec![DecisionCandidate {
                 held_s: Some(held),
                 priority: None,
+                // Joining job 20 lengthened both jobs' limits.
+                time_limits: match chosen {
+                    Some(c) => vec![
+                        TimeLimitChange { job: c.into(), from_s: 3600.0, to_s: 5400.0 },
+                        TimeLimitChange { job: lead.into(), from_s: 1800.0, to_s: 2700.0 },
+                    ],
+                    None => Vec::new(),
+                },
                 ..cand(chosen.unwrap_or(lead), "vit", chosen.map(|_| 4.0), None)
             }],
         },
@@ -112,6 +122,18 @@ fn explain_tells_late_arrivals_and_max_hold_releases_from_dispatchs_records() {
     assert_eq!(v["led"].as_array().map(Vec::len), Some(0), "{v}");
     let out = e.ok(&["explain", "21"]);
     assert!(out.contains("kace dispatch offered held jobs to the open GPU of job 20"), "{out}");
+    assert!(
+        out.contains(
+            "job 21's time limit was lengthened from 1h 00m to 1h 30m for sharing at its release"
+        ),
+        "{out}"
+    );
+    let out = e.ok(&["explain", "20"]);
+    assert!(
+        out.contains("job 20's time limit was lengthened from 30m 00s to 45m 00s for sharing when job 21 joined its GPU"),
+        "{out}"
+    );
+    assert_eq!(json("20")["time_limits"][0]["to_s"], 2700.0);
 }
 
 /// What the epilog measured of a job: an out-of-memory exit under the memory guard, and a

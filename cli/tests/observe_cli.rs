@@ -83,6 +83,7 @@ fn prepared(tag: &str) -> Env {
                     rejected: None,
                     held_s: Some(12.0),
                     priority: None,
+                    time_limits: Vec::new(),
                 }],
             },
         },
@@ -108,6 +109,7 @@ fn prepared(tag: &str) -> Env {
                     rejected: None,
                     held_s: Some(held),
                     priority: None,
+                    time_limits: Vec::new(),
                 }],
             },
         };

@@ -34,7 +34,7 @@ use kace_sql::decide::{decide, JobSpec};
 use kace_sql::spool::{
     release_key, unpark, withdraw_decision, write_or_park, ReleaseKind, SpooledDecision, Written,
 };
-use kace_sql::{DecisionCandidate, NewDecision};
+use kace_sql::{DecisionCandidate, NewDecision, TimeLimitChange};
 
 use crate::decider_state::{Begun, DeciderState};
 use crate::error::{io, Result};
@@ -102,6 +102,7 @@ pub fn candidate_record(j: &QueuedJob, now: f64, priority: Option<f64>) -> Decis
         rejected: None,
         held_s: j.hold_started().map(|t| (now - t).max(0.0)),
         priority,
+        time_limits: Vec::new(),
     }
 }
 
@@ -899,8 +900,17 @@ pub fn run(
             continue;
         }
         let chosen = chosen.map(|c| c.0);
-        let done =
-            release(slurm, s, state, j, &slots[k], ReleaseKind::MaxHold, chosen.as_ref(), now);
+        let done = release(
+            slurm,
+            s,
+            state,
+            j,
+            &slots[k],
+            ReleaseKind::MaxHold,
+            chosen.as_ref(),
+            &plan,
+            now,
+        );
         match done {
             Ok((d, p)) => {
                 report.problems.extend(p);
@@ -983,7 +993,7 @@ pub fn run(
                 report.problems.push(e);
                 continue;
             }
-            match release(slurm, s, state, held[i], slot, kind, Some(&chosen), now) {
+            match release(slurm, s, state, held[i], slot, kind, Some(&chosen), &plan, now) {
                 Ok((d, p)) => {
                     report.problems.extend(p);
                     report.records.push(d);
@@ -1028,7 +1038,7 @@ pub fn run(
             continue;
         };
         taken.push(i);
-        match release(slurm, s, state, held[i], slot, ReleaseKind::LeadRelease, None, now) {
+        match release(slurm, s, state, held[i], slot, ReleaseKind::LeadRelease, None, &[], now) {
             Ok((d, p)) => {
                 report.problems.extend(p);
                 report.records.push(d);
@@ -1243,6 +1253,7 @@ fn release(
     slot: &Slot,
     kind: ReleaseKind,
     chosen: Option<&Chosen>,
+    plan: &[(u32, f64, f64)],
     now: f64,
 ) -> std::result::Result<(SpooledDecision, Option<String>), String> {
     let (lead_job, lead_workload) = match slot.jobs.first() {
@@ -1251,7 +1262,7 @@ fn release(
     };
     let joined = !slot.jobs.is_empty();
     let key_job = slot.key_job(kind, j.id).to_string();
-    let d = SpooledDecision {
+    let mut d = SpooledDecision {
         key: release_key(kind, &s.cluster, &key_job, &slot.at.node, now),
         created_at: now,
         decision: NewDecision {
@@ -1266,6 +1277,14 @@ fn release(
             },
         },
     };
+    let released = j.id.to_string();
+    if let Some(c) = d.decision.candidates.iter_mut().find(|c| c.job.as_deref() == Some(&released))
+    {
+        c.time_limits = plan
+            .iter()
+            .map(|&(job, from_s, to_s)| TimeLimitChange { job: job.to_string(), from_s, to_s })
+            .collect();
+    }
     let mut problems = Vec::new();
     // The job is released even when the record could be neither spooled nor parked: a broken
     // spool must not hold kace jobs.

@@ -2232,6 +2232,11 @@ fn dispatch_lengthens_time_limits_of_a_group_or_does_not_pair() {
     let released = calls.iter().position(|c| c == "release 11").expect("released");
     assert!(set < released, "the joiner's limit is set while it is held: {calls:?}");
     assert_eq!(state.own_limits.get(&11), Some(&3600.0));
+    // The release's record says so (`kace explain`), on the released job's own entry.
+    let mine = r.records[0].decision.candidates.iter().find(|c| c.job.as_deref() == Some("11"));
+    let limits = &mine.expect("its entry").time_limits;
+    assert_eq!(limits.len(), 1, "{limits:?}");
+    assert_eq!((limits[0].job.as_str(), limits[0].from_s, limits[0].to_s), ("11", 3600.0, *new));
 
     // A limit already at the cap of its own: not paired; max_hold then hands it to Slurm.
     let s = setup(7200.0);

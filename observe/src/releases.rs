@@ -140,6 +140,7 @@ mod tests {
                     rejected: None,
                     held_s: Some(*h),
                     priority: None,
+                    time_limits: Vec::new(),
                 })
                 .collect(),
         }

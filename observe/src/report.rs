@@ -552,6 +552,7 @@ mod tests {
                     rejected: rejected.then(|| "too big".into()),
                     held_s: None,
                     priority: *priority,
+                    time_limits: Vec::new(),
                 })
                 .collect(),
         }

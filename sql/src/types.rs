@@ -677,6 +677,22 @@ pub struct DecisionCandidate {
     /// holds it with priority 0); `None` without priority/multifactor and in older records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<f64>,
+    /// On the released job's own entry: the time limits its release lengthened so that
+    /// sharing kills no job (its own before the release, the GPU's other jobs' after it);
+    /// empty elsewhere and in older records.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub time_limits: Vec<TimeLimitChange>,
+}
+
+/// A time limit kace lengthened for sharing (`selection.time_limit = extend`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimeLimitChange {
+    /// The job.
+    pub job: String,
+    /// Its limit before, seconds.
+    pub from_s: f64,
+    /// Its limit after, seconds.
+    pub to_s: f64,
 }
 
 /// A partner choice to record.

@@ -51,6 +51,7 @@ fn decision(key: &str, lead: &str, at: f64, candidates: usize) -> SpooledDecisio
                     rejected: Some("memory does not fit (40.0 GiB > 30.4 GiB)".into()),
                     held_s: None,
                     priority: None,
+                    time_limits: Vec::new(),
                 })
                 .collect(),
         },

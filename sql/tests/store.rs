@@ -318,6 +318,7 @@ fn decisions_round_trip() {
                 rejected: None,
                 held_s: None,
                 priority: None,
+                time_limits: Vec::new(),
             },
             DecisionCandidate {
                 job: None,
@@ -326,6 +327,7 @@ fn decisions_round_trip() {
                 rejected: Some("unknown profile".into()),
                 held_s: None,
                 priority: None,
+                time_limits: Vec::new(),
             },
         ],
     };
