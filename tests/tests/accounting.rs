@@ -36,6 +36,21 @@ fn wait_for(c: &Cluster, what: &str, limit: Duration, mut done: impl FnMut() -> 
     }
 }
 
+/// One node with `gpus` typed GPUs of 2 shards each, the kace hooks and nudges, accounting
+/// set up by the `sacctmgr` commands `setup`, jobs kept an hour after they end.
+fn accounting_cluster(gpus: u32, setup: &[&str]) -> kace_e2e::ClusterBuilder {
+    setup::with_nudges(
+        Cluster::builder()
+            .nodes(vec![NodeSpec::new("n1", gpus).shards_per_gpu(2)])
+            .typed_gpus(true)
+            .prolog(setup::hook("kace-prolog", "").unwrap())
+            .epilog(setup::hook("kace-epilog", "").unwrap()),
+    )
+    .unwrap()
+    .accounting(setup)
+    .slurm_conf_line("MinJobAge=3600")
+}
+
 /// `sbatch` as `uid`; returns the job id.
 fn submit(c: &Cluster, uid: u32, args: &[&str]) -> u32 {
     let out_opt = format!("--output={}/out/%j.out", c.dir().display());
@@ -95,21 +110,15 @@ fn kace_starts_jobs_in_slurms_fair_share_order() {
     let test = "kace_starts_jobs_in_slurms_fair_share_order";
     kace_e2e::require_e2e(test);
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let c = setup::with_nudges(
-        Cluster::builder()
-            .nodes(vec![NodeSpec::new("n1", 1).shards_per_gpu(2)])
-            .typed_gpus(true)
-            .prolog(setup::hook("kace-prolog", "").unwrap())
-            .epilog(setup::hook("kace-epilog", "").unwrap()),
+    let c = accounting_cluster(
+        1,
+        &[
+            "add account heavy Fairshare=1",
+            "add account light Fairshare=9",
+            "add user daemon Account=heavy",
+            "add user bin Account=light",
+        ],
     )
-    .unwrap()
-    .accounting(&[
-        "add account heavy Fairshare=1",
-        "add account light Fairshare=9",
-        "add user daemon Account=heavy",
-        "add user bin Account=light",
-    ])
-    .slurm_conf_line("MinJobAge=3600")
     .slurm_conf_line("PriorityType=priority/multifactor")
     .slurm_conf_line("PriorityWeightFairshare=100000")
     .slurm_conf_line("PriorityWeightAge=1000")
@@ -305,22 +314,16 @@ fn kace_releases_no_job_a_qos_limit_would_keep_pending() {
     let test = "kace_releases_no_job_a_qos_limit_would_keep_pending";
     kace_e2e::require_e2e(test);
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let c = setup::with_nudges(
-        Cluster::builder()
-            .nodes(vec![NodeSpec::new("n1", 2).shards_per_gpu(2)])
-            .typed_gpus(true)
-            .prolog(setup::hook("kace-prolog", "").unwrap())
-            .epilog(setup::hook("kace-epilog", "").unwrap()),
+    let c = accounting_cluster(
+        2,
+        &[
+            "add qos one MaxJobsPerUser=1",
+            "add account heavy",
+            "add account light",
+            "add user daemon Account=heavy QOS=normal,one DefaultQOS=one",
+            "add user bin Account=light",
+        ],
     )
-    .unwrap()
-    .accounting(&[
-        "add qos one MaxJobsPerUser=1",
-        "add account heavy",
-        "add account light",
-        "add user daemon Account=heavy QOS=normal,one DefaultQOS=one",
-        "add user bin Account=light",
-    ])
-    .slurm_conf_line("MinJobAge=3600")
     .start()
     .unwrap();
     let dir = c.dir().to_path_buf();
