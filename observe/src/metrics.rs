@@ -320,7 +320,9 @@ pub fn render(db: &Db, objective: Objective, live: &Live, now: f64) -> Result<St
             "counter",
             "Slurm commands the decider ran, by kind (list: the pass's squeue; job: one job's \
              read; whole_queue: a 22.05 squeue --json; nodes: sinfo; update: a request change; \
-             update_nodes: one naming nodes; release; steps: scontrol listpids).",
+             update_nodes: one naming nodes; release; hold; steps: scontrol listpids; config, \
+             shares, partitions: the priority factors and limit enforcement; qos, assocs: \
+             sacctmgr, slurmdbd only).",
         );
         for (kind, n) in counts {
             o.sample("kace_slurm_commands_total", &[("kind", kind)], *n as f64);
