@@ -895,7 +895,7 @@ pub fn run(
         };
         taken.push(i);
         let plan = chosen.as_ref().map(|c| c.1.clone()).unwrap_or_default();
-        if let Err(e) = lengthen(slurm, state, &plan, |id| id == j.id, &mut report) {
+        if let Err(e) = lengthen(slurm, state, &plan, |id| id == j.id, |_| None, &mut report) {
             report.problems.push(e);
             continue;
         }
@@ -918,11 +918,15 @@ pub fn run(
                 report.expired.push((j.id, slots[k].at.node.clone(), slots[k].at.index.0));
                 usage.borrow_mut().add(counted_of(j));
                 slots[k].coming += 1;
-                if let Err(e) = lengthen(slurm, state, &plan, |id| id != j.id, &mut report) {
+                if let Err(e) = lengthen(
+                    slurm,
+                    state,
+                    &plan,
+                    |id| id != j.id,
+                    |id| partners_comment(id, j, &slots[k]),
+                    &mut report,
+                ) {
                     report.problems.push(e);
-                }
-                if !slots[k].jobs.is_empty() {
-                    record_partners(slurm, j, &slots[k], &mut report);
                 }
             }
             Err(e) => report.problems.push(e),
@@ -989,7 +993,9 @@ pub fn run(
             tries += 1;
             taken.push(i);
             // The joiner's own limit first, while it is held: it never runs short.
-            if let Err(e) = lengthen(slurm, state, &plan, |id| id == held[i].id, &mut report) {
+            if let Err(e) =
+                lengthen(slurm, state, &plan, |id| id == held[i].id, |_| None, &mut report)
+            {
                 report.problems.push(e);
                 continue;
             }
@@ -1015,12 +1021,16 @@ pub fn run(
                         report.passed_over.push((held[i].id, ahead));
                     }
                     slot.coming += 1;
-                    if let Err(e) =
-                        lengthen(slurm, state, &plan, |id| id != held[i].id, &mut report)
-                    {
+                    if let Err(e) = lengthen(
+                        slurm,
+                        state,
+                        &plan,
+                        |id| id != held[i].id,
+                        |id| partners_comment(id, held[i], slot),
+                        &mut report,
+                    ) {
                         report.problems.push(e);
                     }
-                    record_partners(slurm, held[i], slot, &mut report);
                     break;
                 }
                 Err(e) => report.problems.push(e),
@@ -1223,7 +1233,7 @@ fn finish_begun(
             Some(j) if j.held() => {
                 let target = Target { node: b.node.clone(), kind: b.kind.clone() };
                 let moved = slurm
-                    .pin(id, &target, b.shards, Some(&b.node))
+                    .pin(id, &target, b.shards, Some(&b.node), None)
                     .and_then(|()| slurm.release(id));
                 match moved {
                     Ok(()) => report.resumed.push(id),
@@ -1297,7 +1307,10 @@ fn release(
         problems.push(format!("couldn't note the release of job {} as begun: {e}", j.id));
     }
     let target = Target { node: slot.at.node.clone(), kind: slot.at.kind.clone() };
-    let moved = slurm.pin(j.id, &target, shards, None).and_then(|()| slurm.release(j.id));
+    let comment = partners_comment(j.id, j, slot);
+    let moved = slurm
+        .pin(j.id, &target, shards, None, comment.as_deref())
+        .and_then(|()| slurm.release(j.id));
     state.begun.remove(&j.id);
     match moved {
         Ok(()) => {
@@ -1323,23 +1336,21 @@ fn release(
     }
 }
 
-/// Writes into the `AdminComment` of `joiner` and of each job on its GPU whom they share it
-/// with (sacct shows it; billing, issue 29 item 6): one update each, after the release. A
-/// failure costs only the record.
-fn record_partners(slurm: &dyn Slurm, joiner: &QueuedJob, slot: &Slot, report: &mut Report) {
+/// The `AdminComment` ([`crate::slurm::write_mark`]) of `id` once `joiner` joins `slot`'s
+/// GPU: the joiner names the jobs on it; a job on it adds the joiner (and the others) to the
+/// partners it had. Written only within an update the release makes anyway (the joiner's pin,
+/// a job's lengthened limit), so recording costs no RPC; a job on the GPU whose limit is not
+/// lengthened is named in the joiner's comment only (issue 29 item 6; ARCHITECTURE.md).
+fn partners_comment(id: u32, joiner: &QueuedJob, slot: &Slot) -> Option<String> {
     let on_gpu: Vec<u32> = slot.jobs.iter().map(|m| m.id).collect();
-    let mut writes = vec![(joiner.id, joiner.workload.as_str(), on_gpu.clone())];
-    for m in &slot.jobs {
-        let mut partners = m.partners.clone();
-        partners.extend(on_gpu.iter().filter(|&&id| id != m.id));
-        partners.push(joiner.id);
-        writes.push((m.id, m.workload.as_str(), partners));
+    if id == joiner.id {
+        return (!on_gpu.is_empty()).then(|| crate::slurm::write_mark(&joiner.workload, &on_gpu));
     }
-    for (id, workload, partners) in writes {
-        if let Err(e) = slurm.record_partners(id, workload, &partners) {
-            report.problems.push(format!("couldn't record job {id}'s partners in Slurm: {e}"));
-        }
-    }
+    let m = slot.jobs.iter().find(|m| m.id == id)?;
+    let mut partners = m.partners.clone();
+    partners.extend(on_gpu.iter().filter(|&&other| other != id));
+    partners.push(joiner.id);
+    Some(crate::slurm::write_mark(&m.workload, &partners))
 }
 
 /// Job `id` waits no longer: the time since a lower-priority job was first released ahead of
@@ -1524,14 +1535,55 @@ fn lengthen(
     state: &mut DeciderState,
     plan: &[(u32, f64, f64)],
     which: impl Fn(u32) -> bool,
+    comment: impl Fn(u32) -> Option<String>,
     report: &mut Report,
 ) -> std::result::Result<(), String> {
     for &(id, old, new) in plan.iter().filter(|p| which(p.0)) {
         slurm
-            .set_time_limit(id, (new / 60.0).ceil() as u64)
+            .set_time_limit(id, (new / 60.0).ceil() as u64, comment(id).as_deref())
             .map_err(|e| format!("couldn't lengthen job {id}'s time limit for sharing: {e}"))?;
         state.own_limits.entry(id).or_insert(old);
         report.lengthened.push((id, old, new));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: u32, w: &str, partners: &[u32]) -> Member {
+        Member {
+            id,
+            workload: w.into(),
+            user: "alice".into(),
+            starting: false,
+            limit_s: Some(3600.0),
+            started: Some(0.0),
+            partitions: Vec::new(),
+            whole: false,
+            partners: partners.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_joiner_names_the_gpus_jobs_and_each_adds_it_to_its_partners() {
+        let slot = Slot {
+            at: GpuAt { node: "n1".into(), index: GpuIndex(0), kind: None },
+            node_at: 0,
+            sole_of_kind: false,
+            jobs: vec![member(10, "alpha", &[7]), member(12, "gamma", &[])],
+            unknown: false,
+            leaving: Vec::new(),
+            coming: 0,
+        };
+        let joiner = QueuedJob { id: 11, workload: "beta".into(), ..QueuedJob::default() };
+        let c = |id| partners_comment(id, &joiner, &slot);
+        assert_eq!(c(11).as_deref(), Some("kace:beta shared=10,12"));
+        assert_eq!(c(10).as_deref(), Some("kace:alpha shared=7,12,11"));
+        assert_eq!(c(12).as_deref(), Some("kace:gamma shared=10,11"));
+        assert_eq!(c(99), None, "not on the GPU");
+        let alone = Slot { jobs: Vec::new(), ..slot.clone() };
+        assert_eq!(partners_comment(11, &joiner, &alone), None, "a lead names no one");
+    }
 }

@@ -368,7 +368,16 @@ pub trait Slurm {
     /// Pins a held job to `target`, asking for `shards` shards of its GPU when typed.
     /// `ours` is the node kace itself pinned the job to before (a pass that ended between
     /// the pin and the release); any other pin is someone else's and is left alone.
-    fn pin(&self, id: u32, target: &Target, shards: u32, ours: Option<&str>) -> Result<()>;
+    /// `comment`, when given, becomes its `AdminComment` in the same update ([`write_mark`]:
+    /// the jobs it joins on that GPU, for sacct and billing).
+    fn pin(
+        &self,
+        id: u32,
+        target: &Target,
+        shards: u32,
+        ours: Option<&str>,
+        comment: Option<&str>,
+    ) -> Result<()>;
     /// Releases a held job.
     fn release(&self, id: u32) -> Result<()>;
     /// Hands a held job back to Slurm: asks for `shards` shards of one GPU (of the type it
@@ -379,12 +388,11 @@ pub trait Slurm {
     /// Holds a released kace job again with the gate's kind of hold (`scontrol uhold`, which
     /// kace releases; an admin's `hold` it never does) and clears kace's pin.
     fn hold_again(&self, id: u32) -> Result<()>;
-    /// Sets a job's time limit (whole minutes; root may lengthen a running job's).
-    fn set_time_limit(&self, id: u32, minutes: u64) -> Result<()>;
-    /// Records in a kace job's `AdminComment` ([`write_mark`]) the jobs it shared its GPU
-    /// with: slurmctld sends it to slurmdbd at the job's end, so `sacct -o AdminComment` shows
-    /// it. Only root can set the field.
-    fn record_partners(&self, id: u32, workload: &str, partners: &[u32]) -> Result<()>;
+    /// Sets a job's time limit (whole minutes; root may lengthen a running job's), and with
+    /// `comment` its `AdminComment` in the same update. slurmctld sends the comment to
+    /// slurmdbd at the job's end, so `sacct -o AdminComment` shows it; only root (and
+    /// SlurmUser) can set the field.
+    fn set_time_limit(&self, id: u32, minutes: u64, comment: Option<&str>) -> Result<()>;
     /// Whether `node`'s slurmd (on this host) runs a step of job `id` now: `scontrol listpids
     /// ID NODE`, which asks that node's slurmstepd over its local socket, not slurmctld (no RPC).
     /// `false` also when the job has no step yet (its prolog runs) or no process left.
@@ -724,9 +732,24 @@ impl Slurm for Commands {
         })
     }
 
-    fn pin(&self, id: u32, target: &Target, shards: u32, ours: Option<&str>) -> Result<()> {
+    fn pin(
+        &self,
+        id: u32,
+        target: &Target,
+        shards: u32,
+        ours: Option<&str>,
+        comment: Option<&str>,
+    ) -> Result<()> {
         let job = format!("jobid={id}");
         let nodes = format!("NodeList={}", target.node);
+        let comment = comment.map(|c| format!("AdminComment={c}"));
+        // The update naming the node carries the comment: no RPC of its own.
+        let naming = |mut args: Vec<&'static str>, owned: &[&str]| -> Vec<String> {
+            let mut v: Vec<String> = args.drain(..).map(str::to_string).collect();
+            v.extend(owned.iter().map(|s| s.to_string()));
+            v.extend(comment.clone());
+            v
+        };
         // Only the decider moves jobs, but an admin (or the job's user, cancelling it) may have
         // changed it since the pass's listing, and Slurm has no compare-and-set: the job is read
         // again (that job only) just before the first change and left alone unless it is still
@@ -754,7 +777,9 @@ impl Slurm for Commands {
             }
             // Typed already (by its user): only the node changes.
             (Some(_), Some(_)) | (None, _) => {
-                self.scontrol(CommandKind::UpdateNodes, &["update", &job, &nodes])?;
+                let args = naming(vec!["update"], &[&job, &nodes]);
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                self.scontrol(CommandKind::UpdateNodes, &args)?;
             }
             // Slurm up to 25.05 refuses a direct untyped→typed GRES change; clearing
             // TresPerNode first works on every release (shared/reference/slurm-lab-2.md §2).
@@ -765,15 +790,15 @@ impl Slurm for Commands {
             // long-lived process): where it does not, trying each time cost an RPC per job.
             (Some(kind), None) => {
                 let gres = format!("Gres=shard:{kind}:{shards}");
+                let args = naming(vec!["update"], &[&job, &gres, &nodes]);
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 let direct = DIRECT_TYPED_CHANGE.get() != Some(&false)
-                    && self
-                        .scontrol(CommandKind::UpdateNodes, &["update", &job, &gres, &nodes])
-                        .is_ok();
+                    && self.scontrol(CommandKind::UpdateNodes, &args).is_ok();
                 if direct {
                     let _ = DIRECT_TYPED_CHANGE.set(true);
                 } else {
                     self.scontrol(CommandKind::Update, &["update", &job, "TresPerNode="])?;
-                    self.scontrol(CommandKind::UpdateNodes, &["update", &job, &gres, &nodes])?;
+                    self.scontrol(CommandKind::UpdateNodes, &args)?;
                     if DIRECT_TYPED_CHANGE.get().is_none() {
                         let _ = DIRECT_TYPED_CHANGE.set(false);
                     }
@@ -809,16 +834,13 @@ impl Slurm for Commands {
         self.release(id)
     }
 
-    fn set_time_limit(&self, id: u32, minutes: u64) -> Result<()> {
+    fn set_time_limit(&self, id: u32, minutes: u64, comment: Option<&str>) -> Result<()> {
         let job = format!("jobid={id}");
         let limit = format!("TimeLimit={minutes}");
-        self.scontrol(CommandKind::Update, &["update", &job, &limit]).map(drop)
-    }
-
-    fn record_partners(&self, id: u32, workload: &str, partners: &[u32]) -> Result<()> {
-        let job = format!("jobid={id}");
-        let comment = format!("AdminComment={}", write_mark(workload, partners));
-        self.scontrol(CommandKind::Update, &["update", &job, &comment]).map(drop)
+        let comment = comment.map(|c| format!("AdminComment={c}"));
+        let mut args = vec!["update", &job, &limit];
+        args.extend(comment.as_deref());
+        self.scontrol(CommandKind::Update, &args).map(drop)
     }
 
     fn hold_again(&self, id: u32) -> Result<()> {

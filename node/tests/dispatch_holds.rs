@@ -38,7 +38,14 @@ impl Slurm for Queue {
             ..JobDetail::default()
         })
     }
-    fn pin(&self, _id: u32, _target: &Target, _shards: u32, _ours: Option<&str>) -> Result<()> {
+    fn pin(
+        &self,
+        _id: u32,
+        _target: &Target,
+        _shards: u32,
+        _ours: Option<&str>,
+        _comment: Option<&str>,
+    ) -> Result<()> {
         Ok(())
     }
     fn release(&self, id: u32) -> Result<()> {
@@ -49,14 +56,11 @@ impl Slurm for Queue {
         self.released.borrow_mut().push(id);
         Ok(())
     }
-    fn set_time_limit(&self, _id: u32, _minutes: u64) -> Result<()> {
+    fn set_time_limit(&self, _id: u32, _minutes: u64, _comment: Option<&str>) -> Result<()> {
         Ok(())
     }
     fn site_limits(&self) -> Result<kace_node::limits::Limits> {
         Ok(kace_node::limits::Limits::default())
-    }
-    fn record_partners(&self, _id: u32, _workload: &str, _partners: &[u32]) -> Result<()> {
-        Ok(())
     }
     fn hold_again(&self, _id: u32) -> Result<()> {
         Ok(())

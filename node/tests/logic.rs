@@ -42,7 +42,7 @@ struct FakeSlurm {
     unreachable_listings: std::cell::Cell<u32>,
     /// What `priority_inputs` answers (default: no multifactor, submission order).
     priority: kace_node::priority::PriorityInputs,
-    /// The `AdminComment`s the decider wrote (`record_partners`); the listing reads them back.
+    /// The `AdminComment`s the decider's updates set; the listing reads them back.
     comments: RefCell<BTreeMap<u32, String>>,
     /// Jobs not kace's that count against limits, as the listing shows them.
     others: RefCell<Vec<kace_node::limits::Counted>>,
@@ -60,6 +60,14 @@ fn failed(what: &str) -> Error {
 }
 
 impl FakeSlurm {
+    /// An `AdminComment` an update set, kept for the listing.
+    fn comment(&self, id: u32, comment: Option<&str>) {
+        if let Some(c) = comment {
+            self.calls.borrow_mut().push(format!("comment {id} {c}"));
+            self.comments.borrow_mut().insert(id, c.to_string());
+        }
+    }
+
     /// A running job as the queue listing shows it.
     fn listed(r: &RunningJob) -> QueuedJob {
         QueuedJob {
@@ -135,10 +143,18 @@ impl Slurm for FakeSlurm {
         let d = self.details.borrow().get(&id).cloned().ok_or_else(|| failed("scontrol"))?;
         Ok(d.gres.iter().flat_map(|g| g.indices.clone()).collect())
     }
-    fn pin(&self, id: u32, target: &Target, shards: u32, _ours: Option<&str>) -> Result<()> {
+    fn pin(
+        &self,
+        id: u32,
+        target: &Target,
+        shards: u32,
+        _ours: Option<&str>,
+        comment: Option<&str>,
+    ) -> Result<()> {
         self.calls
             .borrow_mut()
             .push(format!("pin {id} {} {:?} {shards}", target.node, target.kind));
+        self.comment(id, comment);
         if self.gone.contains(&id) {
             return Err(failed("scontrol update"));
         }
@@ -162,19 +178,14 @@ impl Slurm for FakeSlurm {
         j.reason = "None".into();
         Ok(())
     }
-    fn set_time_limit(&self, id: u32, minutes: u64) -> Result<()> {
+    fn set_time_limit(&self, id: u32, minutes: u64, comment: Option<&str>) -> Result<()> {
         self.calls.borrow_mut().push(format!("time limit {id} {minutes}"));
+        self.comment(id, comment);
         Ok(())
     }
     fn site_limits(&self) -> Result<kace_node::limits::Limits> {
         self.calls.borrow_mut().push("limits".into());
         Ok(self.limits.clone())
-    }
-    fn record_partners(&self, id: u32, workload: &str, partners: &[u32]) -> Result<()> {
-        let comment = kace_node::slurm::write_mark(workload, partners);
-        self.calls.borrow_mut().push(format!("comment {id} {comment}"));
-        self.comments.borrow_mut().insert(id, comment);
-        Ok(())
     }
     fn hold_again(&self, id: u32) -> Result<()> {
         self.calls.borrow_mut().push(format!("hold again {id}"));
@@ -2309,12 +2320,13 @@ fn a_joiner_is_chosen_inside_the_priority_window() {
     let r = dispatch::run(&w.slurm, &settings, &mut state, 1500.0).unwrap();
     assert_eq!(r.joiners, vec![(11, "n1".to_string(), 0)], "{r:?}");
     assert!(r.passed_over.is_empty(), "{r:?}");
-    // Both name each other in their AdminComment (sacct's record), the lead its earlier
-    // partner too.
+    // The joiner names the lead in its AdminComment (sacct's record), within its pin's update;
+    // the lead's limit is not lengthened (it has none), so no update is made for it alone.
     let calls = w.slurm.calls.borrow().clone();
-    for want in ["comment 11 kace:beta shared=10", "comment 10 kace:alpha shared=7,11"] {
-        assert!(calls.iter().any(|c| c == want), "{want:?} not in {calls:?}");
-    }
+    let at = calls.iter().position(|c| c == "comment 11 kace:beta shared=10");
+    let pin = calls.iter().position(|c| c.starts_with("pin 11 "));
+    assert!(at.is_some() && at == pin.map(|p| p + 1), "{calls:?}");
+    assert!(!calls.iter().any(|c| c.starts_with("comment 10 ")), "{calls:?}");
     let d = &r.records.iter().find(|d| d.decision.chosen_job.is_some()).unwrap().decision;
     assert_eq!(d.candidates.len(), 1, "only the window is offered: {d:?}");
 }

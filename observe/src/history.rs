@@ -224,7 +224,14 @@ mod tests {
         fn job_gpus(&self, _: u32, _: &str) -> kace_node::Result<Vec<u32>> {
             Ok(Vec::new())
         }
-        fn pin(&self, _: u32, _: &Target, _: u32, _: Option<&str>) -> kace_node::Result<()> {
+        fn pin(
+            &self,
+            _: u32,
+            _: &Target,
+            _: u32,
+            _: Option<&str>,
+            _: Option<&str>,
+        ) -> kace_node::Result<()> {
             Ok(())
         }
         fn release(&self, _: u32) -> kace_node::Result<()> {
@@ -233,14 +240,11 @@ mod tests {
         fn hand_back(&self, _: u32, _: u32) -> kace_node::Result<()> {
             Ok(())
         }
-        fn set_time_limit(&self, _: u32, _: u64) -> kace_node::Result<()> {
+        fn set_time_limit(&self, _: u32, _: u64, _: Option<&str>) -> kace_node::Result<()> {
             Ok(())
         }
         fn site_limits(&self) -> kace_node::Result<kace_node::limits::Limits> {
             Ok(kace_node::limits::Limits::default())
-        }
-        fn record_partners(&self, _: u32, _: &str, _: &[u32]) -> kace_node::Result<()> {
-            Ok(())
         }
         fn hold_again(&self, _: u32) -> kace_node::Result<()> {
             Ok(())

@@ -505,7 +505,14 @@ mod tests {
         fn job_gpus(&self, id: u32, _: &str) -> kace_node::Result<Vec<u32>> {
             Ok(self.running.iter().find(|r| r.id == id).map(|r| r.gpus.clone()).unwrap_or_default())
         }
-        fn pin(&self, _: u32, _: &Target, _: u32, _: Option<&str>) -> kace_node::Result<()> {
+        fn pin(
+            &self,
+            _: u32,
+            _: &Target,
+            _: u32,
+            _: Option<&str>,
+            _: Option<&str>,
+        ) -> kace_node::Result<()> {
             panic!("status changes nothing")
         }
         fn release(&self, _: u32) -> kace_node::Result<()> {
@@ -514,14 +521,11 @@ mod tests {
         fn hand_back(&self, _: u32, _: u32) -> kace_node::Result<()> {
             panic!("status changes nothing")
         }
-        fn set_time_limit(&self, _: u32, _: u64) -> kace_node::Result<()> {
+        fn set_time_limit(&self, _: u32, _: u64, _: Option<&str>) -> kace_node::Result<()> {
             panic!("status changes nothing")
         }
         fn site_limits(&self) -> kace_node::Result<kace_node::limits::Limits> {
             panic!("status reads no limits")
-        }
-        fn record_partners(&self, _: u32, _: &str, _: &[u32]) -> kace_node::Result<()> {
-            panic!("status changes nothing")
         }
         fn hold_again(&self, _: u32) -> kace_node::Result<()> {
             panic!("status changes nothing")

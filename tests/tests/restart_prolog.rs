@@ -115,7 +115,7 @@ fn a_lead_started_before_the_nodes_register_again_keeps_its_gpu_and_its_partner(
         // As dispatch would: the lead onto GPU g0. The release only queues a scheduler run,
         // which waits; the ender's epilog completing runs the scheduler at once.
         let g0 = Target { node: "n1".into(), kind: Some("g0".into()) };
-        commands.pin(lead, &g0, 1, None).unwrap();
+        commands.pin(lead, &g0, 1, None, None).unwrap();
         commands.release(lead).unwrap();
         std::fs::write(&stop, "").unwrap();
         let released_after = restarted.elapsed();

@@ -35,13 +35,13 @@ fn retargeting_a_job_another_decider_released_keeps_slurmctld_up() {
     let p = c.sbatch(&["--kace-colocate=bert", "--gres=shard:1", "--wrap", "sleep 1"]).unwrap();
     let g = |kind: &str| Target { node: "n1".into(), kind: Some(kind.into()) };
     // The first decider sends it to the full GPU and releases it.
-    commands.pin(p, &g("g1"), 1, None).unwrap();
+    commands.pin(p, &g("g1"), 1, None, None).unwrap();
     commands.release(p).unwrap();
     std::thread::sleep(Duration::from_secs(1));
     let j = c.job(p).unwrap();
     assert_eq!(j.get("JobState").map(String::as_str), Some("PENDING"), "{j:?}");
     // The second, which saw it held before, would move it to the free GPU: it finds it taken.
-    let second = commands.pin(p, &g("g0"), 1, None);
+    let second = commands.pin(p, &g("g0"), 1, None, None);
     assert!(matches!(second, Err(kace_node::Error::Taken { job, .. }) if job == p), "{second:?}");
     std::thread::sleep(Duration::from_secs(2));
     assert!(

@@ -59,7 +59,9 @@ fn kace_reads_what_this_slurm_prints() {
     c.run_ok("scontrol", &["release", &lead.to_string()]).unwrap();
     roles.insert("lead", lead);
     let partner = kace("partner", &[&comment, &name, "--wrap", &forged_script]);
-    commands.pin(partner, &Target { node: "n1".into(), kind: Some("g1".into()) }, 1, None).unwrap();
+    commands
+        .pin(partner, &Target { node: "n1".into(), kind: Some("g1".into()) }, 1, None, None)
+        .unwrap();
     commands.release(partner).unwrap();
     roles.insert("partner", partner);
     roles.insert("held", kace("held", &[&comment, &name, "--wrap", &forged_script]));
@@ -147,13 +149,13 @@ fn kace_reads_what_this_slurm_prints() {
         ("the nodes", Box::new(|s| drop(s.nodes().unwrap()))),
         // priority/basic here: the weights only (tests/tests/accounting.rs reads the rest).
         ("the priority factors", Box::new(|s| drop(s.priority_inputs().unwrap()))),
-        ("a time limit", Box::new(move |s| s.set_time_limit(held, 30).unwrap())),
+        ("a time limit", Box::new(move |s| s.set_time_limit(held, 30, None).unwrap())),
         ("holding again", Box::new(move |s| s.hold_again(held).unwrap())),
         (
             "a pin",
             Box::new(move |s| {
                 let to = Target { node: "n2".into(), kind: Some("g0".into()) };
-                s.pin(held, &to, 1, None).unwrap()
+                s.pin(held, &to, 1, None, Some("kace:w shared=1")).unwrap()
             }),
         ),
         ("its release", Box::new(move |s| s.release(held).unwrap())),

@@ -92,6 +92,7 @@ impl Slurm for LocalJobs {
         _target: &Target,
         _shards: u32,
         _ours: Option<&str>,
+        _comment: Option<&str>,
     ) -> kace_node::Result<()> {
         no_slurm("scontrol update")
     }
@@ -101,14 +102,11 @@ impl Slurm for LocalJobs {
     fn hand_back(&self, _id: u32, _shards: u32) -> kace_node::Result<()> {
         no_slurm("scontrol release")
     }
-    fn set_time_limit(&self, _id: u32, _minutes: u64) -> kace_node::Result<()> {
+    fn set_time_limit(&self, _id: u32, _minutes: u64, _c: Option<&str>) -> kace_node::Result<()> {
         no_slurm("scontrol update")
     }
     fn site_limits(&self) -> kace_node::Result<kace_node::limits::Limits> {
         no_slurm("sacctmgr")
-    }
-    fn record_partners(&self, _id: u32, _w: &str, _p: &[u32]) -> kace_node::Result<()> {
-        no_slurm("scontrol update")
     }
     fn hold_again(&self, _id: u32) -> kace_node::Result<()> {
         no_slurm("scontrol uhold")
