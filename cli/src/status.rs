@@ -170,7 +170,10 @@ fn render(s: &Status) -> String {
                     None => offer,
                 };
                 vec![
-                    h.place.to_string(),
+                    match h.priority {
+                        Some(p) => format!("{} (priority {p:.0})", h.place),
+                        None => h.place.to_string(),
+                    },
                     h.job.to_string(),
                     h.workload.clone(),
                     h.user.clone(),

@@ -117,9 +117,11 @@ pub struct Held {
     pub would_pair_with: Option<Offer>,
     /// Why there is none, when there is none.
     pub no_partner: Option<String>,
-    /// Its place in the decider's line (1 = next): held jobs are offered oldest first, to the
-    /// GPUs their policies allow.
+    /// Its place in the decider's line (1 = next): held jobs are offered in Slurm's priority
+    /// order (oldest first without priority/multifactor), to the GPUs their policies allow.
     pub place: usize,
+    /// The priority Slurm would give it (kace's estimate; `None` without multifactor).
+    pub priority: Option<f64>,
     /// Why the decider hands it back to Slurm at its next pass instead of placing it, if it does
     /// (a `-w` of several nodes, a reservation, no shard, …).
     pub handed_back: Option<String>,
@@ -268,6 +270,22 @@ pub fn gather(
     }
 
     let held_jobs: Vec<&QueuedJob> = queue.iter().filter(|j| j.held()).collect();
+    // The decider's line is Slurm's priority order (kace's estimate, `kace_node::priority`):
+    // read as the decider reads it (3 RPCs), only when there is a line to order.
+    let inputs = if held_jobs.len() >= 2 {
+        slurm.priority_inputs().unwrap_or_else(|e| {
+            problems.push(format!(
+                "couldn't read Slurm's priority factors ({e}); places are in submission order"
+            ));
+            Default::default()
+        })
+    } else {
+        Default::default()
+    };
+    let held_jobs: Vec<&QueuedJob> = kace_node::priority::order(&inputs, &held_jobs, now)
+        .into_iter()
+        .map(|i| held_jobs[i])
+        .collect();
     // A job an admin (or, before the gate, its user) holds was not released by kace: not
     // "released, not started yet" (the re-audit's L11).
     let held_elsewhere = |j: &&QueuedJob| j.reason.starts_with("JobHeld");
@@ -310,6 +328,7 @@ pub fn gather(
             would_pair_with: offer,
             no_partner: why,
             place: k + 1,
+            priority: kace_node::priority::estimate(&inputs, j, now),
             handed_back: kace_node::placement::wants(j).err().map(|why| why.to_string()),
         });
     }
@@ -479,6 +498,7 @@ mod tests {
         queue: Vec<QueuedJob>,
         running: Vec<RunningJob>,
         nodes: Vec<NodeGpus>,
+        priority: kace_node::priority::PriorityInputs,
     }
 
     impl Slurm for Cluster {
@@ -538,7 +558,7 @@ mod tests {
         }
 
         fn priority_inputs(&self) -> kace_node::Result<kace_node::priority::PriorityInputs> {
-            Ok(Default::default())
+            Ok(self.priority.clone())
         }
     }
 
@@ -581,6 +601,7 @@ mod tests {
             queue: vec![held(10, "alice", 950.0), held(11, "bob", 990.0)],
             running: vec![run(1, "n1", "alice"), run(2, "n1", "bob"), run(3, "n2", "alice")],
             nodes: vec![node("n1", true), node("n2", true), node("n3", true), node("n4", false)],
+            priority: Default::default(),
         }
     }
 
@@ -662,6 +683,34 @@ mod tests {
             gather(&cluster(), None, &Config::default(), 1000.0, &Options::default()).unwrap();
         let place = |st: &Status, id: u32| st.held.iter().find(|h| h.job == id).unwrap().place;
         assert_eq!(place(&s, 10), place(&all, 10));
+    }
+
+    /// The place is the decider's: Slurm's priority order (issue 29 item 7), not submission
+    /// order, with each job's estimated priority.
+    #[test]
+    fn places_follow_slurms_priority_order() {
+        let mut c = cluster();
+        // bob (submitted later) has three times alice's fair-share.
+        c.priority = kace_node::priority::PriorityInputs {
+            weights: Some(kace_node::priority::Weights { fairshare: 1000.0, ..Default::default() }),
+            fairshare: [
+                (("a".to_string(), "alice".to_string()), 0.25),
+                (("b".to_string(), "bob".to_string()), 0.75),
+            ]
+            .into_iter()
+            .collect(),
+            ..Default::default()
+        };
+        c.queue[0].account = "a".into();
+        c.queue[1].account = "b".into();
+        let s = gather(&c, None, &Config::default(), 1000.0, &Options::default()).unwrap();
+        let line: Vec<(u32, usize)> = s.held.iter().map(|h| (h.job, h.place)).collect();
+        assert_eq!(line, [(11, 1), (10, 2)]);
+        assert_eq!(s.held[0].priority.map(f64::round), Some(750.0));
+        // Without multifactor: oldest first, no priority shown.
+        let s = gather(&cluster(), None, &Config::default(), 1000.0, &Options::default()).unwrap();
+        assert_eq!(s.held.iter().map(|h| h.job).collect::<Vec<_>>(), [10, 11]);
+        assert!(s.held.iter().all(|h| h.priority.is_none()));
     }
 
     #[test]
