@@ -483,7 +483,10 @@ pub fn run(say: &mut dyn FnMut(&str)) -> Result<(Recorded, String), HarnessError
         for_display(&setup::bin_dir()?)
     ));
 
-    std::fs::write(dir.join("etc/kace.conf"), setup::conf(&dir, MAX_HOLD_S))
+    // The demo shows the choice among every held job: its whole queue inside the priority
+    // window (default 4; its jobs have no multifactor priority, so the order is submission's).
+    let conf = format!("{}[selection]\npriority_window = 16\n", setup::conf(&dir, MAX_HOLD_S));
+    std::fs::write(dir.join("etc/kace.conf"), conf)
         .map_err(|e| err("couldn't write kace.conf", e))?;
     write_exec(&dir.join("fake-mps"), &setup::fake_mps_script(&dir))?;
     std::fs::create_dir_all(dir.join("demo/on-gpu")).map_err(|e| err("couldn't mkdir demo", e))?;
