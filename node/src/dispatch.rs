@@ -627,7 +627,13 @@ pub fn run(
     // counts as Slurm's would not start it either), and the decider says why once.
     let limits = site_limits(slurm, state, now, &mut report);
     let usage = std::cell::RefCell::new(Usage::of(counted));
-    let limited = |j: &QueuedJob| limits.blocks(&usage.borrow(), &counted_of(j));
+    let checked = limits.any();
+    let limited = |j: &QueuedJob| {
+        if !checked {
+            return None;
+        }
+        limits.blocks(&usage.borrow(), &counted_of(j))
+    };
     let held: Vec<&QueuedJob> = held
         .into_iter()
         .filter(|j| match limited(j) {

@@ -71,27 +71,38 @@ pub struct Counted {
     pub gres: Gres,
 }
 
-/// What the jobs that count hold, summed each way a limit looks at them.
+/// Jobs, `gres/gpu` and `gres/shard` summed over a group of counted jobs.
+type Tally = (u64, u64, u64);
+
+/// What the jobs that count hold, summed each way a limit looks at them (a lookup per check:
+/// a pass checks every held job against every GPU it may take).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Usage {
-    jobs: Vec<Counted>,
+    /// By (QOS, user), QOS, (account, user) and account.
+    qos_user: BTreeMap<(String, String), Tally>,
+    qos: BTreeMap<String, Tally>,
+    assoc: BTreeMap<(String, String), Tally>,
+    account: BTreeMap<String, Tally>,
 }
 
 impl Usage {
     /// The usage of `jobs`.
     pub fn of(jobs: Vec<Counted>) -> Usage {
-        Usage { jobs }
+        let mut u = Usage::default();
+        for j in jobs {
+            u.add(j);
+        }
+        u
     }
 
     /// One more job counts (a release this pass).
     pub fn add(&mut self, job: Counted) {
-        self.jobs.push(job);
-    }
-
-    fn sum(&self, pick: impl Fn(&Counted) -> bool) -> (u64, u64, u64) {
-        self.jobs.iter().filter(|j| pick(j)).fold((0, 0, 0), |(n, g, s), j| {
-            (n + 1, g + j.gres.gpu.unwrap_or(0), s + j.gres.shard.unwrap_or(0))
-        })
+        let (g, s) = (job.gres.gpu.unwrap_or(0), job.gres.shard.unwrap_or(0));
+        let bump = |t: &mut Tally| *t = (t.0 + 1, t.1 + g, t.2 + s);
+        bump(self.qos_user.entry((job.qos.clone(), job.user.clone())).or_default());
+        bump(self.qos.entry(job.qos.clone()).or_default());
+        bump(self.assoc.entry((job.account.clone(), job.user)).or_default());
+        bump(self.account.entry(job.account).or_default());
     }
 }
 
@@ -103,13 +114,14 @@ impl Limits {
             return None;
         }
         let over = |used: u64, add: u64, limit: Option<u64>| limit.is_some_and(|l| used + add > l);
-        let gres_over = |(_, g, s): (u64, u64, u64), limit: &Gres| {
+        let tally = |t: Option<&Tally>| t.copied().unwrap_or_default();
+        let gres_over = |(_, g, s): Tally, limit: &Gres| {
             over(g, job.gres.gpu.unwrap_or(0), limit.gpu)
                 || over(s, job.gres.shard.unwrap_or(0), limit.shard)
         };
         if let Some(q) = self.qos.get(&job.qos) {
-            let user = usage.sum(|j| j.qos == job.qos && j.user == job.user);
-            let all = usage.sum(|j| j.qos == job.qos);
+            let user = tally(usage.qos_user.get(&(job.qos.clone(), job.user.clone())));
+            let all = tally(usage.qos.get(&job.qos));
             if over(user.0, 1, q.max_jobs_per_user) {
                 return Some(format!("QOSMaxJobsPerUserLimit (QOS {})", job.qos));
             }
@@ -125,7 +137,7 @@ impl Limits {
         }
         let key = (job.account.clone(), job.user.clone());
         if let Some(a) = self.assocs.get(&key) {
-            let mine = usage.sum(|j| j.account == job.account && j.user == job.user);
+            let mine = tally(usage.assoc.get(&key));
             if over(mine.0, 1, a.max_jobs) {
                 return Some(format!("AssocMaxJobsLimit (account {})", job.account));
             }
@@ -137,7 +149,7 @@ impl Limits {
             }
         }
         if let Some(a) = self.assocs.get(&(job.account.clone(), String::new())) {
-            let account = usage.sum(|j| j.account == job.account);
+            let account = tally(usage.account.get(&job.account));
             if over(account.0, 1, a.grp_jobs) {
                 return Some(format!("AssocGrpJobsLimit (account {})", job.account));
             }
@@ -154,14 +166,13 @@ impl Limits {
     }
 }
 
-/// Whether `AccountingStorageEnforce` (from `scontrol show config`) enforces limits:
-/// `limits` (or `safe`, which implies it) does, for associations and QOS alike.
-pub fn enforced(show_config: &str) -> bool {
-    show_config
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .find(|(k, _)| k.trim() == "AccountingStorageEnforce")
-        .is_some_and(|(_, v)| v.split(',').any(|f| matches!(f.trim(), "limits" | "safe")))
+/// Whether `AccountingStorageEnforce` (of `scontrol show config`, as
+/// [`crate::doctor::parse_show_config`] reads it) enforces limits: `limits` (or `safe`, which
+/// implies it) does, for associations and QOS alike.
+pub fn enforced(config: &BTreeMap<String, String>) -> bool {
+    config
+        .get("AccountingStorageEnforce")
+        .is_some_and(|v| v.split(',').any(|f| matches!(f.trim(), "limits" | "safe")))
 }
 
 /// The `gres/gpu` and `gres/shard` counts of a TRES list (`cpu=4,gres/gpu=2`); typed entries
@@ -260,7 +271,7 @@ mod tests {
             ("AccountingStorageEnforce = none\n", false),
             ("", false),
         ] {
-            assert_eq!(enforced(conf), want, "{conf:?}");
+            assert_eq!(enforced(&crate::doctor::parse_show_config(conf)), want, "{conf:?}");
         }
         assert_eq!(parse_tres("gres/gpu:a100=1,x"), Gres::default());
     }

@@ -744,9 +744,10 @@ impl Slurm for Commands {
         let nodes = format!("NodeList={}", target.node);
         let comment = comment.map(|c| format!("AdminComment={c}"));
         // The update naming the node carries the comment: no RPC of its own.
-        let naming = |mut args: Vec<&'static str>, owned: &[&str]| -> Vec<String> {
-            let mut v: Vec<String> = args.drain(..).map(str::to_string).collect();
-            v.extend(owned.iter().map(|s| s.to_string()));
+        let naming = |gres: Option<&str>| -> Vec<String> {
+            let mut v = vec!["update".to_string(), job.clone()];
+            v.extend(gres.map(str::to_string));
+            v.push(nodes.clone());
             v.extend(comment.clone());
             v
         };
@@ -777,7 +778,7 @@ impl Slurm for Commands {
             }
             // Typed already (by its user): only the node changes.
             (Some(_), Some(_)) | (None, _) => {
-                let args = naming(vec!["update"], &[&job, &nodes]);
+                let args = naming(None);
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 self.scontrol(CommandKind::UpdateNodes, &args)?;
             }
@@ -790,7 +791,7 @@ impl Slurm for Commands {
             // long-lived process): where it does not, trying each time cost an RPC per job.
             (Some(kind), None) => {
                 let gres = format!("Gres=shard:{kind}:{shards}");
-                let args = naming(vec!["update"], &[&job, &gres, &nodes]);
+                let args = naming(Some(&gres));
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 let direct = DIRECT_TYPED_CHANGE.get() != Some(&false)
                     && self.scontrol(CommandKind::UpdateNodes, &args).is_ok();
@@ -899,14 +900,12 @@ impl Slurm for Commands {
     fn site_limits(&self) -> Result<crate::limits::Limits> {
         use crate::limits;
         let config = self.scontrol(CommandKind::Config, &["show", "config"])?;
+        let config = crate::doctor::parse_show_config(&config);
         let mut out = limits::Limits { enforced: limits::enforced(&config), ..Default::default() };
         if !out.enforced {
             return Ok(out);
         }
-        let cluster = crate::doctor::parse_show_config(&config)
-            .get("ClusterName")
-            .cloned()
-            .unwrap_or_default();
+        let cluster = config.get("ClusterName").cloned().unwrap_or_default();
         let sacctmgr = self.scontrol.with_file_name("sacctmgr");
         let args = ["-n", "-P", "show", "qos", "format=Name,MaxJobsPU,GrpJobs,MaxTRESPU,GrpTRES"];
         out.qos = limits::parse_qos(&self.call(CommandKind::Qos, &sacctmgr, &args)?);

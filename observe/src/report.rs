@@ -114,7 +114,7 @@ fn priority_order(decisions: &[&NewDecision]) -> PriorityOrder {
             .iter()
             .filter(|c| c.job.as_deref() != Some(chosen))
             .filter_map(|c| c.priority)
-            .fold(None, |m: Option<f64>, p| Some(m.map_or(p, |m| m.max(p))));
+            .reduce(f64::max);
         let Some(best) = best else { continue };
         order.choices += 1;
         if best > mine {
