@@ -19,6 +19,14 @@ use kace_test_support::{real_python, TempDir};
 /// Warm-up steps dropped, as `profiling.warmup_steps` by default.
 const WARMUP: u64 = 10;
 
+/// The hook's interval between lines. Short enough that the quickest scenario (4 000 forwards of
+/// a small encoder, under 3 s on the CI VM) writes tens of lines on a machine several times
+/// faster: at 0.2 s a 400-forward run wrote 3 lines here and 2 on CI, too few to measure.
+const INTERVAL_S: &str = "0.05";
+
+/// Lines past the warm-up a run must write for its rate to mean something.
+const MIN_STEADY_LINES: usize = 4;
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().unwrap()
 }
@@ -46,7 +54,7 @@ fn run(dir: &Path, name: &str, args: &[&str], extra_env: &[(&str, &str)], times:
             .arg(root.join("python/tests/real_libs").join(format!("{}.py", args[0])))
             .args(&args[1..])
             .env("KACE_PROGRESS_FILE", &file)
-            .env("KACE_PROGRESS_INTERVAL", "0.2")
+            .env("KACE_PROGRESS_INTERVAL", INTERVAL_S)
             .env("KACE_TEST_OWN_TIMES", &own)
             .env(
                 "PYTHONPATH",
@@ -99,6 +107,12 @@ fn check(rows: &mut Vec<String>, library: &str, scenario: &str, r: &Run) -> f64 
     assert_eq!(r.progress.skipped, 0, "{scenario}: lines refused");
     let steps: usize = r.own.iter().map(Vec::len).sum();
     assert_eq!(r.progress.points.last().unwrap().steps as usize, steps, "{scenario}");
+    let steady = r.progress.points.iter().filter(|p| p.steps >= WARMUP as f64).count();
+    assert!(
+        steady >= MIN_STEADY_LINES,
+        "{scenario}: {steady} lines past the warm-up at a {INTERVAL_S} s interval: the run is too \
+         short to measure on this machine; give the scenario more steps"
+    );
     let (reader, own) = (epilog_rate(&r.progress), own_rate(&r.progress, &r.own.concat()));
     rows.push(format!(
         "| {library} | {scenario} | {} | {reader:.1} | {own:.1} | {:+.2} % |",
@@ -136,15 +150,15 @@ fn the_hook_reports_real_pytorch_hugging_face_and_lightning_jobs() {
     let close = |ratio: f64, what: &str| {
         assert!((ratio - 1.0).abs() < 0.02, "{what}: reader / own = {ratio}");
     };
-    let r = run(&dir, "plain", &["plain", "1500"], &[], 1);
+    let r = run(&dir, "plain", &["plain", "4000"], &[], 1);
     close(check(&mut rows, "torch", "plain loop, Adam", &r), "plain");
 
     // Work after the last step (here 3 s) is not counted as slow steps.
-    let r = run(&dir, "tail", &["plain", "1500", "3"], &[], 1);
+    let r = run(&dir, "tail", &["plain", "4000", "3"], &[], 1);
     close(check(&mut rows, "torch", "plain loop, then 3 s of other work", &r), "tail");
 
     // Two trainings in one job: the second continues the count.
-    let r = run(&dir, "twice", &["plain", "1500"], &[], 2);
+    let r = run(&dir, "twice", &["plain", "4000"], &[], 2);
     assert_eq!(r.own.len(), 2);
     check(
         &mut rows,
@@ -163,7 +177,7 @@ fn the_hook_reports_real_pytorch_hugging_face_and_lightning_jobs() {
         close(rate / ((s1 - s0) / (at(s1) - at(s0))), "each of two processes");
     }
 
-    let r = run(&dir, "infer", &["infer", "400"], &[("KACE_PROGRESS_AUTO", "forward")], 1);
+    let r = run(&dir, "infer", &["infer", "4000"], &[("KACE_PROGRESS_AUTO", "forward")], 1);
     close(check(&mut rows, "torch", "inference, KACE_PROGRESS_AUTO=forward", &r), "infer");
     // Without the opt-in, an inference loop reports nothing (only optimizer steps count).
     let r = run(&dir, "infer-off", &["infer", "50"], &[], 1);
@@ -195,7 +209,7 @@ fn the_hook_reports_real_pytorch_hugging_face_and_lightning_jobs() {
     let r = run(&dir, "hf-after", &["hf", "200", "after"], &[], 1);
     close(check(&mut rows, "transformers", "Trainer.train, save_model, evaluate", &r), "hf-after");
 
-    let r = run(&dir, "lit", &["lit", "400"], &[], 1);
+    let r = run(&dir, "lit", &["lit", "1000"], &[], 1);
     close(check(&mut rows, "lightning", "Trainer.fit", &r), "lit");
 
     eprintln!("{}\n{}", versions(), rows.join("\n"));
