@@ -3,6 +3,13 @@
 //! progress file, and the plugin turns it into the job's `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, so
 //! that a job outgrowing its profile fails alone instead of ending its partner.
 //!
+//! The limit is the job's, not each process's: NVIDIA's MPS client reads the variable in every
+//! process that initialises CUDA, and each such process may allocate up to it (the MPS guide,
+//! "Memory Limits": the pinned device memory limit applies per client; the control daemon's
+//! `set_device_pinned_mem_limit` sets the same per-client value for a server's future clients,
+//! so no MPS setting bounds a group of processes). A step with N tasks on the node therefore
+//! gives each task [`MemoryLimit::per_process`]`(N)`, so that together they stay within it.
+//!
 //! The device in the value is `0`: kace starts each GPU's MPS control daemon with
 //! `CUDA_VISIBLE_DEVICES=<that GPU>`, and the MPS server remaps the devices it sees, so a client
 //! of that daemon sees its GPU as device 0 whatever its node-global index (NVIDIA's MPS guide,
@@ -12,6 +19,11 @@ use std::path::{Path, PathBuf};
 
 /// The variable NVIDIA's MPS client reads.
 pub const VAR: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
+
+/// The same value, set beside [`VAR`] so that kace's Python hook knows it is kace's: in the
+/// workers torchrun starts from one task (`$LOCAL_WORLD_SIZE` of them) it divides the task's
+/// share among them before CUDA starts (python/autohook/sitecustomize.py).
+pub const TASK_VAR: &str = "KACE_TASK_MEMORY_LIMIT";
 
 /// Longest limit file accepted (`0=<20 digits>M` and a newline).
 pub const MAX_FILE_BYTES: u64 = 64;
@@ -35,6 +47,12 @@ impl MemoryLimit {
         let mib = (memcap_gib * 1024.0 * (1.0 + margin)).ceil();
         (memcap_gib.is_finite() && margin.is_finite() && margin >= 0.0 && mib >= 1.0)
             .then_some(MemoryLimit { mib: mib.min(u64::MAX as f64) as u64 })
+    }
+
+    /// Each of `processes` processes' share of this limit, whole MiB rounded down (so the
+    /// shares never add up to more), at least 1 MiB; 0 processes counts as 1.
+    pub fn per_process(self, processes: u32) -> MemoryLimit {
+        MemoryLimit { mib: (self.mib / u64::from(processes.max(1))).max(1) }
     }
 
     /// The value of [`VAR`]: `0=<mib>M`.
@@ -126,6 +144,16 @@ mod tests {
         assert_eq!(MemoryLimit::of(f64::NAN, 0.1), None);
         assert_eq!(MemoryLimit::of(2.0, -0.5), None);
         assert_eq!(file(Path::new("/p"), 7), PathBuf::from("/p/7.memlimit"));
+    }
+
+    #[test]
+    fn a_step_of_n_tasks_shares_the_job_limit() {
+        let job = MemoryLimit { mib: 3381 };
+        assert_eq!(job.per_process(1), job);
+        assert_eq!(job.per_process(0), job);
+        assert_eq!(job.per_process(2).mib, 1690);
+        assert!(job.per_process(3).mib * 3 <= job.mib);
+        assert_eq!(MemoryLimit { mib: 3 }.per_process(8).mib, 1);
     }
 
     #[test]

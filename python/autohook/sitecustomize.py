@@ -7,6 +7,11 @@ a global optimizer post-step hook (PyTorch >= 2.0), so every ``optimizer.step()`
 in the job's progress file (through ``kace_progress``, one directory up). Before ``torch`` is
 imported it costs nothing; jobs that never import it are untouched.
 
+It also keeps kace's memory guard a job's, not each process's: the plugin gives each task its
+share of the job's GPU memory limit in ``$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (which bounds each
+process) and the same value in ``$KACE_TASK_MEMORY_LIMIT``; in the ``$LOCAL_WORLD_SIZE`` workers
+torchrun starts from one task, this file divides the task's share among them before CUDA starts.
+
 Any ``sitecustomize`` this file shadows (a site's or a virtual environment's) is still run, after
 this one. Nothing here may break the job: every failure is one line on stderr.
 """
@@ -86,6 +91,25 @@ def _kace_main():
                         spec.loader = _LoaderAfter(spec.loader, self._auto)
                     return spec
             return None
+
+    def share_memory_limit():
+        # Only the value the plugin gave the task, and once: the marker goes, so processes
+        # these workers start themselves (which inherit LOCAL_WORLD_SIZE) keep their share.
+        task = os.environ.get("KACE_TASK_MEMORY_LIMIT")
+        if not task or os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") != task:
+            return
+        workers = os.environ.get("LOCAL_WORLD_SIZE", "")
+        if not workers.isdigit() or int(workers) <= 1:
+            return
+        digits = task[2:-1] if task.startswith("0=") and task.endswith("M") else ""
+        if not digits.isdigit() or len(digits) > 20:
+            warn("couldn't share the memory limit %r among %s workers" % (task, workers))
+            return
+        share = max(int(digits) // int(workers), 1)
+        os.environ["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = "0=%dM" % share
+        del os.environ["KACE_TASK_MEMORY_LIMIT"]
+
+    share_memory_limit()
 
     # `$KACE_PROGRESS_AUTO` is read by kace_progress.auto_mode when torch is imported: until
     # then nothing of kace is loaded.

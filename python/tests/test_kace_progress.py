@@ -187,6 +187,42 @@ class AutoHookTest(unittest.TestCase):
     def tearDown(self):
         self.dir.cleanup()
 
+    def test_torchrun_workers_share_their_tasks_memory_limit_once(self):
+        # What torchrun gives each of its workers (LOCAL_WORLD_SIZE), with the plugin's two
+        # copies of the task's share; a process the worker starts keeps the worker's share.
+        env = dict(self.env, LOCAL_WORLD_SIZE="4", CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=3001M",
+                   KACE_TASK_MEMORY_LIMIT="0=3001M")
+        code = """
+        import os, subprocess, sys
+        print(os.environ["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "KACE_TASK_MEMORY_LIMIT" in os.environ)
+        sys.stdout.flush()
+        subprocess.run([sys.executable, "-c",
+                        "import os; print(os.environ['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'])"])
+        """
+        out = run_python(code, env, [AUTOHOOK])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.split("\n"), ["0=750M False", "0=750M", ""])
+
+    def test_a_memory_limit_not_the_plugins_or_one_process_is_left_as_it_is(self):
+        show = "import os; print(os.environ.get('CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'))"
+        cases = [
+            ({"LOCAL_WORLD_SIZE": "2", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=100M",
+              "KACE_TASK_MEMORY_LIMIT": "0=3000M"}, "0=100M", ""),
+            ({"LOCAL_WORLD_SIZE": "1", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=3000M",
+              "KACE_TASK_MEMORY_LIMIT": "0=3000M"}, "0=3000M", ""),
+            ({"LOCAL_WORLD_SIZE": "x", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=3000M",
+              "KACE_TASK_MEMORY_LIMIT": "0=3000M"}, "0=3000M", ""),
+            ({"LOCAL_WORLD_SIZE": "2", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=3G",
+              "KACE_TASK_MEMORY_LIMIT": "0=3G"}, "0=3G", "couldn't share the memory limit"),
+            ({"LOCAL_WORLD_SIZE": "2"}, "None", ""),
+        ]
+        for extra, shown, warned in cases:
+            out = run_python(show, dict(self.env, **extra), [AUTOHOOK])
+            self.assertEqual((out.returncode, out.stdout.strip()), (0, shown), extra)
+            self.assertIn(warned, out.stderr, extra)
+            if not warned:
+                self.assertEqual(out.stderr, "", extra)
+
     def test_an_unmodified_training_loop_reports_every_optimizer_step(self):
         out = run_python(TRAINING_LOOP, self.env, [AUTOHOOK, self.libs])
         self.assertEqual(out.returncode, 0, out.stderr)

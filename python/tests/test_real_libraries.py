@@ -8,6 +8,7 @@ node/tests/real_libraries.rs.
 """
 
 import os
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -42,6 +43,23 @@ class RealTorchTest(unittest.TestCase):
                             sys.version.split()[0]))
         # What the hook's first version missed: the package deletes the module attribute.
         self.assertFalse(hasattr(torch.optim, "optimizer"))
+
+    def test_torchruns_workers_share_the_tasks_memory_limit(self):
+        # The real launcher: two workers of one task (a kace job's one task) on the CPU.
+        script = os.path.join(self.dir.name, "worker.py")
+        with open(script, "w") as f:
+            f.write("import os, torch\nprint('WORKER', os.environ['LOCAL_RANK'], "
+                    "os.environ['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'], flush=True)\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KACE_", "RANK"))}
+        env.update(self.env, PYTHONPATH=AUTOHOOK, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=3001M",
+                   KACE_TASK_MEMORY_LIMIT="0=3001M", OMP_NUM_THREADS="1")
+        out = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone",
+             "--nproc-per-node=2", script],
+            env=env, capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        workers = sorted(l for l in out.stdout.splitlines() if l.startswith("WORKER"))
+        self.assertEqual(workers, ["WORKER 0 0=1500M", "WORKER 1 0=1500M"], out.stdout)
 
     def test_every_optimizer_step_counts_and_torch_keeps_its_loader(self):
         code = textwrap.dedent(

@@ -39,6 +39,8 @@ pub mod ctx {
 
 /// `enum spank_item`: only the items the plugin reads.
 pub const S_JOB_ID: c_int = 2;
+/// `S_JOB_LOCAL_TASK_COUNT`: the step's tasks on this node (`uint32_t *`).
+pub const S_JOB_LOCAL_TASK_COUNT: c_int = 6;
 
 /// `ESPANK_SUCCESS`.
 pub const ESPANK_SUCCESS: c_int = 0;

@@ -61,15 +61,38 @@ pub fn set_task_env(sp: Handle, args: &[&[u8]]) -> c_int {
 
 /// Sets the job's `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` from the prolog's limit file, replacing
 /// any value the job brought (the limit protects the job's GPU partners). No file: no limit.
+/// The file holds the job's limit; a step of N tasks on the node gives each task 1/N of it
+/// (the variable bounds each process, see [`crate::layout::memory_limit`]).
 fn set_memory_limit(sp: Handle, progress_root: &Path, job_id: u32) {
     match crate::layout::memory_limit::read(progress_root, job_id, 0) {
-        Ok(Some(limit)) => {
+        Ok(Some(job_limit)) => {
+            let tasks = sp.local_task_count().unwrap_or_else(|e| {
+                // The whole limit to each task errs towards the partner's risk, not the job's:
+                // one task is by far the common case, and it gets exactly its limit.
+                log(Level::Error, &format!("kace: user_init: couldn't get the task count: {e}"));
+                1
+            });
+            let limit = job_limit.per_process(tasks);
             // Digits only: no NUL can be inside.
             let value = CString::new(limit.env_value()).unwrap_or_default();
-            if let Err(e) = sp.setenv(c"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", &value) {
+            // The second copy tells the Python hook which value is kace's (it divides it among
+            // torchrun's workers).
+            use crate::layout::memory_limit::{TASK_VAR, VAR};
+            for name in [VAR, TASK_VAR] {
+                // Constant names without NUL.
+                let c_name = CString::new(name).unwrap_or_default();
+                if let Err(e) = sp.setenv(&c_name, &value) {
+                    log(Level::Error, &format!("kace: user_init: couldn't set {name}: {e}"));
+                }
+            }
+            if tasks > 1 {
                 log(
-                    Level::Error,
-                    &format!("kace: user_init: couldn't set CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: {e}"),
+                    Level::Verbose,
+                    &format!(
+                        "kace: user_init: job {job_id}'s limit of {} MiB shared by {tasks} tasks: \
+                         {} MiB each",
+                        job_limit.mib, limit.mib
+                    ),
                 );
             }
         }

@@ -107,6 +107,15 @@ impl Handle {
         check("spank_get_item(S_JOB_ID)", rc).map(|()| id)
     }
 
+    /// The number of the step's tasks on this node (remote context).
+    pub fn local_task_count(self) -> Result<u32, SpankError> {
+        let mut n: u32 = 0;
+        // SAFETY: S_JOB_LOCAL_TASK_COUNT takes one `uint32_t *` vararg.
+        let rc =
+            unsafe { ffi::spank_get_item(self.0, ffi::S_JOB_LOCAL_TASK_COUNT, &mut n as *mut u32) };
+        check("spank_get_item(S_JOB_LOCAL_TASK_COUNT)", rc).map(|()| n)
+    }
+
     /// A variable of the job's environment (remote context); `Ok(None)` when unset.
     pub fn getenv(self, name: &CStr) -> Result<Option<String>, SpankError> {
         // Job variables kace reads are short GPU lists; 4 KiB is far beyond any real value.
