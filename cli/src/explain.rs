@@ -12,6 +12,7 @@ use kace_node::{Clock, SystemClock};
 use kace_observe::history::{story, ReleasedBy, Story};
 use kace_observe::releases::Place;
 use kace_observe::time::{date, span};
+use kace_sql::failures::{FailedPair, GpuFailure};
 use kace_sql::spool::{spooled_decisions, spooled_profiles, ReleaseKind};
 use kace_sql::{DecisionCandidate, NewDecision, ObservedProfile, TimeLimitChange, FEATURE_COLUMNS};
 use serde_json::json;
@@ -48,6 +49,8 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
     let job = args.job.trim();
     let mut observations = Vec::new();
     let mut measured: Vec<(ObservedProfile, &'static str)> = Vec::new();
+    let mut failures: Vec<GpuFailure> = Vec::new();
+    let mut failed_pairs: Vec<FailedPair> = Vec::new();
     match ctx.open_read_only() {
         Ok(db) => {
             all.extend(db.decisions(MAX_DECISIONS)?.into_iter().map(|d| Found {
@@ -58,6 +61,8 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
             }));
             observations = db.observations()?.into_iter().filter(|o| o.job == job).collect();
             measured.extend(db.observed_profiles_of_job(job)?.into_iter().map(|p| (p, "database")));
+            failures = db.gpu_failures()?.into_iter().filter(|f| f.job == job).collect();
+            failed_pairs = db.failed_pairs()?;
         }
         Err(e) => {
             eprintln!("kace: explain: couldn't read the database ({e:#}); using the spool only")
@@ -143,8 +148,13 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
             .collect();
         let measured: Vec<_> =
             measured.iter().map(|(p, source)| json!({"record": p, "source": source})).collect();
+        let failed: Vec<_> = failures
+            .iter()
+            .map(|f| json!({"failure": f, "explanation": failure(f, &failed_pairs)}))
+            .collect();
         return print_json(&json!({"job": job, "story": st, "led": led, "candidate_in": seen,
-                                  "measured": measured, "time_limits": lengthened}));
+                                  "measured": measured, "time_limits": lengthened,
+                                  "failed_sharing": failed}));
     }
     print!("{}", render_story(&st));
     for (f, released, t) in &lengthened {
@@ -163,6 +173,9 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
     }
     for (p, source) in &measured {
         println!("{} [{source}]", printable(&measurement(&job, p)));
+    }
+    for f in &failures {
+        println!("{} [database]", printable(&failure(f, &failed_pairs)));
     }
     if led.is_empty() && seen.is_empty() {
         println!(
@@ -235,6 +248,38 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// What a failure on a shared server meant, in the words of the job's user: with whom, and
+/// whether it blocked the pair (both jobs failed) or was the job's own (only it failed).
+fn failure(f: &GpuFailure, pairs: &[FailedPair]) -> String {
+    let with: Vec<String> =
+        f.partners.iter().map(|p| format!("job {} ({})", p.job, p.workload)).collect();
+    let head = format!(
+        "job {} ({}) failed (exit {}) at {} while sharing the MPS server of GPU {} on {} with {}",
+        f.job,
+        f.workload,
+        f.exit,
+        date(f.end),
+        f.gpu,
+        f.node,
+        with.join(", ")
+    );
+    let blocked = pairs.iter().find(|p| p.jobs.iter().any(|(j, _)| *j == f.job));
+    match blocked {
+        Some(p) => {
+            let other = p.jobs.iter().find(|(j, _)| *j != f.job).map_or("?", |(j, _)| j.as_str());
+            let (a, b) = &p.workloads;
+            format!(
+                "{head}; job {other} failed with it: a fatal GPU error in one MPS client ends \
+                 every client's work on the server, and MPS does not say whose it was, so kace \
+                 no longer pairs {a} with {b} until an admin runs `kace pairs clear {a} {b}`"
+            )
+        }
+        None => format!(
+            "{head}; no partner failed with it (or an admin cleared the pair): nothing is blocked"
+        ),
+    }
 }
 
 /// What the epilog measured of the job, in one sentence.

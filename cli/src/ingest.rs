@@ -54,12 +54,8 @@ pub fn warn(r: &spool::IngestReport) {
 pub fn run(args: IngestArgs, ctx: &Ctx) -> Result<()> {
     let (dir, qdir) = args.dirs(ctx);
     let mut db = ctx.open()?;
-    // Profile measurements first: a new workload's observed exclusive throughput is then known
-    // when its observations are judged for plausibility.
-    let p = spool::ingest_profiles(&mut db, &dir, &qdir)?;
-    let r = spool::ingest(&mut db, &dir, &qdir)?;
-    // The prolog's decisions travel in the same spool (it opens the database read-only).
-    let d = spool::ingest_decisions(&mut db, &dir, &qdir)?;
+    let spool::Ingested { profiles: p, observations: r, decisions: d, failures: f } =
+        spool::ingest_all(&mut db, &dir, &qdir)?;
     if ctx.json() {
         let q: Vec<_> =
             r.quarantined.iter().map(|(p, why)| json!({ "file": p, "reason": why })).collect();
@@ -81,6 +77,11 @@ pub fn run(args: IngestArgs, ctx: &Ctx) -> Result<()> {
                 "duplicates": p.duplicates,
                 "quarantined": p.quarantined.len(),
             },
+            "failures": {
+                "inserted": f.inserted,
+                "duplicates": f.duplicates,
+                "quarantined": f.quarantined.len(),
+            },
         }))?;
     } else {
         println!(
@@ -101,9 +102,18 @@ pub fn run(args: IngestArgs, ctx: &Ctx) -> Result<()> {
             p.duplicates,
             p.quarantined.len()
         );
+        if f.inserted + f.quarantined.len() > 0 {
+            println!(
+                "ingested {} new failure(s) on a shared GPU, {} already stored, {} quarantined",
+                f.inserted,
+                f.duplicates,
+                f.quarantined.len()
+            );
+        }
         warn(&p);
         warn(&r);
         warn(&d);
+        warn(&f);
     }
     Ok(())
 }

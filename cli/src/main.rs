@@ -17,6 +17,7 @@ mod metrics;
 mod model;
 mod observations;
 mod output;
+mod pairs;
 mod profile;
 mod report;
 mod retrain;
@@ -89,6 +90,8 @@ enum Command {
     Metrics(metrics::MetricsArgs),
     /// Predicted against observed, GPU time shared and the gain over running alone.
     Report(report::ReportArgs),
+    /// Pairs of workloads kace stops pairing after their jobs failed together on one GPU.
+    Pairs(pairs::PairsArgs),
     /// Write the man pages into DIR (used by packaging).
     #[command(hide = true)]
     GenerateMan(man::GenerateManArgs),
@@ -158,6 +161,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status(args) => status::run(args, &ctx().context("config")?).context("status"),
         Command::Metrics(args) => metrics::run(args, &ctx().context("config")?).context("metrics"),
         Command::Report(args) => report::run(args, &ctx().context("config")?).context("report"),
+        Command::Pairs(args) => pairs::run(args, &ctx().context("config")?).context("pairs"),
         Command::GenerateMan(args) => man::run(args),
     }
 }

@@ -36,16 +36,11 @@ pub struct RetrainArgs {
 pub fn run(args: RetrainArgs, ctx: &Ctx) -> Result<()> {
     let (spool_dir, qdir) = args.ingest.dirs(ctx);
     let mut db = ctx.open()?;
-    // The epilog's profile measurements first (see `kace ingest`).
-    let profiles = spool::ingest_profiles(&mut db, &spool_dir, &qdir)
-        .context("ingest profile measurements")?;
-    ingest::warn(&profiles);
-    let ingested = spool::ingest(&mut db, &spool_dir, &qdir).context("ingest")?;
-    ingest::warn(&ingested);
-    // The prolog's decisions share the spool; they are stored too, for `kace explain`.
-    let decisions =
-        spool::ingest_decisions(&mut db, &spool_dir, &qdir).context("ingest decisions")?;
-    ingest::warn(&decisions);
+    let all = spool::ingest_all(&mut db, &spool_dir, &qdir).context("ingest")?;
+    for report in [&all.profiles, &all.observations, &all.decisions, &all.failures] {
+        ingest::warn(report);
+    }
+    let ingested = all.observations;
     // Too few groups (a young installation) and unchanged data are nightly outcomes, not
     // failures: they are in the summary.
     let model = train::train(&args.train, ctx, &mut db).context("train")?;

@@ -287,6 +287,61 @@ fn default_slowdown_model_trains_stores_and_selects() {
     for (item, v) in out["candidates"].as_array().unwrap().iter().zip(&expect.verdicts) {
         assert_eq!(item["prediction"].as_f64(), v.prediction);
     }
+
+    // The chosen pair's jobs fail together on one server (issue 33 item 2): after ingest the
+    // pair is blocked, the next choice is another candidate, `kace explain` tells each job's
+    // user, and `kace pairs clear` pairs them again.
+    let chosen = expect.chosen.map(|i| cands[i]).expect("a partner for bert");
+    let select_args = [
+        "select",
+        "--dry-run",
+        "--lead",
+        lead,
+        "--candidates",
+        &cands.join(","),
+        "--gpu-memory",
+        "32",
+    ];
+    let spool = env.dir.join("spool");
+    for (job, workload, other, other_w, end) in
+        [("7", lead, "8", chosen, 1000.0), ("8", chosen, "7", lead, 1004.0)]
+    {
+        let f = kace_sql::failures::GpuFailure {
+            key: kace_sql::spool::failure_key("c", job, "n1", 900.0),
+            job: job.into(),
+            workload: workload.into(),
+            user: Some("ann".into()),
+            node: "n1".into(),
+            gpu: "0".into(),
+            end,
+            exit: "1:0".into(),
+            partners: vec![kace_sql::Partner { job: other.into(), workload: other_w.into() }],
+        };
+        kace_sql::spool::write_failure(&spool, &f).unwrap();
+    }
+    let spool_arg = spool.to_str().unwrap();
+    let ingested = env.json(&["ingest", "--spool", spool_arg, "--quarantine", spool_arg]);
+    assert_eq!(ingested["failures"]["inserted"], 2, "{ingested}");
+    let pairs = env.json(&["pairs"]);
+    assert_eq!(pairs.as_array().map(Vec::len), Some(1), "{pairs}");
+    let blocked = env.json(&select_args);
+    assert_ne!(blocked["chosen"].as_str(), Some(chosen), "{blocked}");
+    let refused = blocked["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["workload"] == chosen)
+        .unwrap_or_else(|| panic!("{blocked}"));
+    assert!(
+        refused["rejected"].as_str().unwrap_or("").starts_with("failed together before"),
+        "{refused}"
+    );
+    let told = env.ok(&["explain", "8"]);
+    assert!(told.contains("job 7 failed with it") && told.contains("kace pairs clear"), "{told}");
+    let cleared = env.json(&["pairs", "clear", chosen, lead]);
+    assert_eq!(cleared["was_blocked"], true, "{cleared}");
+    assert_eq!(env.json(&["pairs"]), serde_json::json!([]));
+    assert_eq!(env.json(&select_args)["chosen"].as_str(), Some(chosen));
 }
 
 /// Imported 3-way colocations train the slowdown model beside the pairs; the linear model,

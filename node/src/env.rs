@@ -62,6 +62,12 @@ impl JobExit {
     pub fn failed(&self) -> bool {
         self.code != 0 || self.signal != 0
     }
+
+    /// Whether it ended by the signal Slurm sends a cancelled or timed-out job (SIGTERM, then
+    /// SIGKILL): ended by someone or something else, not failed of itself.
+    pub fn cancelled(&self) -> bool {
+        self.code == 0 && matches!(self.signal, 9 | 15)
+    }
 }
 
 impl JobEnv {

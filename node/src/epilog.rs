@@ -18,6 +18,7 @@ use std::path::Path;
 
 use kace_layout::{mps_dirs, progress_file, GpuIndex};
 use kace_profiling::progress::{self, Point, Progress};
+use kace_sql::failures::{GpuFailure, FAILED_TOGETHER_WINDOW_S};
 use kace_sql::spool::{unpark, write_or_park, Written};
 use kace_sql::{Observation, ObservedProfile, Partner};
 
@@ -171,6 +172,9 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         Ok(0) => {}
         Ok(moved) => log(&format!("moved {moved} parked record(s) into the spool")),
         Err(e) => log(&format!("couldn't move parked records into the spool: {e}")),
+    }
+    if let Some(m) = me.as_ref().filter(|m| !clock_problem && m.end.is_some()) {
+        record_failure(n, env, gpu, m, &history);
     }
     let (observations, profile) = match me {
         None => {
@@ -353,6 +357,58 @@ fn measure_profile(
         run.seconds, record.samples
     );
     spool_profile(n, &log, record, &what, "profile measurement")
+}
+
+/// The jobs on the job's server in the last [`FAILED_TOGETHER_WINDOW_S`] before it ended:
+/// those it may have failed with.
+pub fn failure_partners(me: &JobRecord, history: &[JobRecord]) -> Vec<Partner> {
+    let end = me.end.unwrap_or(me.start);
+    let mut out: Vec<Partner> = history
+        .iter()
+        .filter(|r| r.job != me.job && r.start <= end)
+        .filter(|r| r.end.is_none_or(|e| e >= end - FAILED_TOGETHER_WINDOW_S))
+        .map(|r| Partner { job: r.job.to_string(), workload: r.workload.clone() })
+        .collect();
+    out.truncate(kace_sql::failures::MAX_FAILURE_PARTNERS);
+    out
+}
+
+/// A job that failed (Slurm's exit status: a non-zero exit or a signal other than a cancel's)
+/// while other jobs were on its MPS server is spooled as a failure record: two such records
+/// naming each other block their pair of workloads (kace_sql::failures). What the job wrote
+/// plays no part; Slurm's exit status of each job is not its user's to forge for another's.
+fn record_failure(n: &Node, env: &JobEnv, gpu: GpuIndex, me: &JobRecord, history: &[JobRecord]) {
+    let log = |m: &str| (n.log)(&format!("kace: epilog: job {}: {m}", env.job));
+    let Some(exit) = env.exit.filter(|x| x.failed() && !x.cancelled()) else { return };
+    let partners = failure_partners(me, history);
+    if partners.is_empty() {
+        return;
+    }
+    let record = GpuFailure {
+        key: kace_sql::spool::failure_key(&env.cluster, &env.job.to_string(), &env.node, me.start),
+        job: env.job.to_string(),
+        workload: me.workload.clone(),
+        user: (!env.user.is_empty()).then(|| env.user.clone()),
+        node: env.node.clone(),
+        gpu: gpu.0.to_string(),
+        end: me.end.unwrap_or(me.start),
+        exit: format!("{}:{}", exit.code, exit.signal),
+        partners,
+    };
+    let shown: Vec<&str> = record.partners.iter().map(|p| p.job.as_str()).collect();
+    let what = format!(
+        "failed ({}) while sharing its GPU's MPS server with job(s) {}",
+        record.exit,
+        shown.join(", ")
+    );
+    match write_or_park(&n.config.spool.dir, &n.config.node.progress_root, &record) {
+        Ok(Written::Spooled(_)) => log(&format!("{what}: spooled as {}", record.key)),
+        Ok(Written::Parked { path, cause }) => log(&format!(
+            "{what}: couldn't spool the failure record ({cause}); parked it as {}",
+            path.display()
+        )),
+        Err(e) => log(&format!("{what}: couldn't spool the failure record {}: {e}", record.key)),
+    }
 }
 
 /// Spools a profile record, or parks it beside the progress files while the spool is full (a

@@ -794,6 +794,63 @@ fn epilogs_observe_each_interval_and_the_last_one_stops_mps() {
     assert_eq!(db.observed_groups().unwrap().len(), 1);
 }
 
+/// Issue 33 item 2: two jobs that fail seconds apart on one MPS server (the way a fatal GPU
+/// error in one client ends every client's work) each spool a failure record naming the other;
+/// ingest stores them and the pair of workloads is blocked. A job cancelled beside a partner,
+/// or one that failed while its partner ran on, blocks nothing.
+#[test]
+fn two_jobs_failing_together_on_one_server_block_their_pair() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    s.details.borrow_mut().insert(11, running_detail(11, "beta", 0, None));
+    *s.on_node.borrow_mut() = vec![10, 11];
+    let w = World::new("failed-together", s);
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led));
+    *w.clock.0.borrow_mut() = 2010.0;
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(11, 0))), prolog::Outcome::Joined { .. }));
+    let failed = |job: u32, code: u32, signal: u32| JobEnv {
+        exit: Some(kace_node::env::JobExit { code, signal }),
+        ..job_env(job, 0)
+    };
+    // Job 11 fails first; 10 four seconds later (its own error handling took that long).
+    *w.clock.0.borrow_mut() = 2030.0;
+    w.with(|n| epilog::run(n, &failed(11, 1, 0)));
+    *w.slurm.on_node.borrow_mut() = vec![10];
+    *w.clock.0.borrow_mut() = 2034.0;
+    w.with(|n| epilog::run(n, &failed(10, 1, 0)));
+    let logs = w.logs.borrow().join("\n");
+    assert!(
+        logs.contains("job 11: failed (1:0) while sharing its GPU's MPS server with job(s) 10"),
+        "{logs}"
+    );
+    assert!(logs.contains("job 10: failed (1:0) while sharing its GPU's MPS server with job(s) 11"));
+
+    let mut db = Db::open(&w.config.database.path).unwrap();
+    let all = kace_sql::spool::ingest_all(&mut db, &w.config.spool.dir, &w.dir.join("q")).unwrap();
+    assert_eq!((all.failures.inserted, all.failures.quarantined.len()), (2, 0));
+    let pairs = db.failed_pairs().unwrap();
+    assert_eq!(pairs.len(), 1, "{pairs:?}");
+    assert_eq!(pairs[0].workloads, ("alpha".to_string(), "beta".to_string()));
+    assert_eq!(pairs[0].since, 2034.0);
+    // Cleared by an admin, it is allowed again.
+    assert!(db.clear_failed_pair("beta", "alpha", 2100.0).unwrap());
+    assert!(db.failed_pairs().unwrap().is_empty());
+    drop(db);
+
+    // Cancelled (SIGTERM) beside a partner: no record.
+    *w.slurm.on_node.borrow_mut() = vec![12, 13];
+    w.slurm.details.borrow_mut().insert(12, running_detail(12, "alpha", 0, None));
+    w.slurm.details.borrow_mut().insert(13, running_detail(13, "beta", 0, None));
+    *w.clock.0.borrow_mut() = 3000.0;
+    w.with(|n| prolog::run(n, &job_env(12, 0)));
+    w.with(|n| prolog::run(n, &job_env(13, 0)));
+    *w.clock.0.borrow_mut() = 3010.0;
+    w.with(|n| epilog::run(n, &failed(13, 0, 15)));
+    let failures = w.config.spool.dir.join(kace_sql::spool::FAILURES_DIR);
+    let spooled = || std::fs::read_dir(&failures).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(spooled(), 0, "a cancelled job is no failure");
+}
+
 fn dispatch_settings(w: &World) -> dispatch::Settings<'_> {
     // These tests are about the decision among every candidate; the priority window has its
     // own tests (`..._priority_...`).

@@ -71,6 +71,10 @@ pub struct GpuState<'a> {
     pub running: &'a [OnGpu<'a>],
     /// Its memory in GiB (`None`: unknown, memory is not checked).
     pub memory_gib: Option<f64>,
+    /// Pairs of workloads (either order) that failed together on a shared MPS server and may
+    /// not share a GPU until an admin clears them: a candidate paired so with a job on the GPU
+    /// is refused ([`Rejection::FailedTogether`]).
+    pub failed_pairs: &'a [(&'a str, &'a str)],
 }
 
 /// What the decision returns.
@@ -126,8 +130,20 @@ pub fn decide(
         .iter()
         .map(|r| Member { profile: r.profile, workload: Some(r.workload) })
         .collect();
-    let cands: Vec<Candidate<'_>> = candidates
+    // The candidates a failed pair excludes are refused before selection, so that none of them
+    // can be chosen; the others' verdicts keep their places.
+    let failed_with = |c: &Joiner<'_>| -> Option<&str> {
+        gpu.running.iter().map(|r| r.workload).find(|w| {
+            gpu.failed_pairs
+                .iter()
+                .any(|&(a, b)| (a, b) == (w, c.workload) || (b, a) == (w, c.workload))
+        })
+    };
+    let blocked: Vec<Option<&str>> = candidates.iter().map(failed_with).collect();
+    let open: Vec<usize> = (0..candidates.len()).filter(|&i| blocked[i].is_none()).collect();
+    let cands: Vec<Candidate<'_>> = open
         .iter()
+        .map(|&i| &candidates[i])
         .map(|c| Candidate {
             profile: c.profile,
             workload: Some(c.workload),
@@ -139,7 +155,23 @@ pub fn decide(
         require_same_user: !policy.multi_user,
         ..policy.rules.clone()
     };
-    let selection = select(&running, &cands, predictor, &rules);
+    let chosen_open = select(&running, &cands, predictor, &rules);
+    let mut open_verdicts = chosen_open.verdicts.into_iter();
+    let verdicts = blocked
+        .iter()
+        .map(|b| match b {
+            Some(with) => crate::selection::Verdict {
+                rejection: Some(Rejection::FailedTogether { with: with.to_string() }),
+                ..Default::default()
+            },
+            None => open_verdicts.next().unwrap_or_default(),
+        })
+        .collect();
+    let selection = Selection {
+        verdicts,
+        chosen: chosen_open.chosen.and_then(|k| open.get(k).copied()),
+        baseline: chosen_open.baseline,
+    };
     let mut ranked: Vec<usize> =
         (0..candidates.len()).filter(|&i| selection.verdicts[i].rejection.is_none()).collect();
     // Stable: equal predictions keep queue order, as `select` breaks its own ties.
@@ -175,7 +207,7 @@ mod tests {
             joiner(&b, "b", "ann"),
             Joiner { profile: None, workload: "x", user: Some("ann") },
         ];
-        let gpu = GpuState { running: &running, memory_gib: Some(32.0) };
+        let gpu = GpuState { running: &running, memory_gib: Some(32.0), failed_pairs: &[] };
         let d = decide(&gpu, &cands, &Toy, &Policy::default());
         assert_eq!(d.chosen(), Some(3));
         assert_eq!(d.ranked, vec![3, 2]);
@@ -188,6 +220,33 @@ mod tests {
     }
 
     #[test]
+    fn a_pair_that_failed_together_is_refused_in_either_order_and_the_rest_keep_their_places() {
+        let lead = prof(10.0, 4.0);
+        let running = [OnGpu { profile: &lead, workload: "lead", user: Some("ann") }];
+        let (a, c) = (prof(5.0, 2.0), prof(8.0, 3.0));
+        let cands = [joiner(&a, "a", "ann"), joiner(&c, "c", "ann"), joiner(&a, "a2", "ann")];
+        let free = GpuState { running: &running, memory_gib: Some(32.0), failed_pairs: &[] };
+        let before = decide(&free, &cands, &Toy, &Policy::default());
+        assert_eq!(before.chosen(), Some(1));
+        for pairs in [[("c", "lead")], [("lead", "c")]] {
+            let gpu = GpuState { failed_pairs: &pairs, ..free };
+            let d = decide(&gpu, &cands, &Toy, &Policy::default());
+            assert_eq!(
+                d.selection.verdicts[1].rejection,
+                Some(Rejection::FailedTogether { with: "lead".into() })
+            );
+            assert_ne!(d.chosen(), Some(1));
+            assert!(!d.ranked.contains(&1));
+            // The others are judged as before, in their own places.
+            assert_eq!(d.selection.verdicts[0], before.selection.verdicts[0]);
+            assert_eq!(d.selection.verdicts[2], before.selection.verdicts[2]);
+        }
+        // A pair of two other workloads changes nothing.
+        let gpu = GpuState { failed_pairs: &[("a", "c")], ..free };
+        assert_eq!(decide(&gpu, &cands, &Toy, &Policy::default()), before);
+    }
+
+    #[test]
     fn a_full_gpu_takes_nobody_and_a_third_job_must_raise_the_group() {
         let (x, y) = (prof(10.0, 4.0), prof(6.0, 2.0));
         let two = [
@@ -196,7 +255,7 @@ mod tests {
         ];
         let small = prof(3.0, 1.0);
         let cands = [Joiner { profile: Some(&small), workload: "s", user: None }];
-        let gpu = GpuState { running: &two, memory_gib: None };
+        let gpu = GpuState { running: &two, memory_gib: None, failed_pairs: &[] };
         let d = decide(&gpu, &cands, &Toy, &Policy::default());
         assert_eq!(d.chosen(), None);
         assert_eq!(

@@ -132,6 +132,13 @@ pub enum Rejection {
         /// What it had to exceed.
         required: f64,
     },
+    /// Its workload and one on the GPU failed together on a shared MPS server (a fatal GPU
+    /// error in one client ends every client's work there, and MPS does not say whose it was):
+    /// they are not paired again until an admin clears the pair (`kace pairs clear`).
+    FailedTogether {
+        /// The workload on the GPU it failed with.
+        with: String,
+    },
     /// The predicted gain over the running jobs without a joiner is not above the threshold.
     BelowGainThreshold {
         /// The group's predicted normalised progress, or its objective when `progress` is false.
@@ -156,6 +163,7 @@ impl Rejection {
             Rejection::LikelyHarmful { .. } => "likely harmful",
             Rejection::DoubtfulNewWorkload { .. } => "new workload, not yet a safe pair",
             Rejection::BelowGainThreshold { .. } => "below gain threshold",
+            Rejection::FailedTogether { .. } => "failed together before",
         }
     }
 }
@@ -169,6 +177,10 @@ impl std::fmt::Display for Rejection {
                 write!(f, "{kind} ({needed_gib:.1} GiB > {usable_gib:.1} GiB)")
             }
             Rejection::DifferentUser => write!(f, "{kind} (MPS would serialise)"),
+            Rejection::FailedTogether { with } => write!(
+                f,
+                "{kind} (with {with} on a shared MPS server; `kace pairs clear` allows it again)"
+            ),
             Rejection::GpuFull { running, limit } => {
                 write!(f, "{kind} ({running} kace jobs, at most {limit})")
             }

@@ -419,7 +419,7 @@ pub fn run_history(
                 .zip(&cand_profiles)
                 .map(|(&i, p)| Joiner { profile: p.as_ref(), workload: &queue[i].0, user: None })
                 .collect();
-            let gpu = GpuState { running: &running, memory_gib: None };
+            let gpu = GpuState { running: &running, memory_gib: None, failed_pairs: &[] };
             let choice = decide(&gpu, &joiners, &model, &decision_policy).chosen();
             let best = offered
                 .iter()

@@ -151,7 +151,8 @@ impl Policy {
                 [Joiner { profile: Some(world.profile(b)), workload: world.name(b), user: None }];
             let running =
                 [OnGpu { profile: world.profile(a), workload: world.name(a), user: None }];
-            let gpu = GpuState { running: &running, memory_gib: rules.gpu_memory_gib };
+            let gpu =
+                GpuState { running: &running, memory_gib: rules.gpu_memory_gib, failed_pairs: &[] };
             let d = decide(&gpu, &cand, predictor, &policy);
             d.chosen().and(d.selection.verdicts[0].prediction)
         })

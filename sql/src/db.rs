@@ -24,6 +24,7 @@ use crate::types::{
 };
 
 mod decisions;
+mod failures;
 mod models;
 mod observations;
 mod profiles;

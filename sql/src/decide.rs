@@ -331,6 +331,11 @@ pub fn decide(
     names.sort_unstable();
     names.dedup();
     let stored = db.profiles(&names, gpu_model)?;
+    // Pairs that failed together on a shared server (two small queries; none is blocked on a
+    // healthy site).
+    let failed = db.failed_pairs()?;
+    let failed_pairs: Vec<(&str, &str)> =
+        failed.iter().map(|p| (p.workloads.0.as_str(), p.workloads.1.as_str())).collect();
     let converted: HashMap<&str, Profile> =
         stored.iter().filter_map(|(w, p)| selector_profile(p).map(|sp| (w.as_str(), sp))).collect();
     for r in running {
@@ -378,7 +383,8 @@ pub fn decide(
         .map(|c| stored.get(&c.workload).map(missing_system_metrics).unwrap_or_default())
         .collect();
     let db_time = started.elapsed();
-    let gpu = GpuState { running: &on_gpu, memory_gib: gpu_memory_gib };
+    let gpu =
+        GpuState { running: &on_gpu, memory_gib: gpu_memory_gib, failed_pairs: &failed_pairs };
     let d = kace_selector::decision::decide(&gpu, &joiners, &model, policy);
     let predict_time = started.elapsed().saturating_sub(db_time);
     Ok(Decision {

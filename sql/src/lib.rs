@@ -16,6 +16,7 @@
 pub mod db;
 pub mod decide;
 pub mod error;
+pub mod failures;
 pub mod profile_table;
 pub mod schema;
 pub mod spool;

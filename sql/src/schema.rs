@@ -124,4 +124,27 @@ ALTER TABLE profiles ADD COLUMN user TEXT;
     r#"
 ALTER TABLE observations ADD COLUMN account TEXT;
 "#,
+    // 7: jobs that failed while sharing a GPU's MPS server, and admins' clearances of the pairs
+    // they block (issue 33 item 2; failures.rs).
+    r#"
+CREATE TABLE gpu_failures (
+    id        INTEGER PRIMARY KEY,
+    key       TEXT NOT NULL UNIQUE,
+    job       TEXT NOT NULL,
+    workload  TEXT NOT NULL,
+    user      TEXT,
+    node      TEXT NOT NULL,
+    gpu       TEXT NOT NULL,
+    end       REAL NOT NULL,
+    exit      TEXT NOT NULL,
+    partners  TEXT NOT NULL
+);
+CREATE INDEX gpu_failures_job ON gpu_failures (job);
+CREATE TABLE pair_clearances (
+    workload_a  TEXT NOT NULL,
+    workload_b  TEXT NOT NULL,
+    cleared_at  REAL NOT NULL,
+    PRIMARY KEY (workload_a, workload_b)
+);
+"#,
 ];

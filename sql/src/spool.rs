@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 
 use crate::db::Db;
 use crate::error::{Error, Result};
+use crate::failures::GpuFailure;
 use crate::types::{implausibility, NewDecision, Observation, ObservedProfile};
 
 /// Suffix of a complete spool record.
@@ -216,6 +217,19 @@ pub trait Parkable: serde::Serialize + serde::de::DeserializeOwned {
     }
 }
 
+/// Suffix of a failure record parked outside the spool (see [`write_or_park`]).
+pub const PARKED_FAILURE_SUFFIX: &str = ".parked-failure.json";
+
+impl Parkable for GpuFailure {
+    const PARKED_SUFFIX: &'static str = PARKED_FAILURE_SUFFIX;
+    fn key(&self) -> &str {
+        &self.key
+    }
+    fn spool(&self, spool: &Path) -> Result<PathBuf> {
+        write_failure(spool, self)
+    }
+}
+
 /// Suffix of a decision parked outside the spool (see [`write_or_park`]).
 pub const PARKED_DECISION_SUFFIX: &str = ".parked-decision.json";
 
@@ -294,7 +308,8 @@ pub fn write_or_park<R: Parkable>(spool: &Path, park: &Path, record: &R) -> Resu
 pub fn unpark(park: &Path, spool: &Path) -> Result<usize> {
     Ok(unpark_kind::<Observation>(park, spool)?
         + unpark_kind::<ObservedProfile>(park, spool)?
-        + unpark_kind::<SpooledDecision>(park, spool)?)
+        + unpark_kind::<SpooledDecision>(park, spool)?
+        + unpark_kind::<GpuFailure>(park, spool)?)
 }
 
 fn unpark_kind<R: Parkable>(park: &Path, spool: &Path) -> Result<usize> {
@@ -551,15 +566,88 @@ pub fn future_end(o: &Observation, now: f64) -> Option<String> {
 /// Moves the profile measurements of `<spool>/profiles/` into `db`, each key once (see
 /// [`ingest`]); a record that does not parse or validate goes to quarantine with its reason.
 pub fn ingest_profiles(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<IngestReport> {
+    ingest_subdir(db, &spool.join(PROFILES_DIR), quarantine_dir, parse_profile, |db, p| {
+        db.insert_observed_profile(p)
+    })
+}
+
+/// Sub-directory of the spool that holds failures on a shared server (see [`write_failure`]).
+pub const FAILURES_DIR: &str = "failures";
+
+/// The key of a job's failure record: `<cluster>/<job>/<run>/<node>/failure`.
+pub fn failure_key(cluster: &str, job: &str, node: &str, run_start: f64) -> String {
+    format!("{cluster}/{job}/{}/{node}/failure", run_millis(run_start))
+}
+
+/// Writes a failure record into `<spool>/failures/` atomically, creating that directory.
+pub fn write_failure(spool: &Path, f: &GpuFailure) -> Result<PathBuf> {
+    f.validate()?;
+    let dir = spool.join(FAILURES_DIR);
+    create_dir(&dir).map_err(io_err("create failure spool", &dir))?;
+    trusted(&dir)?;
+    let body = serde_json::to_vec(f)
+        .map_err(|source| Error::Json { what: format!("failure {}", f.key), source })?;
+    write_atomic(&dir, &record_file_name(&f.key), &body)
+}
+
+fn parse_failure(buf: &[u8]) -> std::result::Result<GpuFailure, String> {
+    let f = serde_json::from_slice::<GpuFailure>(buf)
+        .map_err(|e| format!("not a valid failure record: {e}"))?;
+    f.validate().map_err(|e| e.to_string())?;
+    Ok(f)
+}
+
+/// Moves the failure records of `<spool>/failures/` into `db`, each key once (as
+/// [`ingest_profiles`]).
+pub fn ingest_failures(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<IngestReport> {
+    ingest_subdir(db, &spool.join(FAILURES_DIR), quarantine_dir, parse_failure, |db, f| {
+        db.insert_gpu_failure(f)
+    })
+}
+
+/// What [`ingest_all`] stored, by kind of record.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Ingested {
+    /// Profile measurements.
+    pub profiles: IngestReport,
+    /// Observations.
+    pub observations: IngestReport,
+    /// The deciders' decisions.
+    pub decisions: IngestReport,
+    /// Failures on a shared MPS server.
+    pub failures: IngestReport,
+}
+
+/// Moves every kind of record of the spool into `db`: profile measurements first (a new
+/// workload's observed exclusive throughput is then known when its observations are judged for
+/// plausibility), then observations, decisions and failures.
+pub fn ingest_all(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Result<Ingested> {
+    Ok(Ingested {
+        profiles: ingest_profiles(db, spool, quarantine_dir)?,
+        observations: ingest(db, spool, quarantine_dir)?,
+        decisions: ingest_decisions(db, spool, quarantine_dir)?,
+        failures: ingest_failures(db, spool, quarantine_dir)?,
+    })
+}
+
+/// The one loop over a record sub-directory of the spool: each record read bounded, parsed
+/// and stored once per key; a refused one quarantined with its reason; a database error stops
+/// the run and keeps the file for the next.
+fn ingest_subdir<T>(
+    db: &mut Db,
+    dir: &Path,
+    quarantine_dir: &Path,
+    parse: fn(&[u8]) -> std::result::Result<T, String>,
+    store: impl Fn(&mut Db, &T) -> Result<bool>,
+) -> Result<IngestReport> {
     let mut report = IngestReport::default();
-    let dir = spool.join(PROFILES_DIR);
     if !dir.is_dir() {
         return Ok(report);
     }
-    trusted(&dir)?;
+    trusted(dir)?;
     let mut paths: Vec<PathBuf> = Vec::new();
-    for entry in fs::read_dir(&dir).map_err(io_err("read profile spool", &dir))? {
-        let entry = entry.map_err(io_err("read profile spool", &dir))?;
+    for entry in fs::read_dir(dir).map_err(io_err("read spool", dir))? {
+        let entry = entry.map_err(io_err("read spool", dir))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if name.starts_with('.') {
             if is_stale_temp(&entry) {
@@ -577,9 +665,9 @@ pub fn ingest_profiles(db: &mut Db, spool: &Path, quarantine_dir: &Path) -> Resu
                 continue;
             }
             Some(Err(why)) => Err(why),
-            Some(Ok(buf)) => match parse_profile(&buf) {
+            Some(Ok(buf)) => match parse(&buf) {
                 Err(why) => Err(why),
-                Ok(p) => match db.insert_observed_profile(&p) {
+                Ok(record) => match store(db, &record) {
                     Ok(inserted) => Ok(inserted),
                     Err(Error::Invalid { reason }) => Err(reason),
                     // The database, not the record, failed: keep the file for the next run.
