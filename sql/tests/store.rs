@@ -686,7 +686,7 @@ fn admin_imports_are_trusted_and_spooled_records_are_not() {
         "UPDATE observations SET node = 'imported' WHERE key LIKE 'import/%'; \
          ALTER TABLE observations DROP COLUMN trusted; ALTER TABLE observations DROP COLUMN user; \
          ALTER TABLE profiles DROP COLUMN user; ALTER TABLE observations DROP COLUMN account; \
-         PRAGMA user_version = 3;",
+         DROP TABLE gpu_failures; DROP TABLE pair_clearances; PRAGMA user_version = 3;",
     )
     .unwrap();
     drop(conn);
