@@ -28,7 +28,7 @@ impl Db {
         Ok(n == 1)
     }
 
-    /// The newest failure records, newest first (at most [`FAILURES_READ`]).
+    /// The newest failure records, newest first (at most 10 000).
     pub fn gpu_failures(&self) -> Result<Vec<GpuFailure>> {
         let mut stmt = self
             .conn
