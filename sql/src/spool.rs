@@ -502,20 +502,41 @@ pub fn profile_key(cluster: &str, job: &str, node: &str, run_start: f64) -> Stri
 /// Writes a profile measurement into `<spool>/profiles/` atomically, creating that directory.
 pub fn write_profile(spool: &Path, p: &ObservedProfile) -> Result<PathBuf> {
     p.validate()?;
-    let dir = spool.join(PROFILES_DIR);
-    create_dir(&dir).map_err(io_err("create profile spool", &dir))?;
-    trusted(&dir)?;
-    let body = serde_json::to_vec(p)
-        .map_err(|source| Error::Json { what: format!("profile {}", p.key), source })?;
-    write_atomic(&dir, &record_file_name(&p.key), &body)
+    write_in(spool, PROFILES_DIR, "profile", &p.key, p)
 }
 
-/// A profile record that parses and passes the checks ingest makes, or why not.
+/// Writes a checked record of kind `what` into `<spool>/<sub>/` atomically, creating that
+/// directory.
+fn write_in<T: serde::Serialize>(
+    spool: &Path,
+    sub: &str,
+    what: &str,
+    key: &str,
+    record: &T,
+) -> Result<PathBuf> {
+    let dir = spool.join(sub);
+    create_dir(&dir).map_err(io_err("create spool directory", &dir))?;
+    trusted(&dir)?;
+    let body = serde_json::to_vec(record)
+        .map_err(|source| Error::Json { what: format!("{what} {key}"), source })?;
+    write_atomic(&dir, &record_file_name(key), &body)
+}
+
+/// A record of kind `what` that parses and passes `validate` (the checks ingest makes), or
+/// why not.
+fn parse_valid<T: serde::de::DeserializeOwned>(
+    buf: &[u8],
+    what: &str,
+    validate: fn(&T) -> Result<()>,
+) -> std::result::Result<T, String> {
+    let r =
+        serde_json::from_slice::<T>(buf).map_err(|e| format!("not a valid {what} record: {e}"))?;
+    validate(&r).map_err(|e| e.to_string())?;
+    Ok(r)
+}
+
 fn parse_profile(buf: &[u8]) -> std::result::Result<ObservedProfile, String> {
-    let p = serde_json::from_slice::<ObservedProfile>(buf)
-        .map_err(|e| format!("not a valid profile record: {e}"))?;
-    p.validate().map_err(|e| e.to_string())?;
-    Ok(p)
+    parse_valid(buf, "profile", ObservedProfile::validate)
 }
 
 /// The profile measurements still in `<spool>/profiles/` (not yet ingested) that parse, in
@@ -582,19 +603,11 @@ pub fn failure_key(cluster: &str, job: &str, node: &str, run_start: f64) -> Stri
 /// Writes a failure record into `<spool>/failures/` atomically, creating that directory.
 pub fn write_failure(spool: &Path, f: &GpuFailure) -> Result<PathBuf> {
     f.validate()?;
-    let dir = spool.join(FAILURES_DIR);
-    create_dir(&dir).map_err(io_err("create failure spool", &dir))?;
-    trusted(&dir)?;
-    let body = serde_json::to_vec(f)
-        .map_err(|source| Error::Json { what: format!("failure {}", f.key), source })?;
-    write_atomic(&dir, &record_file_name(&f.key), &body)
+    write_in(spool, FAILURES_DIR, "failure", &f.key, f)
 }
 
 fn parse_failure(buf: &[u8]) -> std::result::Result<GpuFailure, String> {
-    let f = serde_json::from_slice::<GpuFailure>(buf)
-        .map_err(|e| format!("not a valid failure record: {e}"))?;
-    f.validate().map_err(|e| e.to_string())?;
-    Ok(f)
+    parse_valid(buf, "failure", GpuFailure::validate)
 }
 
 /// Moves the failure records of `<spool>/failures/` into `db`, each key once (as

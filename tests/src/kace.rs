@@ -258,6 +258,12 @@ pub fn gpu_records(state_dir: &Path) -> Vec<GpuRecord> {
     out
 }
 
+/// `builder` with every kace hook: slurmd's Prolog and Epilog (`kace-prolog`, `kace-epilog`)
+/// and the decider's nudges ([`with_nudges`]).
+pub fn with_hooks(builder: crate::ClusterBuilder) -> Result<crate::ClusterBuilder, HarnessError> {
+    with_nudges(builder.prolog(hook("kace-prolog", "")?).epilog(hook("kace-epilog", "")?))
+}
+
 /// `builder` with slurmctld's PrologSlurmctld and EpilogSlurmctld running `kace-dispatch`: the
 /// nudges that wake the decider as kace jobs start and end.
 pub fn with_nudges(builder: crate::ClusterBuilder) -> Result<crate::ClusterBuilder, HarnessError> {

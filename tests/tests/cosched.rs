@@ -108,12 +108,8 @@ fn jobs_per_gpu(c: &Cluster) -> BTreeMap<(String, u32), Vec<u32>> {
 fn kace_pairs_the_best_candidate_and_learns_from_the_pair() {
     let test = "kace_pairs_the_best_candidate_and_learns_from_the_pair";
     kace_e2e::require_e2e(test);
-    let c = Cluster::builder()
-        .nodes(vec![NodeSpec::new("n1", 1)])
-        .prolog(setup::hook("kace-prolog", "").unwrap())
-        .epilog(setup::hook("kace-epilog", "").unwrap())
-        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
-        .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
+    let c = setup::with_hooks(Cluster::builder().nodes(vec![NodeSpec::new("n1", 1)]))
+        .unwrap()
         .start()
         .unwrap();
     let dir = c.dir().to_path_buf();

@@ -28,12 +28,8 @@ fn until_fault(dir: &std::path::Path) -> String {
 fn jobs_that_fail_together_on_a_shared_server_are_not_paired_again() {
     let test = "jobs_that_fail_together_on_a_shared_server_are_not_paired_again";
     kace_e2e::require_e2e(test);
-    let c = Cluster::builder()
-        .nodes(vec![NodeSpec::new("n1", 1)])
-        .prolog(setup::hook("kace-prolog", "").unwrap())
-        .epilog(setup::hook("kace-epilog", "").unwrap())
-        .prolog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
-        .epilog_slurmctld(setup::hook("kace-dispatch", "").unwrap())
+    let c = setup::with_hooks(Cluster::builder().nodes(vec![NodeSpec::new("n1", 1)]))
+        .unwrap()
         .start()
         .unwrap();
     let dir = c.dir().to_path_buf();
