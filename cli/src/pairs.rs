@@ -53,11 +53,15 @@ pub fn run(args: PairsArgs, ctx: &Ctx) -> Result<()> {
                             p.jobs[0].0, p.jobs[0].1, p.jobs[1].0, p.jobs[1].1
                         ),
                         format!("{} GPU {}", p.node, p.gpu),
+                        p.user.clone().unwrap_or_else(|| "everyone".into()),
                         format!("{:.0}", p.since),
                     ]
                 })
                 .collect();
-            print!("{}", table(&["workload", "with", "jobs (exit)", "where", "since"], &rows));
+            print!(
+                "{}",
+                table(&["workload", "with", "jobs (exit)", "where", "for", "since"], &rows)
+            );
             println!("`kace pairs clear A B` pairs them again");
             Ok(())
         }

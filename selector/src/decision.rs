@@ -72,9 +72,10 @@ pub struct GpuState<'a> {
     /// Its memory in GiB (`None`: unknown, memory is not checked).
     pub memory_gib: Option<f64>,
     /// Pairs of workloads (either order) that failed together on a shared MPS server and may
-    /// not share a GPU until an admin clears them: a candidate paired so with a job on the GPU
-    /// is refused ([`Rejection::FailedTogether`]).
-    pub failed_pairs: &'a [(&'a str, &'a str)],
+    /// not share a GPU until an admin clears them, with whose jobs they keep apart (`None`:
+    /// everyone's; an unknown user matches, as in [`Joiner::user`]): a candidate paired so with
+    /// a job on the GPU is refused ([`Rejection::FailedTogether`]).
+    pub failed_pairs: &'a [(&'a str, &'a str, Option<&'a str>)],
 }
 
 /// What the decision returns.
@@ -133,10 +134,16 @@ pub fn decide(
     // The candidates a failed pair excludes are refused before selection, so that none of them
     // can be chosen; the others' verdicts keep their places.
     let failed_with = |c: &Joiner<'_>| -> Option<&str> {
-        gpu.running.iter().map(|r| r.workload).find(|w| {
+        let mine = |u: Option<&str>, scope: &str| u.is_none_or(|u| u == scope);
+        gpu.running.iter().find_map(|r| {
+            let w = r.workload;
             gpu.failed_pairs
                 .iter()
-                .any(|&(a, b)| (a, b) == (w, c.workload) || (b, a) == (w, c.workload))
+                .any(|&(a, b, scope)| {
+                    ((a, b) == (w, c.workload) || (b, a) == (w, c.workload))
+                        && scope.is_none_or(|s| mine(r.user, s) && mine(c.user, s))
+                })
+                .then_some(w)
         })
     };
     let blocked: Vec<Option<&str>> = candidates.iter().map(failed_with).collect();
@@ -228,7 +235,7 @@ mod tests {
         let free = GpuState { running: &running, memory_gib: Some(32.0), failed_pairs: &[] };
         let before = decide(&free, &cands, &Toy, &Policy::default());
         assert_eq!(before.chosen(), Some(1));
-        for pairs in [[("c", "lead")], [("lead", "c")]] {
+        for pairs in [[("c", "lead", None)], [("lead", "c", Some("ann"))]] {
             let gpu = GpuState { failed_pairs: &pairs, ..free };
             let d = decide(&gpu, &cands, &Toy, &Policy::default());
             assert_eq!(
@@ -242,7 +249,10 @@ mod tests {
             assert_eq!(d.selection.verdicts[2], before.selection.verdicts[2]);
         }
         // A pair of two other workloads changes nothing.
-        let gpu = GpuState { failed_pairs: &[("a", "c")], ..free };
+        let gpu = GpuState { failed_pairs: &[("a", "c", None)], ..free };
+        assert_eq!(decide(&gpu, &cands, &Toy, &Policy::default()), before);
+        // Blocked for bob's jobs only: ann's are paired as before.
+        let gpu = GpuState { failed_pairs: &[("c", "lead", Some("bob"))], ..free };
         assert_eq!(decide(&gpu, &cands, &Toy, &Policy::default()), before);
     }
 

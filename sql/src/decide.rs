@@ -334,8 +334,10 @@ pub fn decide(
     // Pairs that failed together on a shared server (two small queries; none is blocked on a
     // healthy site).
     let failed = db.failed_pairs()?;
-    let failed_pairs: Vec<(&str, &str)> =
-        failed.iter().map(|p| (p.workloads.0.as_str(), p.workloads.1.as_str())).collect();
+    let failed_pairs: Vec<(&str, &str, Option<&str>)> = failed
+        .iter()
+        .map(|p| (p.workloads.0.as_str(), p.workloads.1.as_str(), p.user.as_deref()))
+        .collect();
     let converted: HashMap<&str, Profile> =
         stored.iter().filter_map(|(w, p)| selector_profile(p).map(|sp| (w.as_str(), sp))).collect();
     for r in running {

@@ -9,6 +9,9 @@
 //! its user's word. A *pair* is blocked only when both jobs failed, on the same node and GPU,
 //! within [`FAILED_TOGETHER_WINDOW_S`] of each other, each naming the other as a partner: what
 //! slurmd reported of two jobs, which no single user can bring about for another user's job.
+//! Both jobs of one user block the pair for that user's jobs only (one user must not be able to
+//! stop everyone's pairing of two workload names by failing two of their own jobs); jobs of two
+//! users block it for everyone; a record without its user blocks nothing.
 //! An admin clears a pair (`kace pairs clear A B`); failures before the clearance no longer
 //! count, later ones block it again.
 
@@ -99,6 +102,9 @@ pub struct FailedPair {
     pub since: f64,
     /// The jobs of that failure, in the pair's order, with how each ended.
     pub jobs: [(String, String); 2],
+    /// Whose pairs it blocks: `Some(user)` when both jobs were that user's (only that user's
+    /// jobs are kept apart), `None` when they were two users' (everyone's).
+    pub user: Option<String>,
     /// Node and GPU of that failure.
     pub node: String,
     /// The GPU on that node.
@@ -126,7 +132,8 @@ pub fn pair_of(a: &str, b: &str) -> (String, String) {
 /// The pairs the failures block (see the module docs): for each pair of workloads, the newest
 /// corroborated failure not older than its clearance. Pure; in name order.
 pub fn failed_pairs(failures: &[GpuFailure], clearances: &[Clearance]) -> Vec<FailedPair> {
-    let mut out: std::collections::BTreeMap<(String, String), FailedPair> = Default::default();
+    let mut out: std::collections::BTreeMap<((String, String), Option<String>), FailedPair> =
+        Default::default();
     for f in failures {
         for p in &f.partners {
             // The partner's own record, naming this job back, on the same server, close in time.
@@ -139,18 +146,25 @@ pub fn failed_pairs(failures: &[GpuFailure], clearances: &[Clearance]) -> Vec<Fa
             }) else {
                 continue;
             };
+            let user = match (&f.user, &g.user) {
+                (Some(a), Some(b)) if a == b => Some(a.clone()),
+                (Some(_), Some(_)) => None,
+                _ => continue,
+            };
             let workloads = pair_of(&f.workload, &g.workload);
             let since = f.end.max(g.end);
             let cleared = clearances.iter().any(|c| c.workloads == workloads && c.at >= since);
-            if cleared || out.get(&workloads).is_some_and(|old| old.since >= since) {
+            let key = (workloads.clone(), user.clone());
+            if cleared || out.get(&key).is_some_and(|old| old.since >= since) {
                 continue;
             }
             let (first, second) = if f.workload <= g.workload { (f, g) } else { (g, f) };
             out.insert(
-                workloads.clone(),
+                key,
                 FailedPair {
                     workloads,
                     since,
+                    user,
                     jobs: [
                         (first.job.clone(), first.exit.clone()),
                         (second.job.clone(), second.exit.clone()),
@@ -173,7 +187,7 @@ mod tests {
             key: format!("c/{job}/1/n1/failure"),
             job: job.into(),
             workload: workload.into(),
-            user: None,
+            user: Some("ann".into()),
             node: "n1".into(),
             gpu: "0".into(),
             end,
@@ -203,6 +217,13 @@ mod tests {
         assert!(failed_pairs(&[a.clone(), elsewhere], &[]).is_empty());
         let unrelated = failure("2", "resnet", 1010.0, &[("7", "bert")]);
         assert!(failed_pairs(&[a.clone(), unrelated], &[]).is_empty());
+        // One user's two jobs block the pair for that user; two users' for everyone; a record
+        // without its user, nothing.
+        assert_eq!(pairs[0].user.as_deref(), Some("ann"));
+        let bobs = GpuFailure { user: Some("bob".into()), ..b.clone() };
+        assert_eq!(failed_pairs(&[a.clone(), bobs], &[])[0].user, None);
+        let unknown = GpuFailure { user: None, ..b.clone() };
+        assert!(failed_pairs(&[a.clone(), unknown], &[]).is_empty());
     }
 
     #[test]
