@@ -137,6 +137,7 @@ fn from_table(path: &Path, text: &str) -> Result<Vec<Observation>> {
                 user: None,
                 account: None,
                 gpu_sm_pct: None,
+                gpu_energy_j: None,
             });
         }
     }

@@ -80,6 +80,73 @@ fn print_usage(args: &ReportArgs, by: ByArg, ctx: &Ctx, span: f64, now: f64) -> 
     Ok(())
 }
 
+/// Joules in a readable unit.
+fn joules(j: f64) -> String {
+    match j.abs() {
+        a if a >= 1e9 => format!("{:.2} GJ", j / 1e9),
+        a if a >= 1e6 => format!("{:.2} MJ", j / 1e6),
+        a if a >= 1e3 => format!("{:.2} kJ", j / 1e3),
+        _ => format!("{j:.1} J"),
+    }
+}
+
+/// The report's energy lines: what the GPUs spent, per unit of work, what sharing saved, and
+/// each workload's joules per step.
+fn print_energy(e: &kace_observe::energy::Energy) {
+    if e.observations_with_energy == 0 {
+        println!(
+            "energy: no observation has one ({} without: kace-sampler not running, or a GPU \
+             without NVML's energy counter)",
+            e.observations_without_energy
+        );
+        return;
+    }
+    let per_work = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
+    println!(
+        "energy: {} alone, {} shared, over {} observation(s) ({} without energy); J per \
+         exclusive-second of work: alone {}, shared {}",
+        joules(e.alone_j),
+        joules(e.shared_j),
+        e.observations_with_energy,
+        e.observations_without_energy,
+        per_work(e.j_per_work_alone),
+        per_work(e.j_per_work_shared)
+    );
+    match (e.saved_j, e.sequential_j) {
+        (Some(saved), Some(seq)) => println!(
+            "energy saved by sharing: {} of {} ({}) against running the shared work one job \
+             after another at each workload's joules per step alone",
+            joules(saved),
+            joules(seq),
+            e.saved_fraction.map(|f| format!("{:.1} %", f * 100.0)).unwrap_or_else(|| "-".into())
+        ),
+        _ => println!(
+            "energy saved by sharing: not known (no shared workload was also observed alone with \
+             energy)"
+        ),
+    }
+    let opt = |v: Option<f64>| v.map(num).unwrap_or_else(|| "-".into());
+    let rows: Vec<Vec<String>> = e
+        .workloads
+        .iter()
+        .map(|w| {
+            vec![
+                w.workload.clone(),
+                opt(w.j_per_step_alone),
+                opt(w.j_per_step_shared),
+                w.alone_observations.to_string(),
+                w.shared_observations.to_string(),
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        print!(
+            "{}",
+            table(&["workload", "J/step alone", "J/step shared", "alone obs", "shared obs"], &rows)
+        );
+    }
+}
+
 /// Runs `kace report`.
 pub fn run(args: ReportArgs, ctx: &Ctx) -> Result<()> {
     let span = parse_since(&args.since)?;
@@ -112,6 +179,7 @@ pub fn run(args: ReportArgs, ctx: &Ctx) -> Result<()> {
         t.shared_fraction.map(|f| format!("{:.1} %", f * 100.0)).unwrap_or("-".into()),
         t.mean_gain.map(|g| format!("{}×", num(g))).unwrap_or("-".into())
     );
+    print_energy(&r.energy);
     let formed: Vec<String> = t.groups_formed.iter().map(|(k, n)| format!("{k} {n}")).collect();
     let released: Vec<String> =
         t.released.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k} {n}")).collect();

@@ -448,6 +448,7 @@ fn obs(i: usize) -> Observation {
         user: None,
         account: None,
         gpu_sm_pct: None,
+        gpu_energy_j: None,
     }
 }
 
@@ -1012,6 +1013,7 @@ fn forged_spooled_pairs_do_not_move_the_model_on_the_trusted_reference() {
                 user: None,
                 account: None,
                 gpu_sm_pct: None,
+                gpu_energy_j: None,
             };
             kace_sql::spool::write_record(&spool, &o).unwrap();
         }

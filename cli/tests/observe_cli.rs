@@ -52,6 +52,7 @@ fn obs(
         user: None,
         account: None,
         gpu_sm_pct: None,
+        gpu_energy_j: None,
     }
 }
 

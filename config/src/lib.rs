@@ -316,9 +316,9 @@ impl Default for Profiling {
     }
 }
 
-/// `[sampler]`: `kace-sampler`, which reads every GPU's SM %, memory-bandwidth % and memory
-/// in use into a bounded ring per GPU, from which the epilog builds the system profile of a
-/// job's alone intervals.
+/// `[sampler]`: `kace-sampler`, which reads every GPU's SM %, memory-bandwidth %, memory in
+/// use, energy counter and power into a bounded ring per GPU, from which the epilog builds the
+/// system profile of a job's alone intervals and each interval's energy.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Sampler {
@@ -327,7 +327,7 @@ pub struct Sampler {
     /// Time between readings, milliseconds. Default 1000.
     pub interval_ms: u64,
     /// Readings kept per GPU; the oldest are overwritten. Default 86400 (a day at 1 Hz,
-    /// 2.6 MiB per GPU at 32 bytes a reading).
+    /// 4.0 MiB per GPU at 48 bytes a reading).
     pub capacity: u32,
     /// A running job's progress file (in `node.progress_root`) holding more than this many
     /// bytes is compacted in place at the next reading, to at most half of it, keeping the

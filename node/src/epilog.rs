@@ -610,7 +610,8 @@ fn observe(
     let mut out = Vec::new();
     let mut unspooled = 0;
     // What root measured of the GPU while the job ran (none without kace-sampler): each
-    // interval carries its mean SM utilization, which ingest holds the claimed rate against.
+    // interval carries its mean SM utilization, which ingest holds the claimed rate against,
+    // and the GPU's energy over it.
     let readings: &[kace_sampler::Reading] = samples.as_deref().unwrap_or(&[]);
     for (i, seg) in segments(me.start, end, history).iter().enumerate() {
         let Some((thr, steps)) = throughput_within(&prog.points, seg.start, seg.end, warmup) else {
@@ -639,6 +640,7 @@ fn observe(
             user: (!env.user.is_empty()).then(|| env.user.clone()),
             account: (!env.account.is_empty()).then(|| env.account.clone()),
             gpu_sm_pct: mean_sm_within(readings, seg.start, seg.end),
+            gpu_energy_j: kace_sampler::energy_within(readings, seg.start, seg.end),
         };
         match write_or_park(&n.config.spool.dir, &n.config.node.progress_root, &obs) {
             Ok(Written::Spooled(_)) => out.push(obs),

@@ -92,7 +92,13 @@ mod tests {
     }
 
     fn reading(t: f64, sm: f64, gib: u64) -> Reading {
-        Reading { time: t, sm_pct: Some(sm), mem_pct: Some(sm / 2.0), used_bytes: Some(gib << 30) }
+        Reading {
+            time: t,
+            sm_pct: Some(sm),
+            mem_pct: Some(sm / 2.0),
+            used_bytes: Some(gib << 30),
+            ..Reading::default()
+        }
     }
 
     #[test]

@@ -1227,7 +1227,7 @@ fn an_epilog_without_gpu_variables_uses_the_record_and_stale_records_are_ended()
 }
 
 /// GPU 0's sampler ring with one reading a second over `times`: 40 % SM, 20 % memory
-/// bandwidth, 3 GiB.
+/// bandwidth, 3 GiB, 200 W.
 fn busy_ring(dir: &std::path::Path, times: std::ops::RangeInclusive<u32>) {
     std::fs::create_dir_all(dir).unwrap();
     let ring = kace_sampler::ring::ring_path(dir, 0);
@@ -1238,6 +1238,8 @@ fn busy_ring(dir: &std::path::Path, times: std::ops::RangeInclusive<u32>) {
             sm_pct: Some(40.0),
             mem_pct: Some(20.0),
             used_bytes: Some(3 << 30),
+            energy_mj: Some(5_000_000 + 200_000 * u64::from(t)),
+            power_w: Some(200.0),
         })
         .unwrap();
     }
@@ -1575,6 +1577,7 @@ fn an_unprofiled_workload_profiles_itself_alone_and_then_is_a_candidate() {
             sm_pct: Some(if busy { 40.0 } else { 0.0 }),
             mem_pct: Some(if busy { 20.0 } else { 0.0 }),
             used_bytes: Some(if busy { 3 << 30 } else { 0 }),
+            ..kace_sampler::Reading::default()
         })
         .unwrap();
     }
@@ -1639,6 +1642,7 @@ fn a_partner_out_of_memory_under_its_limit_is_recorded_and_its_next_limit_is_hig
             sm_pct: Some(50.0),
             mem_pct: Some(20.0),
             used_bytes: Some(used),
+            ..kace_sampler::Reading::default()
         };
         r.push(&reading).unwrap();
     }
@@ -1748,6 +1752,7 @@ fn an_oom_line_that_roots_measurements_do_not_back_raises_nothing() {
             sm_pct: Some(50.0),
             mem_pct: Some(20.0),
             used_bytes: Some(2 << 30),
+            ..kace_sampler::Reading::default()
         };
         r.push(&reading).unwrap();
     }
@@ -2046,6 +2051,9 @@ fn a_progress_line_timed_outside_the_run_is_dropped_and_said() {
     // The sampler ran: the interval carries the GPU's SM utilization that ingest checks the
     // claimed rate against.
     assert_eq!(obs[0].gpu_sm_pct, Some(40.0), "{obs:#?}");
+    // And the GPU's energy over it (200 W for the 30 s the job ran alone).
+    let joules = obs[0].gpu_energy_j.unwrap();
+    assert!((joules - 200.0 * (obs[0].end - obs[0].start)).abs() < 1e-6, "{obs:#?}");
     let logs = w.logs.borrow().join("\n");
     assert!(logs.contains("skipped 1 progress line(s) timed outside its run"), "{logs}");
     // Every line a day ahead of the node's clock: the reason says so.

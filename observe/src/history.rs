@@ -377,6 +377,7 @@ mod tests {
             user: None,
             account: None,
             gpu_sm_pct: None,
+            gpu_energy_j: None,
         };
         let obs = vec![
             o("c/7/1", vec![Partner { job: "5".into(), workload: "resnet".into() }], 20.0, 50.0),

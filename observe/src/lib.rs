@@ -1,11 +1,13 @@
 //! What kace is doing and how well it does it, for admins and users: the live view of GPUs,
 //! their kace jobs and the held queue ([`status`]), what Slurm says about one job next to kace's
 //! decisions ([`history`]), the Prometheus textfile ([`metrics`]) and the predicted-against-
-//! observed report with its SVG ([`report`]), all counting releases one way ([`releases`]). Slurm is asked through `kace_node::slurm::Slurm`,
+//! observed report with its SVG ([`report`]) and its energy figures ([`energy`]), all counting
+//! releases one way ([`releases`]). Slurm is asked through `kace_node::slurm::Slurm`,
 //! everything else comes from the database; the CLI only parses arguments and prints.
 
 #![warn(missing_docs)]
 
+pub mod energy;
 pub mod history;
 pub mod metrics;
 pub mod releases;

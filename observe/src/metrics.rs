@@ -205,7 +205,38 @@ pub fn render(db: &Db, objective: Objective, live: &Live, now: f64) -> Result<St
         if shared + alone > 0.0 { shared / (shared + alone) } else { 0.0 },
     );
 
+    let all_energy = crate::energy::energy(&live_obs, &|_| None);
+    o.family(
+        "kace_gpu_energy_joules_total",
+        "counter",
+        "GPU energy over the observed kace intervals (NVML's counter, read by kace-sampler), by whether the GPU was shared.",
+    );
+    o.sample("kace_gpu_energy_joules_total", &[("sharing", "shared")], all_energy.shared_j);
+    o.sample("kace_gpu_energy_joules_total", &[("sharing", "alone")], all_energy.alone_j);
+
     let r: Report = report::build(db, objective, now - RECENT_S, now)?;
+    o.family(
+        "kace_energy_per_work_joules",
+        "gauge",
+        "Joules per exclusive-second of work (what a job does in one second alone) in the last 7 days, by whether the GPU was shared (NaN: none measured).",
+    );
+    for (sharing, v) in
+        [("shared", r.energy.j_per_work_shared), ("alone", r.energy.j_per_work_alone)]
+    {
+        o.sample("kace_energy_per_work_joules", &[("sharing", sharing)], v.unwrap_or(f64::NAN));
+    }
+    o.one(
+        "kace_energy_saved_joules",
+        "gauge",
+        "Energy sharing saved in the last 7 days against running the shared work one job after another at each workload's joules per step alone (negative: it cost; NaN: not known).",
+        r.energy.saved_j.unwrap_or(f64::NAN),
+    );
+    o.one(
+        "kace_energy_saved_ratio",
+        "gauge",
+        "kace_energy_saved_joules over the energy the shared work would have taken one job after another (NaN: not known).",
+        r.energy.saved_fraction.unwrap_or(f64::NAN),
+    );
     let mut ratios: Vec<f64> = r
         .groups
         .iter()

@@ -3,7 +3,8 @@
 //! made (and the model version that made it) against what the epilogs observed, the share of GPU
 //! time that was shared, day by day, and the gain over running each job alone (the group's
 //! normalised progress: Σ colocated / exclusive throughput; above 1 the GPU did more work than
-//! running the jobs one after another). [`svg`] draws it.
+//! running the jobs one after another), and the energy the GPUs spent ([`crate::energy`]).
+//! [`svg`] draws it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -13,6 +14,7 @@ use kace_selector::Objective;
 use kace_sql::{Db, DecisionCandidate, NewDecision, Observation};
 use serde::Serialize;
 
+use crate::energy::{energy, Energy};
 use crate::releases::{count_by, groups_by_kind, released, Released};
 use crate::Result;
 
@@ -140,6 +142,8 @@ pub struct Report {
     pub days: Vec<Day>,
     /// Summary.
     pub totals: Totals,
+    /// What the GPUs spent in energy over the period's observations.
+    pub energy: Energy,
 }
 
 /// Parses `7d`, `12h`, `30m`, `90s` (or plain seconds) into seconds.
@@ -366,7 +370,8 @@ pub fn build(db: &Db, objective: Objective, since: f64, now: f64) -> Result<Repo
                 .collect::<Vec<_>>(),
         ),
     };
-    Ok(Report { since, until: now, objective: objective.key(), groups, days, totals })
+    let energy = energy(&observations.iter().collect::<Vec<_>>(), &exclusive);
+    Ok(Report { since, until: now, objective: objective.key(), groups, days, totals, energy })
 }
 
 /// The report as an SVG: predicted against observed (identity line, colour by model version),

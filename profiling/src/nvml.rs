@@ -21,6 +21,11 @@ pub struct Sample {
     pub mem_pct: Option<f64>,
     /// Device memory in use, bytes.
     pub used_bytes: Option<u64>,
+    /// The GPU's energy counter, millijoules since the driver was loaded (NVML's
+    /// `nvmlDeviceGetTotalEnergyConsumption`, Volta and newer; None where unsupported).
+    pub energy_mj: Option<u64>,
+    /// The GPU's power draw, watts (`nvmlDeviceGetPowerUsage`, reported in mW).
+    pub power_w: Option<f64>,
 }
 
 /// Why the GPU could not be sampled.
@@ -131,11 +136,38 @@ impl GpuSampler for NvmlSampler {
             }
             Err(e) => return Err(nv("read per-process GPU utilization")(e)),
         };
-        Ok(Sample { time: now, sm_pct: sm, mem_pct: mem, used_bytes: Some(used) })
+        // Energy and power are the whole GPU's; a GPU without them (before Volta, some vGPU
+        // profiles) still gives every other reading.
+        let energy_mj = optional(dev.total_energy_consumption(), "read the GPU's energy counter")?;
+        let power_w =
+            optional(dev.power_usage(), "read the GPU's power")?.map(|mw| f64::from(mw) / 1e3);
+        Ok(Sample {
+            time: now,
+            sm_pct: sm,
+            mem_pct: mem,
+            used_bytes: Some(used),
+            energy_mj,
+            power_w,
+        })
+    }
+}
+
+/// A reading NVML may not support on this GPU: `None` then, an error otherwise.
+fn optional<T>(r: Result<T, NvmlError>, op: &'static str) -> Result<Option<T>, SamplerError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(NvmlError::NotSupported) => Ok(None),
+        Err(e) => Err(nv(op)(e)),
     }
 }
 
 /// A scripted sampler. Readings are replayed in order and the last one repeats.
+///
+/// Its power and energy behave as NVML's do on the H200 run of 2026-12-04
+/// (docs/measurements/2026-12-04-h200-first-run.md): power rises with SM activity from the
+/// GPU's idle draw (82 W there, 595 W under a matrix loop), and the energy counter is the
+/// integral of power, in mJ, counting from an arbitrary start (the last driver load), never
+/// backwards. Here power = `idle_w + (busy_w − idle_w) × SM % / 100`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FakeSampler {
     /// Reported GPU model.
@@ -146,8 +178,21 @@ pub struct FakeSampler {
     pub script: Vec<(f64, f64, u64)>,
     /// Compute processes reported as already running.
     pub busy: usize,
+    /// Power at 0 % SM, watts (`idle_w=`; default [`FAKE_IDLE_W`]).
+    pub idle_w: f64,
+    /// Power at 100 % SM, watts (`busy_w=`; default [`FAKE_BUSY_W`]).
+    pub busy_w: f64,
     next: usize,
+    /// The energy counter at the last reading (mJ) and that reading's time and power.
+    energy: Option<(f64, f64, f64)>,
 }
+
+/// The fake's power at 0 % SM, watts (a V100's idle draw is about 40–60 W, the H200's 82 W).
+pub const FAKE_IDLE_W: f64 = 60.0;
+/// The fake's power at 100 % SM, watts (a V100 SXM2's limit is 300 W).
+pub const FAKE_BUSY_W: f64 = 300.0;
+/// Where the fake's energy counter starts, mJ (as if the driver had been loaded a while ago).
+const FAKE_ENERGY_START_MJ: f64 = 1.0e9;
 
 impl FakeSampler {
     /// A fake with the given readings.
@@ -157,12 +202,15 @@ impl FakeSampler {
             total_bytes: total_mib << 20,
             script,
             busy: 0,
+            idle_w: FAKE_IDLE_W,
+            busy_w: FAKE_BUSY_W,
             next: 0,
+            energy: None,
         }
     }
 
-    /// Parses `gpu=NAME;total_mib=N;busy=N;samples=SM,MEM,MIB SM,MEM,MIB …` (keys optional
-    /// except `samples`). This is how tests drive `kace profile run` through [`FAKE_ENV_VAR`].
+    /// Parses `gpu=NAME;total_mib=N;busy=N;idle_w=W;busy_w=W;samples=SM,MEM,MIB SM,MEM,MIB …`
+    /// (keys optional except `samples`). This is how tests drive `kace profile run` through [`FAKE_ENV_VAR`].
     pub fn from_spec(spec: &str) -> Result<FakeSampler, String> {
         let mut fake = FakeSampler::new("Fake GPU", 32 * 1024, Vec::new());
         for part in spec.split(';').map(str::trim).filter(|p| !p.is_empty()) {
@@ -175,6 +223,17 @@ impl FakeSampler {
                     fake.total_bytes = mib << 20;
                 }
                 "busy" => fake.busy = v.trim().parse().map_err(|_| format!("bad busy {v:?}"))?,
+                "idle_w" | "busy_w" => {
+                    let w: f64 = v.trim().parse().map_err(|_| format!("bad {k} {v:?}"))?;
+                    if !(w.is_finite() && (0.0..=10_000.0).contains(&w)) {
+                        return Err(format!("{k} {v:?} is not a power in watts"));
+                    }
+                    if k.trim() == "idle_w" {
+                        fake.idle_w = w;
+                    } else {
+                        fake.busy_w = w;
+                    }
+                }
                 "samples" => {
                     for triple in v.split_whitespace() {
                         let f: Vec<&str> = triple.split(',').collect();
@@ -216,7 +275,22 @@ impl GpuSampler for FakeSampler {
         let Some(&(sm, mem, mib)) = self.script.get(i) else {
             return Err(SamplerError { op: "sample the fake GPU", cause: "empty script".into() });
         };
-        Ok(Sample { time: now, sm_pct: Some(sm), mem_pct: Some(mem), used_bytes: Some(mib << 20) })
+        let power = self.idle_w + (self.busy_w - self.idle_w) * sm.clamp(0.0, 100.0) / 100.0;
+        // The counter integrates power between readings (trapezoids), as the real one
+        // integrates it continuously; a reading taken earlier than the last adds nothing.
+        let mj = match self.energy {
+            None => FAKE_ENERGY_START_MJ,
+            Some((mj, t, p)) => mj + (now - t).max(0.0) * (p + power) / 2.0 * 1e3,
+        };
+        self.energy = Some((mj, now.max(self.energy.map_or(now, |e| e.1)), power));
+        Ok(Sample {
+            time: now,
+            sm_pct: Some(sm),
+            mem_pct: Some(mem),
+            used_bytes: Some(mib << 20),
+            energy_mj: Some(mj as u64),
+            power_w: Some(power),
+        })
     }
 }
 
@@ -272,6 +346,26 @@ mod tests {
         assert!(FakeSampler::from_spec("samples=1,2").is_err());
         assert!(FakeSampler::from_spec("colour=blue;samples=1,2,3").is_err());
         assert!(FakeSampler::from_spec("gpu=x").is_err());
+        assert!(FakeSampler::from_spec("idle_w=-1;samples=1,2,3").is_err());
+        assert!(FakeSampler::from_spec("busy_w=lots;samples=1,2,3").is_err());
+    }
+
+    #[test]
+    fn the_fake_energy_counter_integrates_its_power() {
+        let mut f =
+            FakeSampler::from_spec("idle_w=50; busy_w=250; samples=0,0,1 100,0,1 50,0,1").unwrap();
+        let a = f.sample(10.0).unwrap();
+        assert_eq!(a.power_w, Some(50.0));
+        let b = f.sample(12.0).unwrap();
+        assert_eq!(b.power_w, Some(250.0));
+        // 2 s from 50 W to 250 W: 300 J.
+        assert_eq!(b.energy_mj.unwrap() - a.energy_mj.unwrap(), 300_000);
+        let c = f.sample(13.0).unwrap();
+        assert_eq!(c.power_w, Some(150.0));
+        assert_eq!(c.energy_mj.unwrap() - b.energy_mj.unwrap(), 200_000);
+        // A reading out of order never runs the counter backwards.
+        let d = f.sample(11.0).unwrap();
+        assert!(d.energy_mj.unwrap() >= c.energy_mj.unwrap());
     }
 
     #[test]

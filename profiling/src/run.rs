@@ -213,7 +213,13 @@ mod tests {
     use crate::progress::parse;
 
     fn s(time: f64, sm: f64, mem: f64, mib: u64) -> Sample {
-        Sample { time, sm_pct: Some(sm), mem_pct: Some(mem), used_bytes: Some(mib << 20) }
+        Sample {
+            time,
+            sm_pct: Some(sm),
+            mem_pct: Some(mem),
+            used_bytes: Some(mib << 20),
+            ..Sample::default()
+        }
     }
 
     #[test]

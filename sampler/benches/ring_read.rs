@@ -1,6 +1,6 @@
 //! Benchmark (prints a line) of what the epilog pays to read kace-sampler's ring: open the ring
 //! of one GPU and take the readings of a job's run from it. The ring is full (a day at 1 Hz,
-//! the default `sampler.capacity` of 86 400 readings, 2.6 MiB) and the job ran for the last
+//! the default `sampler.capacity` of 86 400 readings, 4.0 MiB) and the job ran for the last
 //! hour. Run with `cargo bench -p kace-sampler --bench ring_read`; the ring is built in the
 //! system temp directory and removed at the end.
 
@@ -25,6 +25,8 @@ fn main() {
             sm_pct: Some(f64::from(i % 100)),
             mem_pct: Some(f64::from(i % 50)),
             used_bytes: Some(u64::from(i % 64) << 30),
+            energy_mj: Some(u64::from(i) * 200_000),
+            power_w: Some(200.0),
         })
         .expect("push");
     }

@@ -1,6 +1,7 @@
 //! kace-sampler's logic: readings of each GPU kept in a bounded ring file per GPU ([`ring`]),
-//! the service loop that fills them ([`service`]), and the system profile of a time window
-//! ([`summary`]) that the epilog turns into a profile measurement of source `observed`. Being the
+//! the service loop that fills them ([`service`]), and the system profile and the GPU's energy
+//! of a time window ([`summary`]), which the epilog turns into a profile measurement of source
+//! `observed` and each observation's energy. Being the
 //! one root service on every node with an interval, it also caps running jobs' progress files
 //! ([`progress_cap`]).
 //!
@@ -16,4 +17,4 @@ pub mod service;
 pub mod summary;
 
 pub use ring::{Reading, Ring, RingError};
-pub use summary::{summarise, SystemProfile};
+pub use summary::{energy_within, summarise, SystemProfile};

@@ -61,6 +61,8 @@ impl Service {
                     sm_pct: s.sm_pct,
                     mem_pct: s.mem_pct,
                     used_bytes: s.used_bytes,
+                    energy_mj: s.energy_mj,
+                    power_w: s.power_w,
                 };
                 g.ring.push(&r).map_err(|e| format!("couldn't store the reading: {e}"))
             });
@@ -144,5 +146,8 @@ mod tests {
         assert_eq!(got.len(), 3);
         assert_eq!(got[1].sm_pct, Some(50.0));
         assert_eq!(got[2].used_bytes, Some(300 << 20));
+        // Power and the energy counter come through (the fake's: 60 W + 240 W × SM %).
+        assert_eq!(got[1].power_w, Some(60.0 + 240.0 * 0.5));
+        assert!(got[2].energy_mj > got[1].energy_mj, "{got:?}");
     }
 }

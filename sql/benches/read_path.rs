@@ -86,6 +86,7 @@ fn build(path: &Path, observations: usize) -> Db {
             user: None,
             account: None,
             gpu_sm_pct: None,
+            gpu_energy_j: None,
         });
         if batch.len() == 10_000 {
             db.insert_observations(&batch).expect("observations");

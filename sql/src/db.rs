@@ -394,6 +394,7 @@ impl Db {
                 user: None,
                 account: None,
                 gpu_sm_pct: None,
+                gpu_energy_j: None,
             };
             if let Some(why) = implausibility(&probe, excl) {
                 report.problems.push(format!("{why} (kace observations quarantine --key {key})"));

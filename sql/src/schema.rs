@@ -147,4 +147,9 @@ CREATE TABLE pair_clearances (
     PRIMARY KEY (workload_a, workload_b)
 );
 "#,
+    // 8: the GPU's energy over an observed interval (issue 33 item 4: `kace report`'s energy
+    // per unit of work and what sharing saved); rows from before have none.
+    r#"
+ALTER TABLE observations ADD COLUMN gpu_energy_j REAL;
+"#,
 ];

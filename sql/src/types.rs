@@ -384,7 +384,16 @@ pub struct Observation {
     /// ([`implausibility`]). Not stored: it only decides whether the observation is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_sm_pct: Option<f64>,
+    /// The GPU's energy over the interval, joules, from `kace-sampler`'s readings of its
+    /// energy counter (root's, as `gpu_sm_pct`): the whole GPU's, which the job and its partners
+    /// shared ([`Observation::energy_share_j`]). `None`: no sampler, or a GPU without the counter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_energy_j: Option<f64>,
 }
+
+/// Highest mean power an observation's energy may imply, W: no GPU draws this much, so a
+/// record that claims more is refused rather than counted.
+pub const MAX_OBSERVED_POWER_W: f64 = 10_000.0;
 
 /// How far (percentage points) the SM activity a claimed rate implies may exceed what the
 /// sampler measured on the GPU before the observation is refused: NVML's utilization is
@@ -475,6 +484,15 @@ impl Observation {
         self.partners.is_empty()
     }
 
+    /// The job's share of the GPU's energy over the interval, joules: the GPU's divided equally
+    /// among the kace jobs on it (the job and its partners). Each partner's observation of the
+    /// same interval takes its own share, so summing shares over observations counts the GPU's
+    /// energy once. Equal shares, not shares by work: one job's epilog knows only its own
+    /// progress.
+    pub fn energy_share_j(&self) -> Option<f64> {
+        self.gpu_energy_j.map(|j| j / (1 + self.partners.len()) as f64)
+    }
+
     /// Checks every field; the reason names the field so a quarantine note is useful.
     pub fn validate(&self) -> Result<()> {
         let bad = |reason: String| Err(Error::Invalid { reason });
@@ -552,6 +570,15 @@ impl Observation {
             // A NaN would make the SM check pass every claim.
             if !(sm.is_finite() && (0.0..=100.0).contains(&sm)) {
                 return bad(format!("observation {}: gpu_sm_pct must be in [0, 100]", self.key));
+            }
+        }
+        if let Some(j) = self.gpu_energy_j {
+            if !(j.is_finite() && j >= 0.0 && j <= MAX_OBSERVED_POWER_W * (self.end - self.start)) {
+                return bad(format!(
+                    "observation {}: gpu_energy_j must be a number of joules ≥ 0 and at most \
+                     {MAX_OBSERVED_POWER_W} W over the interval",
+                    self.key
+                ));
             }
         }
         Ok(())
@@ -765,9 +792,21 @@ mod tests {
             user: None,
             account: None,
             gpu_sm_pct: None,
+            gpu_energy_j: Some(2_000.0),
         };
         assert!(o.validate().is_ok());
         assert!(o.exclusive());
+        assert_eq!(o.energy_share_j(), Some(2_000.0));
+        for bad in [f64::NAN, -1.0, 10_000.0 * 10.0 + 1.0] {
+            let e = Observation { gpu_energy_j: Some(bad), ..o.clone() }.validate().unwrap_err();
+            assert!(e.to_string().contains("gpu_energy_j"), "{e}");
+        }
+        let shared = Observation {
+            partners: vec![Partner { job: "2".into(), workload: "v".into() }],
+            ..o.clone()
+        };
+        assert_eq!(shared.energy_share_j(), Some(1_000.0));
+        o.gpu_energy_j = None;
         o.end = 5.0;
         assert!(o.validate().is_err());
         o.end = 10.0;

@@ -30,6 +30,7 @@ fn obs(key: &str, job: &str, thr: f64) -> Observation {
         user: None,
         account: None,
         gpu_sm_pct: None,
+        gpu_energy_j: None,
     }
 }
 

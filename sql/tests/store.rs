@@ -30,6 +30,7 @@ fn obs(key: &str, job: &str, wl: &str, partner: Option<(&str, &str)>, thr: f64) 
         user: None,
         account: None,
         gpu_sm_pct: None,
+        gpu_energy_j: None,
     }
 }
 
@@ -189,7 +190,11 @@ fn profiles_merge_newest_value_per_feature() {
 fn observations_are_stored_once_and_pairs_match() {
     let dir = TempDir::new("obs");
     let (mut db, _) = Db::create(&dir.path().join("k.db")).unwrap();
-    let a = obs("c/1/0", "1", "wa", Some(("2", "wb")), 3.0);
+    // The GPU's energy over the interval is stored and read back with the rest.
+    let a = Observation {
+        gpu_energy_j: Some(25_000.5),
+        ..obs("c/1/0", "1", "wa", Some(("2", "wb")), 3.0)
+    };
     let b = obs("c/2/0", "2", "wb", Some(("1", "wa")), 4.0);
     let alone = obs("c/3/0", "3", "wc", None, 9.0);
     let one_sided = obs("c/4/0", "4", "wc", Some(("5", "wd")), 1.0);
@@ -686,7 +691,8 @@ fn admin_imports_are_trusted_and_spooled_records_are_not() {
         "UPDATE observations SET node = 'imported' WHERE key LIKE 'import/%'; \
          ALTER TABLE observations DROP COLUMN trusted; ALTER TABLE observations DROP COLUMN user; \
          ALTER TABLE profiles DROP COLUMN user; ALTER TABLE observations DROP COLUMN account; \
-         DROP TABLE gpu_failures; DROP TABLE pair_clearances; PRAGMA user_version = 3;",
+         DROP TABLE gpu_failures; DROP TABLE pair_clearances; \
+         ALTER TABLE observations DROP COLUMN gpu_energy_j; PRAGMA user_version = 3;",
     )
     .unwrap();
     drop(conn);

@@ -111,6 +111,9 @@ pub const QUEUE: [Option<&str>; 7] = [
 pub const WORK_S: f64 = 7.0;
 /// How long the plain job runs.
 const PLAIN_S: u32 = 5;
+/// The fake GPU kace-sampler reads: busy at 60 % SM whoever runs, so 204 W from the fake's
+/// power model (`idle_w` + (`busy_w` − `idle_w`) × SM %), alone or shared.
+pub const DEMO_NVML: &str = "gpu=Fake demo GPU;idle_w=60;busy_w=300;samples=60,30,8192";
 /// Long enough that every pairing in the demo is kace's choice, not the `max_hold` release.
 const MAX_HOLD_S: u64 = 150;
 
@@ -485,9 +488,19 @@ pub fn run(say: &mut dyn FnMut(&str)) -> Result<(Recorded, String), HarnessError
 
     // The demo shows the choice among every held job: its whole queue inside the priority
     // window (default 4; its jobs have no multifactor priority, so the order is submission's).
-    let conf = format!("{}[selection]\npriority_window = 16\n", setup::conf(&dir, MAX_HOLD_S));
-    std::fs::write(dir.join("etc/kace.conf"), conf)
-        .map_err(|e| err("couldn't write kace.conf", e))?;
+    // kace-sampler reads the fake GPU five times a second, for the report's energy; the demo's
+    // profiles stay the shipped ones (no alone run is long enough for `min_samples`).
+    let conf = format!(
+        "{}[selection]\npriority_window = 16\n\
+         [sampler]\ndir = \"{d}/samples\"\ninterval_ms = 200\ncapacity = 3000\n\
+         [profile]\nmin_samples = 100000\n",
+        setup::conf(&dir, MAX_HOLD_S),
+        d = dir.display()
+    );
+    let conf_path = dir.join("etc/kace.conf");
+    std::fs::write(&conf_path, conf).map_err(|e| err("couldn't write kace.conf", e))?;
+    std::fs::create_dir_all(dir.join("samples")).map_err(|e| err("couldn't mkdir samples", e))?;
+    let _sampler = setup::start_sampler(&conf_path, DEMO_NVML, &dir.join("log/kace-sampler.log"))?;
     write_exec(&dir.join("fake-mps"), &setup::fake_mps_script(&dir))?;
     std::fs::create_dir_all(dir.join("demo/on-gpu")).map_err(|e| err("couldn't mkdir demo", e))?;
     std::fs::write(dir.join("demo/rates"), rates_table())
@@ -620,6 +633,8 @@ pub fn run(say: &mut dyn FnMut(&str)) -> Result<(Recorded, String), HarnessError
     }
     let first_lead = ids[0].0.clone();
     let explain = kace(&c, &["explain", &first_lead])?;
+    let report = kace(&c, &["report", "--since", "1d"])?;
+    let energy: Vec<&str> = report.lines().filter(|l| l.starts_with("energy")).collect();
     // The report of this run as an SVG, for docs/observability.md's figure.
     if let Some(svg) = std::env::var_os("KACE_DEMO_REPORT_SVG") {
         let svg = PathBuf::from(svg);
@@ -636,7 +651,14 @@ pub fn run(say: &mut dyn FnMut(&str)) -> Result<(Recorded, String), HarnessError
         started.elapsed()
     ));
     drop(c);
-    Ok((rec, format!("$ kace explain {first_lead}\n{explain}")))
+    Ok((
+        rec,
+        format!(
+            "$ kace explain {first_lead}\n{explain}\n$ kace report --since 1d   (its energy lines; \
+             the fake GPU's power: {DEMO_NVML})\n{}\n",
+            energy.join("\n")
+        ),
+    ))
 }
 
 #[cfg(test)]

@@ -182,6 +182,32 @@ pub fn conf(dir: &Path, max_hold_s: u64) -> String {
     )
 }
 
+/// A running `kace-sampler`, stopped when dropped.
+#[derive(Debug)]
+pub struct Sampler(std::process::Child);
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `kace-sampler --config CONF` reading the fake NVML `fake_nvml` (a
+/// `KACE_FAKE_NVML` spec, `kace_profiling::nvml::FakeSampler::from_spec`), its log in `log`.
+pub fn start_sampler(conf: &Path, fake_nvml: &str, log: &Path) -> Result<Sampler, HarnessError> {
+    let stderr = std::fs::File::create(log)
+        .map_err(|e| HarnessError::Plugin(format!("couldn't create {}: {e}", log.display())))?;
+    Command::new(bin_dir()?.join("kace-sampler"))
+        .arg("--config")
+        .arg(conf)
+        .env("KACE_FAKE_NVML", fake_nvml)
+        .stderr(stderr)
+        .spawn()
+        .map(Sampler)
+        .map_err(|e| HarnessError::Plugin(format!("couldn't start kace-sampler: {e}")))
+}
+
 /// A stand-in for `nvidia-cuda-mps-control`: `-d` starts a detached placeholder "daemon" whose
 /// pid it keeps in `$CUDA_MPS_PIPE_DIRECTORY/fake-mps.pid`; `get_server_list` succeeds only
 /// while that daemon lives; `quit` ends it. Every call is appended to `{dir}/mps-calls.log` as

@@ -159,4 +159,9 @@ fn the_demo_runs_and_kace_pairs_the_best_candidate() {
         assert!((predicted / observed - 1.0).abs() < 0.1, "{predicted} vs {observed}\n{out}");
     }
     assert!(explain.contains("chosen (predicted"), "{explain}");
+    // The real kace-sampler's readings of the fake GPU gave the observations their energy, and
+    // the report accounts for it.
+    assert!(explain.contains("\nenergy: "), "{explain}");
+    assert!(!explain.contains("no observation has one"), "{explain}");
+    assert!(explain.contains("energy saved by sharing: "), "{explain}");
 }

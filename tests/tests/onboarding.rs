@@ -111,7 +111,10 @@ fn a_new_workload_profiles_itself_alone_is_paired_and_cannot_crash_its_partner()
     let _sampler = common::Sampler(
         Command::new(setup::bin_dir().unwrap().join("kace-sampler"))
             .args(["--config", conf.to_str().unwrap()])
-            .env("KACE_FAKE_NVML", format!("gpu=Fake;samples={},{},{memcap_mib}", v(7), v(8)))
+            .env(
+                "KACE_FAKE_NVML",
+                format!("gpu=Fake;idle_w=50;busy_w=250;samples={},{},{memcap_mib}", v(7), v(8)),
+            )
             .stderr(std::fs::File::create(dir.join("log/kace-sampler.log")).unwrap())
             .spawn()
             .unwrap(),
@@ -200,6 +203,18 @@ fn a_new_workload_profiles_itself_alone_is_paired_and_cannot_crash_its_partner()
             + &std::fs::read_to_string(dir.join("log/kace-epilog.log")).unwrap_or_default()
     );
     assert!(lead_obs.iter().any(|o| o.partners.is_empty()), "{lead_obs:#?}");
+    // The sampler read the fake GPU's energy counter (its power: 50 W + 200 W × SM %), and each
+    // interval long enough to span a few readings carries the GPU's energy over it.
+    let watts = 50.0 + 200.0 * v(7) / 100.0;
+    let long: Vec<_> = lead_obs.iter().filter(|o| o.end - o.start >= 2.0).collect();
+    assert!(!long.is_empty(), "{lead_obs:#?}");
+    for o in long {
+        let j = o.gpu_energy_j.unwrap_or_else(|| panic!("no energy: {o:#?}"));
+        let expect = watts * (o.end - o.start);
+        assert!((j / expect - 1.0).abs() < 0.1, "{j} J, expected {expect}: {o:#?}");
+    }
+    let report = kace(&c, &["report", "--since", "1d"]);
+    assert!(report.contains("energy saved by sharing: "), "{report}");
     let shown = json(&c, &["profile", "show", NEW]);
     assert_eq!(shown["sources"]["memcap_gib"], "observed-oom", "{shown}");
     assert_eq!(shown["values"]["memcap_gib"].as_f64(), Some(limit as f64 / 1024.0));

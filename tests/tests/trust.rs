@@ -232,6 +232,7 @@ fn one_users_forged_pairs_over_two_nights_change_no_other_users_decisions() {
                     user: Some("nobody".into()),
                     account: None,
                     gpu_sm_pct: None,
+                    gpu_energy_j: None,
                 };
                 kace_sql::spool::write_record(&spool, &o).unwrap();
             }

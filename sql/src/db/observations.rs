@@ -55,9 +55,9 @@ impl Db {
                 .prepare_cached(
                     "INSERT INTO observations (key, job, workload_id, partners, node, gpu, \
                      mps_share, start_time, end_time, steps, throughput, exclusive, ingested_at, \
-                     trusted, user, account) \
+                     trusted, user, account, gpu_energy_j) \
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
-                     ?16) \
+                     ?16, ?17) \
                      ON CONFLICT(key) DO NOTHING",
                 )
                 .map_err(sql("store observation", &path))?;
@@ -78,7 +78,8 @@ impl Db {
                     t,
                     trusted,
                     o.user,
-                    o.account
+                    o.account,
+                    o.gpu_energy_j
                 ])
                 .map_err(sql("store observation", &path))?;
             if n == 1 {
@@ -289,7 +290,7 @@ impl Db {
             .prepare(
                 "SELECT o.key, o.job, w.name, o.partners, o.node, o.gpu, o.mps_share, \
                  o.start_time, o.end_time, o.steps, o.throughput, o.id, o.trusted, o.user, \
-                 o.account FROM observations o \
+                 o.account, o.gpu_energy_j FROM observations o \
                  JOIN workloads w ON w.id = o.workload_id WHERE o.quarantined IS NULL \
                  ORDER BY o.key",
             )
@@ -317,6 +318,7 @@ impl Db {
                         user: r.get(13)?,
                         account: r.get(14)?,
                         gpu_sm_pct: None,
+                        gpu_energy_j: r.get(15)?,
                     },
                     partners,
                     r.get(12)?,
