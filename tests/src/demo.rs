@@ -111,9 +111,11 @@ pub const QUEUE: [Option<&str>; 7] = [
 pub const WORK_S: f64 = 7.0;
 /// How long the plain job runs.
 const PLAIN_S: u32 = 5;
-/// The fake GPU kace-sampler reads: busy at 60 % SM whoever runs, so 204 W from the fake's
-/// power model (`idle_w` + (`busy_w` − `idle_w`) × SM %), alone or shared.
-pub const DEMO_NVML: &str = "gpu=Fake demo GPU;idle_w=60;busy_w=300;samples=60,30,8192";
+/// The fake GPU kace-sampler reads: busy at 97 % SM whoever runs (at least what any demo
+/// profile's `sm_pct` says a job alone keeps busy, or ingest would refuse the jobs' claimed
+/// rates as more work than the GPU did), so 293 W from the fake's power model (`idle_w` +
+/// (`busy_w` − `idle_w`) × SM %), alone or shared.
+pub const DEMO_NVML: &str = "gpu=Fake demo GPU;idle_w=60;busy_w=300;samples=97,50,8192";
 /// Long enough that every pairing in the demo is kace's choice, not the `max_hold` release.
 const MAX_HOLD_S: u64 = 150;
 
