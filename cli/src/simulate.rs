@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use kace_selector::dataset::read_colocations;
 use kace_selector::eval::paper::PAPER_SEEDS;
-use kace_selector::SelectionRules;
+use kace_selector::{Objective, SelectionRules};
 use kace_simulator::metrics::mean_std;
 use kace_simulator::onboarding::{new_workload_cost, NewWorkloadCost, Summary, Treatment};
 use kace_simulator::plot::comparison_svg;
@@ -72,6 +72,10 @@ pub struct SimulateArgs {
     /// kace's (and oracle's) gain threshold over the job already on the GPU.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     min_gain: f64,
+    /// What kace's and oracle's choices maximise: `throughput-sum`, `normalised-progress` or
+    /// `energy` (work per unit of the power model's energy, `kace_selector::energy`).
+    #[arg(long, default_value = "throughput-sum", value_parser = parse_objective)]
+    objective: Objective,
     /// Users submitting the generated traces' jobs (1: one user, the same-user rule is moot).
     #[arg(long, default_value_t = UserMix::shared_cluster().users)]
     users: usize,
@@ -149,6 +153,7 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
         memory_margin: args.memory_margin,
         require_same_user: true,
         min_gain: args.min_gain,
+        objective: args.objective,
         ..kace_config::Config::default().policy().rules
     };
     let kind = match args.model {
@@ -288,6 +293,7 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
         users: distinct_users,
         user_mix: replay.is_none().then_some((args.user_skew, args.workloads_per_user)),
         multi_user: args.multi_user,
+        objective: args.objective.key(),
     };
     print!("{}", render(&setup, &runs, &other_users, &onboarding, format));
     if let Some(path) = &args.plot {
@@ -317,6 +323,15 @@ struct Setup {
     user_mix: Option<(f64, usize)>,
     /// Whether the policies ran as under `mps.multi_user`.
     multi_user: bool,
+    /// What kace and oracle maximised.
+    objective: &'static str,
+}
+
+/// Parses `--objective` by the objective's key, as kace.conf spells it.
+fn parse_objective(s: &str) -> std::result::Result<Objective, String> {
+    Objective::from_key(s).ok_or_else(|| {
+        format!("unknown objective {s:?} (known: throughput-sum, normalised-progress, energy)")
+    })
 }
 
 /// What the same-user rule costs kace: its throughput ×exclusive with the rule and under
@@ -465,6 +480,7 @@ fn render(
                             "steps_per_s": ratio(|r| r.steps),
                             "makespan": ratio(|r| r.makespan),
                             "mean_jct": ratio(|r| r.mean_jct),
+                            "energy_per_work": ratio(|r| r.energy_per_work),
                         },
                         "runs": per_run,
                     }),
@@ -477,6 +493,7 @@ fn render(
                 "jobs": setup.jobs,
                 "load": setup.load,
                 "window": setup.window,
+                "objective": setup.objective,
                 "seeds": setup.seeds,
                 "workloads": setup.workloads,
                 "pairs": {
@@ -535,6 +552,7 @@ fn render(
                         pm(m(|m| m.gpu_busy_h), 0),
                         pm(m(|m| 100.0 * m.shared_fraction), 1),
                         pm(m(|m| m.steps_per_s), 0),
+                        pm(q(|r| r.energy_per_work), 3),
                         pm(m(|m| m.ooms), 0),
                     ]
                 })
@@ -549,7 +567,7 @@ fn render(
                 None => format!("{} users{multi}", setup.users),
             };
             let mut s = format!(
-                "{} GPUs ({} × {}), {} jobs per run, {}window {}, seeds {:?}, {users}\n\
+                "{} GPUs ({} × {}), {} jobs per run, {}window {}, objective {}, seeds {:?}, {users}\n\
                  ground truth: {} workloads; pairs measured {}, over memory {}, never measured {}\n\n",
                 setup.gpus,
                 setup.nodes,
@@ -557,6 +575,7 @@ fn render(
                 setup.jobs,
                 setup.load.map(|l| format!("load {l}, ")).unwrap_or_else(|| "replayed trace, ".into()),
                 setup.window,
+                setup.objective,
                 setup.seeds,
                 setup.workloads,
                 setup.pair_counts.0,
@@ -575,13 +594,16 @@ fn render(
                     "GPU busy h",
                     "shared %",
                     "steps/s",
+                    "energy/work ×excl",
                     "OOMs",
                 ],
                 &rows,
             ));
             s.push_str(
                 "\nthroughput: exclusive GPU-seconds of work done per second until the last job \
-                 started, over exclusive FIFO's (mean ± std over seeds)\n",
+                 started, over exclusive FIFO's (mean ± std over seeds)\n\
+                 energy/work: the busy GPUs' energy per unit of work over exclusive FIFO's, by the \
+                 power model (kace_selector::energy: modelled, the artifact has no power data)\n",
             );
             let (qm, qs) =
                 stat(runs.iter().flat_map(|r| r.metrics.iter().map(|m| m.queued_fraction)));

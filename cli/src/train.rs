@@ -45,7 +45,7 @@ impl TrainArgs {
                 Some(KindArg::Linear) => ModelKind::Linear,
                 None => ctx.config.training.model,
             },
-            objective: ctx.config.selection.objective,
+            objective: ctx.config.selection.objective.trained_as(),
             holdout_fraction: self.holdout_fraction.unwrap_or(ctx.config.training.holdout_fraction),
             seed: self.seed.unwrap_or(ctx.config.training.seed),
             force_activation: self.activate,

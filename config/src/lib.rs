@@ -17,7 +17,7 @@
 //! [selection]
 //! memory_margin = 0.05    # keep 5 % of GPU memory free
 //! min_gain = 0.0          # predicted normalised progress must beat the GPU without a joiner by this fraction
-//! objective = "throughput-sum"   # or "normalised-progress"
+//! objective = "throughput-sum"   # or "normalised-progress", or "energy" (work per joule)
 //! max_jobs_per_gpu = 2    # kace jobs sharing one GPU (3-4 make sense on 80-141 GiB GPUs)
 //! time_limit = "extend"   # lengthen time limits by sharing's predicted cost; "refuse"; "ignore"
 //! time_limit_cap = 2.0    # at most this multiple of a job's own limit
@@ -163,9 +163,11 @@ pub struct Selection {
     /// to "more work". A linear model, which predicts its objective only, compares that.
     /// Default 0.0.
     pub min_gain: f64,
-    /// What a pairing is worth: `"throughput-sum"` (the paper's Σ steps/s, default) or
+    /// What a pairing is worth: `"throughput-sum"` (the paper's Σ steps/s, default),
     /// `"normalised-progress"` (Σ colocated/exclusive throughput per job, so one fast inference
-    /// job cannot dominate the choice).
+    /// job cannot dominate the choice) or `"energy"` (normalised progress per unit of the GPU's
+    /// modelled power, `kace_selector::energy`: a slowdown model only; models are trained for
+    /// normalised progress).
     pub objective: Objective,
     /// At most this many kace jobs share one GPU: the lead's choice, an epilog's refill and
     /// dispatch fill a GPU up to it, and jobs released by `max_hold` never go onto a GPU at it.
@@ -600,6 +602,12 @@ impl Config {
         if !(s.min_gain.is_finite() && s.min_gain > -1.0) {
             return Err(format!("selection.min_gain = {}: must be a number above -1", s.min_gain));
         }
+        if s.objective == Objective::Energy && self.training.model == ModelKind::Linear {
+            return Err("selection.objective = \"energy\" needs training.model = \"slowdown\": \
+                        the energy objective is derived from each job's predicted slowdown, \
+                        which a linear model does not predict"
+                .into());
+        }
         if !(1.0..=10.0).contains(&s.time_limit_cap) {
             return Err(format!(
                 "selection.time_limit_cap = {}: must be in [1, 10]",
@@ -921,6 +929,14 @@ mod tests {
         assert!(e.to_string().contains("forest"), "{e}");
         let e = Config::parse("[selection]\nobjective = \"speed\"\n", p()).unwrap_err();
         assert!(e.to_string().contains("speed"), "{e}");
+        let energy = Config::parse("[selection]\nobjective = \"energy\"\n", p()).unwrap();
+        assert_eq!(energy.selection.objective, Objective::Energy);
+        let e = Config::parse(
+            "[selection]\nobjective = \"energy\"\n[training]\nmodel = \"linear\"\n",
+            p(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("needs training.model"), "{e}");
         let e = Config::parse("[node]\nscontrol = \"scontrol\"\n", p()).unwrap_err();
         assert!(e.to_string().contains("absolute"), "{e}");
         let e = Config::parse("[log]\nsyslog_socket = \"dev/log\"\n", p()).unwrap_err();

@@ -282,6 +282,16 @@ pub fn build(db: &Db, objective: Objective, since: f64, now: f64) -> Result<Repo
         let observed = match objective {
             Objective::ThroughputSum => Some(throughputs.iter().sum()),
             Objective::NormalisedProgress => np,
+            // The power model's value at the observed rates, in the prediction's units.
+            Objective::Energy => members
+                .iter()
+                .map(|o| {
+                    let p =
+                        profiles.get(&o.workload).and_then(kace_sql::decide::selector_profile)?;
+                    Some((p, o.throughput / exclusive(&o.workload)?))
+                })
+                .collect::<Option<Vec<_>>>()
+                .map(|m| kace_selector::energy::work_per_energy(m.iter().map(|(p, r)| (p, *r)))),
         };
         // The newest decision whose lead and chosen partner are both in the group formed it.
         let formed = decisions

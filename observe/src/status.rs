@@ -381,6 +381,7 @@ fn gpu_status(
                 match objective {
                     Objective::ThroughputSum => ps[0].exclusive_throughput(),
                     Objective::NormalisedProgress => 1.0,
+                    Objective::Energy => kace_selector::energy::work_per_energy([(ps[0], 1.0)]),
                 }
             } else {
                 m.predict(&members, objective)

@@ -10,6 +10,7 @@
 //! - [`policy`]: single-feature rules, argmax/argmin with the artifact's tie rule, objectives.
 //! - [`slowdown`], [`model`]: kace's per-job slowdown model, and the deployable [`Model`].
 //! - [`selection`]: the filters and the choice among candidates.
+//! - [`energy`]: the power model of the energy objective and the simulator's energy figures.
 //! - [`decision`]: the one decision for a GPU (job limit, users), which every caller makes.
 //! - [`splits`]: the SM split (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) chooser, evaluated only.
 //! - [`tuning`]: settings chosen by cross-validation inside the training data.
@@ -22,6 +23,7 @@
 
 pub mod dataset;
 pub mod decision;
+pub mod energy;
 pub mod error;
 pub mod eval;
 pub mod features;

@@ -177,6 +177,12 @@ impl Model {
     }
 }
 
+/// The energy objective of a group from its members' predicted slowdowns (normalised rates):
+/// the power model's work per unit of energy ([`crate::energy`]).
+fn energy_of(members: &[Member<'_>], slowdowns: &[f64]) -> f64 {
+    crate::energy::work_per_energy(members.iter().map(|m| m.profile).zip(slowdowns.iter().copied()))
+}
+
 impl Predictor for Model {
     fn required_gain(&self, members: &[Member<'_>]) -> f64 {
         match self {
@@ -207,6 +213,7 @@ impl Predictor for Model {
             Model::Slowdown(m) => match objective {
                 Objective::ThroughputSum => m.throughput_sum(members),
                 Objective::NormalisedProgress => m.normalised_progress(members),
+                Objective::Energy => energy_of(members, &m.slowdowns(members)),
             },
         }
     }
@@ -216,10 +223,14 @@ impl Predictor for Model {
             Model::Linear { .. } => crate::selection::predict_each(self, members, objective),
             // Both from one prediction of the slowdowns: the prolog scores every candidate so.
             Model::Slowdown(m) => {
+                if objective == Objective::Energy {
+                    let s = m.slowdowns(members);
+                    return (energy_of(members, &s), s.iter().sum());
+                }
                 let (sum, progress) = m.sum_and_progress(members);
                 match objective {
                     Objective::ThroughputSum => (sum, progress),
-                    Objective::NormalisedProgress => (progress, progress),
+                    Objective::NormalisedProgress | Objective::Energy => (progress, progress),
                 }
             }
         }
@@ -255,6 +266,36 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn the_energy_objective_is_the_power_models_value_at_the_predicted_slowdowns() {
+        let data = pairs();
+        let groups: Vec<&Group> = data.iter().collect();
+        let m = Model::train(
+            ModelKind::Slowdown,
+            &groups,
+            Objective::NormalisedProgress,
+            Default::default(),
+        )
+        .unwrap();
+        assert!(m.serves(Objective::Energy));
+        let Model::Slowdown(sm) = &m else { panic!("not a slowdown model") };
+        for g in &data {
+            let members = g.members();
+            let s = sm.slowdowns(&members);
+            let want = crate::energy::work_per_energy(g.profiles.iter().zip(s.iter().copied()));
+            assert_eq!(m.predict(&members, Objective::Energy).to_bits(), want.to_bits());
+            let (energy, progress) = m.predict_with_progress(&members, Objective::Energy);
+            assert_eq!(energy.to_bits(), want.to_bits());
+            assert_eq!(progress.to_bits(), s.iter().sum::<f64>().to_bits());
+        }
+        // A linear model trained for throughput has no answer for it.
+        let lin =
+            Model::train(ModelKind::Linear, &groups, Objective::ThroughputSum, Default::default())
+                .unwrap();
+        assert!(!lin.serves(Objective::Energy));
+        assert!(lin.predict(&data[0].members(), Objective::Energy).is_nan());
     }
 
     #[test]

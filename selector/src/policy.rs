@@ -14,6 +14,10 @@ pub enum Objective {
     /// Σ colocated / exclusive throughput per member: progress in "exclusive-job units", which
     /// stops one fast inference job from dominating the choice.
     NormalisedProgress,
+    /// Work per unit of energy: normalised progress over the GPU's modelled power
+    /// ([`crate::energy`]). Models are trained for normalised progress ([`Objective::trained_as`])
+    /// and the power comes from the members' SM utilisation.
+    Energy,
 }
 
 impl Objective {
@@ -22,6 +26,21 @@ impl Objective {
         match self {
             Objective::ThroughputSum => g.total_throughput(),
             Objective::NormalisedProgress => g.normalised_progress(),
+            Objective::Energy => crate::energy::work_per_energy(
+                g.profiles
+                    .iter()
+                    .zip(&g.throughputs)
+                    .map(|(p, t)| (p, t / p.exclusive_throughput())),
+            ),
+        }
+    }
+
+    /// The objective a model serving this one is trained and validated in: the energy objective
+    /// is derived from predicted normalised progress, so its models learn that.
+    pub fn trained_as(self) -> Objective {
+        match self {
+            Objective::Energy => Objective::NormalisedProgress,
+            o => o,
         }
     }
 
@@ -30,12 +49,15 @@ impl Objective {
         match self {
             Objective::ThroughputSum => "throughput-sum",
             Objective::NormalisedProgress => "normalised-progress",
+            Objective::Energy => "energy",
         }
     }
 
     /// Parses [`Objective::key`].
     pub fn from_key(s: &str) -> Option<Objective> {
-        [Objective::ThroughputSum, Objective::NormalisedProgress].into_iter().find(|o| o.key() == s)
+        [Objective::ThroughputSum, Objective::NormalisedProgress, Objective::Energy]
+            .into_iter()
+            .find(|o| o.key() == s)
     }
 }
 

@@ -42,7 +42,9 @@ pub(crate) fn predict_each<P: Predictor + ?Sized>(
     let predicted = p.predict(members, objective);
     let progress = match objective {
         Objective::NormalisedProgress => predicted,
-        Objective::ThroughputSum => p.predict(members, Objective::NormalisedProgress),
+        Objective::ThroughputSum | Objective::Energy => {
+            p.predict(members, Objective::NormalisedProgress)
+        }
     };
     (predicted, progress)
 }
@@ -236,6 +238,9 @@ pub fn select(
             running.iter().map(|m| m.profile.exclusive_throughput()).sum()
         }
         (0 | 1, Objective::NormalisedProgress) => running.len() as f64,
+        (0 | 1, Objective::Energy) => {
+            crate::energy::work_per_energy(running.iter().map(|m| (m.profile, 1.0)))
+        }
         _ => predictor.predict(running, rules.objective),
     };
     let required = baseline * (1.0 + rules.min_gain);
@@ -347,7 +352,7 @@ pub(crate) mod tests {
                 Objective::ThroughputSum => {
                     f[Feature::ExclusiveThroughput.index()] - f[Feature::Memcap.index()]
                 }
-                Objective::NormalisedProgress => f64::NAN,
+                Objective::NormalisedProgress | Objective::Energy => f64::NAN,
             }
         }
     }
@@ -362,6 +367,61 @@ pub(crate) mod tests {
         f[Feature::ExclusiveThroughput.index()] = excl;
         f[Feature::Memcap.index()] = mem;
         Profile::new(f)
+    }
+
+    /// Predicts each member of a pair at a fixed normalised rate by the candidate's exclusive
+    /// throughput (a stand-in workload id): 1 → both at 0.9, 2 → both at 0.95.
+    struct Rates;
+    impl Rates {
+        fn rate(m: &[Member<'_>]) -> f64 {
+            match m.last().map(|c| c.profile.exclusive_throughput()) {
+                Some(x) if m.len() == 2 && x == 1.0 => 0.9,
+                Some(x) if m.len() == 2 && x == 2.0 => 0.95,
+                _ => 1.0,
+            }
+        }
+    }
+    impl Predictor for Rates {
+        fn predict(&self, m: &[Member<'_>], o: Objective) -> f64 {
+            let r = Rates::rate(m);
+            match o {
+                Objective::NormalisedProgress => r * m.len() as f64,
+                Objective::ThroughputSum => f64::NAN,
+                Objective::Energy => {
+                    crate::energy::work_per_energy(m.iter().map(|x| (x.profile, r)))
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_energy_objective_prefers_the_pair_that_does_more_work_per_joule() {
+        use crate::features::test_profile;
+        // A lead at 30 % SM. Candidate 1 (30 % SM) keeps both at 0.9 of their speed: 1.8 units
+        // of work at well under the busy power. Candidate 2 (90 % SM) keeps both at 0.95: more
+        // work (1.9), but the SMs saturate and the GPU draws its busy power.
+        let lp = test_profile(5.0, 30.0);
+        let (quiet, busy) = (test_profile(1.0, 30.0), test_profile(2.0, 90.0));
+        let cands = [
+            Candidate { profile: Some(&quiet), workload: None, same_user: true },
+            Candidate { profile: Some(&busy), workload: None, same_user: true },
+        ];
+        let rules = |objective| SelectionRules { objective, ..SelectionRules::default() };
+        let by_progress = select(&lead(&lp), &cands, &Rates, &rules(Objective::NormalisedProgress));
+        assert_eq!(by_progress.chosen, Some(1));
+        let by_energy = select(&lead(&lp), &cands, &Rates, &rules(Objective::Energy));
+        assert_eq!(by_energy.chosen, Some(0), "{by_energy:?}");
+        // The baseline is the lead alone's work per energy. The busy pair is below it (the lead
+        // alone keeps a quiet GPU) but still passes: whether a joiner is better than none is
+        // asked in normalised progress, and against the two run one after the other it saves.
+        let alone = crate::energy::work_per_energy([(&lp, 1.0)]);
+        assert_eq!(by_energy.baseline, alone);
+        assert!(by_energy.verdicts.iter().all(|v| v.rejection.is_none()), "{by_energy:?}");
+        let busy_pair = by_energy.verdicts[1].prediction.unwrap();
+        assert!(busy_pair < alone, "{busy_pair} vs {alone}");
+        let one_after_other =
+            2.0 / (1.0 / alone + 1.0 / crate::energy::work_per_energy([(&busy, 1.0)]));
+        assert!(busy_pair > one_after_other, "{busy_pair} vs {one_after_other}");
     }
 
     #[test]
@@ -417,7 +477,9 @@ pub(crate) mod tests {
         fn predict(&self, m: &[Member<'_>], objective: Objective) -> f64 {
             match objective {
                 Objective::ThroughputSum => Toy.predict(m, objective),
-                Objective::NormalisedProgress => m.last().map_or(1.0, |c| c.profile.memcap()),
+                Objective::NormalisedProgress | Objective::Energy => {
+                    m.last().map_or(1.0, |c| c.profile.memcap())
+                }
             }
         }
         fn required_gain(&self, _: &[Member<'_>]) -> f64 {

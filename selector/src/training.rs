@@ -84,6 +84,7 @@ pub fn alone_value(objective: Objective, g: &Group) -> f64 {
     match objective {
         Objective::ThroughputSum => g.profiles.iter().map(|p| p.exclusive_throughput()).sum(),
         Objective::NormalisedProgress => g.k() as f64,
+        Objective::Energy => crate::energy::work_per_energy(g.profiles.iter().map(|p| (p, 1.0))),
     }
 }
 
@@ -108,7 +109,9 @@ impl TrainingPolicy {
     pub fn new(kind: ModelKind, objective: Objective) -> TrainingPolicy {
         TrainingPolicy {
             kind,
-            objective,
+            // A model for the energy objective learns normalised progress, from which the
+            // objective is derived.
+            objective: objective.trained_as(),
             holdout_fraction: DEFAULT_HOLDOUT_FRACTION,
             seed: DEFAULT_SEED,
             force_activation: false,

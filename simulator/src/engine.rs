@@ -38,6 +38,7 @@ use crate::metrics::Timeline;
 use crate::policy::{Policy, PolicyKind};
 use crate::trace::{Job, UserId};
 use crate::world::{PairKind, WorkloadId, World};
+use kace_selector::energy::group_power;
 
 const NONE: u32 = u32::MAX;
 
@@ -82,6 +83,9 @@ pub struct Outcome {
     pub busy_gpu_s: f64,
     /// GPU-seconds with two jobs.
     pub shared_gpu_s: f64,
+    /// The busy GPUs' energy by the power model ([`kace_selector::energy`]), in seconds of one
+    /// GPU's busy power: modelled, not measured (the artifact has no power data).
+    pub busy_energy_s: f64,
     /// Every job's steps, summed.
     pub total_steps: f64,
     /// Every job's length alone, summed (exclusive GPU-seconds).
@@ -159,6 +163,10 @@ struct Sim<'a> {
     pairings_seen: u64,
     busy_gpu_s: f64,
     shared_gpu_s: f64,
+    /// Each GPU's modelled power now (0 while idle), in units of its busy power.
+    power: Vec<f64>,
+    power_sum: f64,
+    busy_energy_s: f64,
     queued_s: f64,
     sustained: Option<Sustained>,
     timeline: Timeline,
@@ -236,6 +244,9 @@ pub fn simulate(
         pairings_seen: 0,
         busy_gpu_s: 0.0,
         shared_gpu_s: 0.0,
+        power: vec![0.0; gpus],
+        power_sum: 0.0,
+        busy_energy_s: 0.0,
         queued_s: 0.0,
         sustained: None,
         timeline: Timeline::new(),
@@ -281,6 +292,7 @@ pub fn simulate(
         pairings_seen: sim.pairings_seen,
         busy_gpu_s: sim.busy_gpu_s,
         shared_gpu_s: sim.shared_gpu_s,
+        busy_energy_s: sim.busy_energy_s,
         total_steps,
         total_work_s,
         sustained,
@@ -331,6 +343,15 @@ impl Sim<'_> {
             }
         }
         assert_eq!((busy, shared, open), (self.busy, self.shared, self.open_total));
+        for g in 0..self.slots.len() / 2 {
+            assert_eq!(self.power[g] > 0.0, self.slots[2 * g] != NONE, "GPU {g}: power when idle");
+        }
+        let sum: f64 = self.power.iter().sum();
+        assert!(
+            (sum - self.power_sum).abs() < 1e-6 * (1.0 + sum),
+            "power {sum} vs {}",
+            self.power_sum
+        );
         assert_eq!(self.running, busy + shared);
     }
 
@@ -356,6 +377,7 @@ impl Sim<'_> {
         if dt > 0.0 {
             self.busy_gpu_s += self.busy as f64 * dt;
             self.shared_gpu_s += self.shared as f64 * dt;
+            self.busy_energy_s += self.power_sum * dt;
             if !self.queue.is_empty() {
                 self.queued_s += dt;
             }
@@ -375,11 +397,19 @@ impl Sim<'_> {
         self.heap.push(Event { t: now + s.remaining / rate, job: j, version: s.version });
     }
 
-    /// Sets the rates of the jobs on GPU g from the ground truth.
+    /// GPU g's modelled power from now on.
+    fn set_power(&mut self, g: u32, power: f64) {
+        let old = std::mem::replace(&mut self.power[g as usize], power);
+        self.power_sum += power - old;
+    }
+
+    /// Sets the rates of the jobs on GPU g from the ground truth, and its modelled power.
     fn retime(&mut self, g: u32) {
         let (a, b) = (self.slots[2 * g as usize], self.slots[2 * g as usize + 1]);
         if b == NONE {
             self.set_rate(a, self.world.exclusive(self.workload(a)));
+            let p = group_power([(self.world.profile(self.workload(a)), 1.0)]);
+            self.set_power(g, p);
             return;
         }
         let (wa, wb) = (self.workload(a), self.workload(b));
@@ -392,6 +422,11 @@ impl Sim<'_> {
         };
         self.set_rate(a, ra);
         self.set_rate(b, rb);
+        let p = group_power([
+            (self.world.profile(wa), ra / self.world.exclusive(wa)),
+            (self.world.profile(wb), rb / self.world.exclusive(wb)),
+        ]);
+        self.set_power(g, p);
     }
 
     fn place(&mut self, g: u32, j: u32) {
@@ -462,6 +497,7 @@ impl Sim<'_> {
         }
         self.slots[base] = NONE;
         self.busy -= 1;
+        self.set_power(g, 0.0);
         let (w, u) = (usize::from(self.workload(j)), self.open_user(j));
         if self.open[w].get_mut(&u).is_some_and(|set| set.remove(&g)) {
             self.open_total -= 1;
@@ -791,7 +827,20 @@ mod tests {
             assert!(o.shared_gpu_s <= o.busy_gpu_s + 1e-6);
             if p.kind() == PolicyKind::Exclusive {
                 assert!((o.busy_gpu_s - o.total_work_s).abs() < 1e-6 * o.total_work_s);
+                // Alone, each job draws its own modelled power for its length alone.
+                let energy: f64 = jobs
+                    .iter()
+                    .map(|j| {
+                        j.steps / w.exclusive(j.workload)
+                            * group_power([(w.profile(j.workload), 1.0)])
+                    })
+                    .sum();
+                assert!((o.busy_energy_s - energy).abs() < 1e-6 * energy, "{}", o.busy_energy_s);
             }
+            // A busy GPU draws at least its idle power and at most its busy power.
+            let idle = kace_selector::energy::IDLE_POWER_FRACTION;
+            assert!(o.busy_energy_s >= idle * o.busy_gpu_s - 1e-6);
+            assert!(o.busy_energy_s <= o.busy_gpu_s + 1e-6);
             assert!(o.sustained.steps <= o.total_steps + 1e-6);
         }
     }

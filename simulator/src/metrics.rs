@@ -107,11 +107,15 @@ pub struct Metrics {
     pub pairings: f64,
     /// Share of pairs formed that the policy had trained on (kace), else 0.
     pub seen_share: f64,
+    /// The busy GPUs' modelled energy per unit of work (seconds of one GPU's busy power per
+    /// exclusive GPU-second; [`kace_selector::energy`]): below the exclusive run's, sharing saved
+    /// energy. Modelled: the artifact has no power data.
+    pub energy_per_work: f64,
 }
 
 impl Metrics {
     /// Field names, in [`Metrics::values`] order.
-    pub const NAMES: [&'static str; 13] = [
+    pub const NAMES: [&'static str; 14] = [
         "makespan_s",
         "mean_jct_s",
         "p95_jct_s",
@@ -125,10 +129,11 @@ impl Metrics {
         "ooms",
         "pairings",
         "seen_share",
+        "energy_per_work",
     ];
 
     /// Field values, in [`Metrics::NAMES`] order.
-    pub fn values(&self) -> [f64; 13] {
+    pub fn values(&self) -> [f64; 14] {
         [
             self.makespan_s,
             self.mean_jct_s,
@@ -143,6 +148,7 @@ impl Metrics {
             self.ooms,
             self.pairings,
             self.seen_share,
+            self.energy_per_work,
         ]
     }
 
@@ -168,6 +174,7 @@ impl Metrics {
             ooms: o.ooms as f64,
             pairings: o.pairings as f64,
             seen_share: ratio(o.pairings_seen as f64, o.pairings as f64),
+            energy_per_work: ratio(o.busy_energy_s, o.total_work_s),
         }
     }
 }
@@ -206,6 +213,8 @@ pub struct Ratios {
     pub makespan: f64,
     /// Mean job completion time over the baseline's (below 1 is better).
     pub mean_jct: f64,
+    /// Modelled energy per unit of work over the baseline's (below 1: less energy).
+    pub energy_per_work: f64,
 }
 
 impl Ratios {
@@ -217,6 +226,7 @@ impl Ratios {
             steps: r(m.sustained_steps_per_s, base.sustained_steps_per_s),
             makespan: r(m.makespan_s, base.makespan_s),
             mean_jct: r(m.mean_jct_s, base.mean_jct_s),
+            energy_per_work: r(m.energy_per_work, base.energy_per_work),
         }
     }
 }

@@ -170,6 +170,10 @@ impl Policy {
             let merit = match rules.objective {
                 Objective::ThroughputSum => first + second,
                 Objective::NormalisedProgress => progress,
+                Objective::Energy => kace_selector::energy::work_per_energy([
+                    (world.profile(a), first / world.exclusive(a)),
+                    (world.profile(b), second / world.exclusive(b)),
+                ]),
             };
             (need <= usable && progress > 1.0 + rules.min_gain).then_some(merit)
         })
