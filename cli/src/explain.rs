@@ -255,8 +255,12 @@ pub fn run(args: ExplainArgs, ctx: &Ctx) -> Result<()> {
 fn failure(f: &GpuFailure, pairs: &[FailedPair]) -> String {
     let with: Vec<String> =
         f.partners.iter().map(|p| format!("job {} ({})", p.job, p.workload)).collect();
+    let logged = f.mps_fatal_at.map_or(String::new(), |t| {
+        format!(" (the GPU's MPS server logged a fatal GPU error at {})", date(t))
+    });
     let head = format!(
-        "job {} ({}) failed (exit {}) at {} while sharing the MPS server of GPU {} on {} with {}",
+        "job {} ({}) failed (exit {}) at {} while sharing the MPS server of GPU {} on {} with \
+         {}{logged}",
         f.job,
         f.workload,
         f.exit,

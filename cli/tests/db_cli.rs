@@ -316,6 +316,8 @@ fn default_slowdown_model_trains_stores_and_selects() {
             end,
             exit: "1:0".into(),
             partners: vec![kace_sql::Partner { job: other.into(), workload: other_w.into() }],
+            // Job 8's epilog found the server's fault line in its log.
+            mps_fatal_at: (job == "8").then_some(1003.5),
         };
         kace_sql::spool::write_failure(&spool, &f).unwrap();
     }
@@ -338,6 +340,9 @@ fn default_slowdown_model_trains_stores_and_selects() {
     );
     let told = env.ok(&["explain", "8"]);
     assert!(told.contains("job 7 failed with it") && told.contains("kace pairs clear"), "{told}");
+    assert!(told.contains("the GPU's MPS server logged a fatal GPU error at"), "{told}");
+    let told = env.ok(&["explain", "7"]);
+    assert!(!told.contains("logged a fatal GPU error"), "only job 8's record saw it: {told}");
     let cleared = env.json(&["pairs", "clear", chosen, lead]);
     assert_eq!(cleared["was_blocked"], true, "{cleared}");
     assert_eq!(env.json(&["pairs"]), serde_json::json!([]));

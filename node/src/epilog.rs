@@ -373,6 +373,10 @@ pub fn failure_partners(me: &JobRecord, history: &[JobRecord]) -> Vec<Partner> {
     out
 }
 
+/// Seconds after a failed job's end in which its MPS server's fault line still counts: the line
+/// precedes the job's exit, but the node's clock and the log's stamps are read apart.
+pub const MPS_LOG_SLACK_S: f64 = 5.0;
+
 /// A job that failed (Slurm's exit status: a non-zero exit or a signal other than a cancel's)
 /// while other jobs were on its MPS server is spooled as a failure record: two such records
 /// naming each other block their pair of workloads (kace_sql::failures). What the job wrote
@@ -394,12 +398,25 @@ fn record_failure(n: &Node, env: &JobEnv, gpu: GpuIndex, me: &JobRecord, history
         end: me.end.unwrap_or(me.start),
         exit: format!("{}:{}", exit.code, exit.signal),
         partners,
+        mps_fatal_at: None,
+    };
+    // The server's own word on a fault, from the job's start to a few seconds after its end
+    // (the job's exit follows the fault; the epilog runs after that).
+    let dirs = mps_dirs(&n.config.node.mps_root, gpu);
+    let end = record.end;
+    let record = match crate::mps_log::faults_in(&dirs.log, me.start, end + MPS_LOG_SLACK_S) {
+        Ok(faults) => GpuFailure { mps_fatal_at: faults.first().copied(), ..record },
+        Err(e) => {
+            log(&format!("couldn't read the MPS server log in {}: {e}", dirs.log.display()));
+            record
+        }
     };
     let shown: Vec<&str> = record.partners.iter().map(|p| p.job.as_str()).collect();
     let what = format!(
-        "failed ({}) while sharing its GPU's MPS server with job(s) {}",
+        "failed ({}) while sharing its GPU's MPS server with job(s) {}{}",
         record.exit,
-        shown.join(", ")
+        shown.join(", "),
+        if record.mps_fatal_at.is_some() { "; the server logged a fatal GPU error" } else { "" }
     );
     match write_or_park(&n.config.spool.dir, &n.config.node.progress_root, &record) {
         Ok(Written::Spooled(_)) => log(&format!("{what}: spooled as {}", record.key)),

@@ -38,6 +38,7 @@ pub mod hook;
 pub mod limits;
 pub mod measure;
 pub mod mps;
+pub mod mps_log;
 pub mod nudge;
 pub mod placement;
 pub mod priority;

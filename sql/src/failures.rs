@@ -52,6 +52,11 @@ pub struct GpuFailure {
     pub exit: String,
     /// The jobs on the same server in the last [`FAILED_TOGETHER_WINDOW_S`] before its end.
     pub partners: Vec<Partner>,
+    /// When the GPU's MPS server logged a fatal GPU error while the job ran (its `server.log`;
+    /// `kace_node::mps_log`), if it did: the cause, told to the users. It blocks nothing by
+    /// itself: the log does not say whose the fault was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps_fatal_at: Option<f64>,
 }
 
 impl GpuFailure {
@@ -78,6 +83,9 @@ impl GpuFailure {
         }
         if !self.end.is_finite() || self.end < 0.0 {
             return bad(format!("end {} is not a time", self.end));
+        }
+        if self.mps_fatal_at.is_some_and(|t| !t.is_finite() || t < 0.0) {
+            return bad("mps_fatal_at is not a time".into());
         }
         if self.partners.is_empty() || self.partners.len() > MAX_FAILURE_PARTNERS {
             return bad(format!("{} partners (1 to {MAX_FAILURE_PARTNERS})", self.partners.len()));
@@ -196,6 +204,7 @@ mod tests {
                 .iter()
                 .map(|(j, w)| Partner { job: j.to_string(), workload: w.to_string() })
                 .collect(),
+            mps_fatal_at: None,
         }
     }
 

@@ -148,8 +148,10 @@ CREATE TABLE pair_clearances (
 );
 "#,
     // 8: the GPU's energy over an observed interval (issue 33 item 4: `kace report`'s energy
-    // per unit of work and what sharing saved); rows from before have none.
+    // per unit of work and what sharing saved), and when the GPU's MPS server logged a fatal
+    // fault while a failed job ran (item 2); rows from before have neither.
     r#"
 ALTER TABLE observations ADD COLUMN gpu_energy_j REAL;
+ALTER TABLE gpu_failures ADD COLUMN mps_fatal_at REAL;
 "#,
 ];

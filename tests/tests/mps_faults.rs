@@ -54,8 +54,22 @@ fn jobs_that_fail_together_on_a_shared_server_are_not_paired_again() {
             panic!("{e:?}\ndispatch log:\n{log}");
         }
     }
-    // Both have written progress beside each other; then the fault reaches both.
+    // Both have written progress beside each other; then the fault reaches both, and the
+    // server logs it as NVIDIA's did on the H200 (kace_node::mps_log: the node's local time,
+    // the line naming the first client connected, which need not be the culprit).
     std::thread::sleep(Duration::from_secs(3));
+    let now = std::process::Command::new("date").arg("+%Y-%m-%d %H:%M:%S.%3N").output().unwrap();
+    let stamp = String::from_utf8(now.stdout).unwrap().trim().to_string();
+    let log_dir = kace_layout::mps_dirs(&dir.join("mps"), kace_layout::GpuIndex(0)).log;
+    std::fs::create_dir_all(&log_dir).unwrap();
+    std::fs::write(
+        log_dir.join("server.log"),
+        format!(
+            "[{stamp} Other  4242] Client {{PID: 4300}} encountered a fatal GPU error.\n\
+             [{stamp} Other  4242] Server is handling a fatal GPU error.\n"
+        ),
+    )
+    .unwrap();
     std::fs::write(dir.join("fault"), "").unwrap();
     for id in [lead, partner] {
         let j = c.wait_done(id, Duration::from_secs(30)).unwrap();
@@ -84,6 +98,7 @@ fn jobs_that_fail_together_on_a_shared_server_are_not_paired_again() {
         told.contains(&format!("job {lead} failed with it")) && told.contains("kace pairs clear"),
         "{told}"
     );
+    assert!(told.contains("the GPU's MPS server logged a fatal GPU error at"), "{told}");
 
     // A new lead of the same workload does not take the other beside it: while the lead runs,
     // the decider's passes leave it held (it runs once the GPU is free, as a lead).

@@ -21,8 +21,20 @@ impl Db {
             .conn
             .execute(
                 "INSERT INTO gpu_failures (key, job, workload, user, node, gpu, end, exit, \
-                 partners) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT(key) DO NOTHING",
-                params![f.key, f.job, f.workload, f.user, f.node, f.gpu, f.end, f.exit, partners],
+                 partners, mps_fatal_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+                 ON CONFLICT(key) DO NOTHING",
+                params![
+                    f.key,
+                    f.job,
+                    f.workload,
+                    f.user,
+                    f.node,
+                    f.gpu,
+                    f.end,
+                    f.exit,
+                    partners,
+                    f.mps_fatal_at
+                ],
             )
             .map_err(sql("store failure", &self.path))?;
         Ok(n == 1)
@@ -33,7 +45,7 @@ impl Db {
         let mut stmt = self
             .conn
             .prepare(
-                "SELECT key, job, workload, user, node, gpu, end, exit, partners \
+                "SELECT key, job, workload, user, node, gpu, end, exit, partners, mps_fatal_at \
                  FROM gpu_failures ORDER BY end DESC, id DESC LIMIT ?1",
             )
             .map_err(sql("read failures", &self.path))?;
@@ -51,6 +63,7 @@ impl Db {
                         end: r.get(6)?,
                         exit: r.get(7)?,
                         partners: Vec::new(),
+                        mps_fatal_at: r.get(9)?,
                     },
                     partners,
                 ))
