@@ -92,7 +92,7 @@ pub fn local_time(date: &str, time: &str) -> Option<f64> {
         tm.tm_isdst = -1;
         libc::mktime(&mut tm)
     };
-    (secs != -1).then(|| secs as f64 + frac)
+    (secs != -1).then_some(secs as f64 + frac)
 }
 
 /// The times of the fatal faults the server log in `log_dir` shows within `[from, to]`: empty
