@@ -105,6 +105,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                         "key": o.key, "workload": o.workload,
                         "partners": o.partners.iter().map(|p| &p.workload).collect::<Vec<_>>(),
                         "seconds": o.end - o.start, "throughput": o.throughput,
+                        "gpu_energy_j": o.gpu_energy_j,
                     })
                 })
                 .collect();
