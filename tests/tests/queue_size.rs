@@ -54,6 +54,11 @@ fn a_large_queue_stops_neither_pairing_nor_max_hold() {
     )
     .unwrap()
     .slurm_conf_line("MaxJobCount=60000")
+    // slurmd waits 2 × MessageTimeout for a batch job's prolog-launch RPC
+    // (src/slurmd/slurmd/req.c, "REQUEST_LAUNCH_PROLOG notification failed"): with 150 launches
+    // per node at once on 2 cores the default 10 s outlasted it once (CI 2026-12-04: n2 drained
+    // "Prolog error", 257 of 300 ran) — Slurm's launch path under load, not kace's prolog.
+    .slurm_conf_line("MessageTimeout=30")
     .start()
     .unwrap();
     let dir = c.dir().to_path_buf();
