@@ -502,7 +502,8 @@ pub fn run(say: &mut dyn FnMut(&str)) -> Result<(Recorded, String), HarnessError
     let conf_path = dir.join("etc/kace.conf");
     std::fs::write(&conf_path, conf).map_err(|e| err("couldn't write kace.conf", e))?;
     std::fs::create_dir_all(dir.join("samples")).map_err(|e| err("couldn't mkdir samples", e))?;
-    let _sampler = setup::start_sampler(&conf_path, DEMO_NVML, &dir.join("log/kace-sampler.log"))?;
+    let _sampler =
+        setup::start_sampler(&conf_path, Some(DEMO_NVML), &dir.join("log/kace-sampler.log"))?;
     write_exec(&dir.join("fake-mps"), &setup::fake_mps_script(&dir))?;
     std::fs::create_dir_all(dir.join("demo/on-gpu")).map_err(|e| err("couldn't mkdir demo", e))?;
     std::fs::write(dir.join("demo/rates"), rates_table())

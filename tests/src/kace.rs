@@ -193,17 +193,23 @@ impl Drop for Sampler {
     }
 }
 
-/// Starts `kace-sampler --config CONF` reading the fake NVML `fake_nvml` (a
-/// `KACE_FAKE_NVML` spec, `kace_profiling::nvml::FakeSampler::from_spec`), its log in `log`.
-pub fn start_sampler(conf: &Path, fake_nvml: &str, log: &Path) -> Result<Sampler, HarnessError> {
+/// Starts `kace-sampler --config CONF`, its log in `log`, reading the fake NVML `fake_nvml` (a
+/// `KACE_FAKE_NVML` spec, `kace_profiling::nvml::FakeSampler::from_spec`) or, with `None`, the
+/// real NVML (on a machine without a driver the sampler then only caps progress files).
+pub fn start_sampler(
+    conf: &Path,
+    fake_nvml: Option<&str>,
+    log: &Path,
+) -> Result<Sampler, HarnessError> {
     let stderr = std::fs::File::create(log)
         .map_err(|e| HarnessError::Plugin(format!("couldn't create {}: {e}", log.display())))?;
-    Command::new(bin_dir()?.join("kace-sampler"))
-        .arg("--config")
-        .arg(conf)
-        .env("KACE_FAKE_NVML", fake_nvml)
-        .stderr(stderr)
-        .spawn()
+    let mut cmd = Command::new(bin_dir()?.join("kace-sampler"));
+    cmd.arg("--config").arg(conf).stderr(stderr);
+    match fake_nvml {
+        Some(spec) => cmd.env("KACE_FAKE_NVML", spec),
+        None => cmd.env_remove("KACE_FAKE_NVML"),
+    };
+    cmd.spawn()
         .map(Sampler)
         .map_err(|e| HarnessError::Plugin(format!("couldn't start kace-sampler: {e}")))
 }

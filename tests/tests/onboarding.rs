@@ -108,17 +108,9 @@ fn a_new_workload_profiles_itself_alone_is_paired_and_cannot_crash_its_partner()
     .clone();
     let v = |i: usize| model.values[i].unwrap();
     let memcap_mib = (v(9) * 1024.0).round() as u64;
-    let _sampler = common::Sampler(
-        Command::new(setup::bin_dir().unwrap().join("kace-sampler"))
-            .args(["--config", conf.to_str().unwrap()])
-            .env(
-                "KACE_FAKE_NVML",
-                format!("gpu=Fake;idle_w=50;busy_w=250;samples={},{},{memcap_mib}", v(7), v(8)),
-            )
-            .stderr(std::fs::File::create(dir.join("log/kace-sampler.log")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let fake = format!("gpu=Fake;idle_w=50;busy_w=250;samples={},{},{memcap_mib}", v(7), v(8));
+    let _sampler =
+        setup::start_sampler(&conf, Some(&fake), &dir.join("log/kace-sampler.log")).unwrap();
 
     let select = || {
         json(

@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::{field, json, kace};
@@ -70,13 +69,7 @@ fn a_hard_linked_progress_file_is_capped_by_a_sampler_without_nvml() {
     std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o1777)).unwrap();
     let log = dir.join("log/kace-sampler.log");
     // No KACE_FAKE_NVML: this machine has no NVML, so the sampler only caps.
-    let _sampler = common::Sampler(
-        Command::new(setup::bin_dir().unwrap().join("kace-sampler"))
-            .args(["--config", conf.to_str().unwrap()])
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let _sampler = setup::start_sampler(&conf, None, &log).unwrap();
 
     let (lead_w, _) = common::lead_with_candidates(&dir.join("kace.db"), 1);
     // Appends through the link ([`APPEND`]; the rate only changes how far past the cap one

@@ -198,13 +198,3 @@ pub fn percentile(v: &mut [f64], p: f64) -> f64 {
 pub fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
-
-/// A `kace-sampler` process, stopped when dropped.
-pub struct Sampler(pub std::process::Child);
-
-impl Drop for Sampler {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
