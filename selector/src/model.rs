@@ -222,17 +222,17 @@ impl Predictor for Model {
         match self {
             Model::Linear { .. } => crate::selection::predict_each(self, members, objective),
             // Both from one prediction of the slowdowns: the prolog scores every candidate so.
-            Model::Slowdown(m) => {
-                if objective == Objective::Energy {
+            Model::Slowdown(m) => match objective {
+                Objective::ThroughputSum => m.sum_and_progress(members),
+                Objective::NormalisedProgress => {
+                    let progress = m.normalised_progress(members);
+                    (progress, progress)
+                }
+                Objective::Energy => {
                     let s = m.slowdowns(members);
-                    return (energy_of(members, &s), s.iter().sum());
+                    (energy_of(members, &s), s.iter().sum())
                 }
-                let (sum, progress) = m.sum_and_progress(members);
-                match objective {
-                    Objective::ThroughputSum => (sum, progress),
-                    Objective::NormalisedProgress | Objective::Energy => (progress, progress),
-                }
-            }
+            },
         }
     }
 }
