@@ -88,7 +88,7 @@ pub fn run(args: ModelArgs, ctx: &Ctx) -> Result<()> {
             let db = ctx.open_read_only()?;
             let m = match version {
                 Some(v) => db.model(v)?,
-                None => db.active_model()?.ok_or(kace_sql::Error::NoActiveModel)?,
+                None => db.active_model_record()?.ok_or(kace_sql::Error::NoActiveModel)?,
             };
             if ctx.json() {
                 return print_json(&serde_json::to_value(&m)?);
@@ -104,7 +104,7 @@ pub fn run(args: ModelArgs, ctx: &Ctx) -> Result<()> {
                 m.model.training_size, m.model.training_digest
             );
             println!("metrics: {}", m.model.metrics);
-            let model = kace_sql::decide::model_from_record(&m)?;
+            let model = kace_sql::convert::model_from_record(&m)?;
             print!("{}", coefficient_tables(&model));
             Ok(())
         }

@@ -5,7 +5,7 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use kace_sql::decide::{decide, JobSpec};
+use kace_node::read_path::{decide_from_store, JobSpec};
 use serde_json::json;
 
 use crate::context::{num, print_json, Ctx};
@@ -51,7 +51,14 @@ pub fn run(args: SelectArgs, ctx: &Ctx) -> Result<()> {
     let specs: Vec<JobSpec> = args.candidates.iter().map(|w| JobSpec::anyone(w.trim())).collect();
     let db = ctx.open_read_only()?;
     let policy = ctx.config.policy();
-    let d = decide(&db, &running, &specs, &policy, args.gpu_memory, args.gpu_model.as_deref())?;
+    let d = decide_from_store(
+        &db,
+        &running,
+        &specs,
+        &policy,
+        args.gpu_memory,
+        args.gpu_model.as_deref(),
+    )?;
     let lead = args.lead.join("+");
     let chosen = d.selection.chosen.map(|i| specs[i].workload.clone());
     if ctx.json() {

@@ -16,7 +16,8 @@ use kace_simulator::onboarding::{new_workload_cost, NewWorkloadCost, Summary, Tr
 use kace_simulator::plot::comparison_svg;
 use kace_simulator::trace::write_trace;
 use kace_simulator::{
-    generate, read_trace, simulate, train_kace, Job, Metrics, Outcome, Policy, PolicyKind, Ratios,
+    generate, read_trace, simulate, train_kace, Job, Metrics, Outcome, PairingPolicy, PolicyKind,
+    Ratios,
     TraceSpec, UserMix, World, DEFAULT_WINDOW,
 };
 use serde_json::{json, Map, Value};
@@ -245,16 +246,16 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
         distinct_users = distinct_users.max(users);
         for r in runs.iter_mut() {
             let policy = match r.kind {
-                PolicyKind::Exclusive => Policy::exclusive(&world),
-                PolicyKind::QueueOrder => Policy::queue_order(&world),
-                PolicyKind::Memcap => Policy::memcap(&world, &rules),
-                PolicyKind::Oracle => Policy::oracle(&world, &rules),
+                PolicyKind::Exclusive => PairingPolicy::exclusive(&world),
+                PolicyKind::QueueOrder => PairingPolicy::queue_order(&world),
+                PolicyKind::Memcap => PairingPolicy::memcap(&world, &rules),
+                PolicyKind::Oracle => PairingPolicy::oracle(&world, &rules),
                 PolicyKind::Kace | PolicyKind::KaceAtStart => {
                     let k = trained.as_ref().context("couldn't simulate: no kace model")?;
                     let p = if r.kind == PolicyKind::Kace {
-                        Policy::kace(&world, &k.model, &rules)
+                        PairingPolicy::kace(&world, &k.model, &rules)
                     } else {
-                        Policy::kace_at_start(&world, &k.model, &rules)
+                        PairingPolicy::kace_at_start(&world, &k.model, &rules)
                     };
                     p.with_seen_pairs(&world, &k.fit_pairs)
                 }
@@ -272,7 +273,7 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
         }
         // The same trace under kace with MPS's user setting the other way round.
         if let (true, Some(k)) = (kinds.contains(&PolicyKind::Kace), &trained) {
-            let policy = Policy::kace(&world, &k.model, &rules).multi_user(!args.multi_user);
+            let policy = PairingPolicy::kace(&world, &k.model, &rules).multi_user(!args.multi_user);
             let o = simulate(&world, &policy, &jobs, gpus, args.window)
                 .context("couldn't simulate kace with the other MPS user setting")?;
             let m = Metrics::of(&o);

@@ -8,7 +8,7 @@
 //!    next free GPU, oldest first. Without the nodes' list they go to Slurm unpinned;
 //! 2. held jobs are offered to OPEN GPUs (kace jobs starting or running, fewer than
 //!    `selection.max_jobs_per_gpu`, nothing on its way there): the one decision
-//!    ([`kace_sql::decide::decide`] → `kace_selector::decision::decide`) chooses among them;
+//!    ([`crate::read_path::decide_from_store`] → `kace_selector::decision::decide`) chooses among them;
 //!    a lead that starts (PrologSlurmctld's nudge) gets its partner here, a GPU left by an
 //!    ending job (EpilogSlurmctld's) its refill;
 //! 3. the oldest held jobs are released as leads onto FREE GPUs (no kace job), one each.
@@ -26,11 +26,11 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::read_path::{decide_from_store, JobSpec};
 use kace_config::Config;
 use kace_layout::GpuIndex;
 use kace_log::Logger;
 use kace_selector::decision::Policy;
-use kace_sql::decide::{decide, JobSpec};
 use kace_sql::spool::{
     release_key, unpark, withdraw_decision, write_or_park, ReleaseKind, SpooledDecision, Written,
 };
@@ -818,46 +818,48 @@ pub fn run(
         );
     }
     // The decision for one open GPU among `cands` (indices into `held`).
-    let choose =
-        |slot: &Slot, cands: &[usize], policy: &Policy| -> std::result::Result<Chosen, NoChoice> {
-            let (Some(db), Some(mem)) = (db.as_ref(), s.gpu_memory_gib) else {
-                return Ok(Chosen::default());
-            };
-            let spec = |w: &str, u: &str| JobSpec {
-                workload: w.to_string(),
-                user: Some(u.to_string()).filter(|u| !u.is_empty()),
-            };
-            let running: Vec<JobSpec> =
-                slot.jobs.iter().map(|m| spec(&m.workload, &m.user)).collect();
-            let specs: Vec<JobSpec> =
-                cands.iter().map(|&i| spec(&held[i].workload, &held[i].user)).collect();
-            let d = decide(db, &running, &specs, policy, Some(mem), None).map_err(|e| match e {
-                // A workload on the GPU that cannot be paired yet is no failure: no joiner.
-                kace_sql::Error::NoProfile { .. } | kace_sql::Error::TooFewAloneRuns { .. } => {
-                    Unpaired(e.to_string())
-                }
-                e => Failed(e.to_string()),
-            })?;
-            let records = cands
+    let choose = |slot: &Slot,
+                  cands: &[usize],
+                  policy: &Policy|
+     -> std::result::Result<Chosen, NoChoice> {
+        let (Some(db), Some(mem)) = (db.as_ref(), s.gpu_memory_gib) else {
+            return Ok(Chosen::default());
+        };
+        let spec = |w: &str, u: &str| JobSpec {
+            workload: w.to_string(),
+            user: Some(u.to_string()).filter(|u| !u.is_empty()),
+        };
+        let running: Vec<JobSpec> = slot.jobs.iter().map(|m| spec(&m.workload, &m.user)).collect();
+        let specs: Vec<JobSpec> =
+            cands.iter().map(|&i| spec(&held[i].workload, &held[i].user)).collect();
+        let d = decide_from_store(db, &running, &specs, policy, Some(mem), None).map_err(|e| {
+            // A workload on the GPU that cannot be paired yet is no failure: no joiner.
+            if e.is_unpaired() {
+                Unpaired(e.to_string())
+            } else {
+                Failed(e.to_string())
+            }
+        })?;
+        let records = cands
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| DecisionCandidate {
+                prediction: d.selection.verdicts.get(k).and_then(|v| v.prediction),
+                rejected: d.reason(k),
+                ..candidate_record(held[i], now, prio[i])
+            })
+            .collect();
+        Ok(Chosen {
+            ranked: d.ranked.iter().map(|&k| cands[k]).collect(),
+            records,
+            model_version: Some(d.model_version),
+            progress: cands
                 .iter()
                 .enumerate()
-                .map(|(k, &i)| DecisionCandidate {
-                    prediction: d.selection.verdicts.get(k).and_then(|v| v.prediction),
-                    rejected: d.reason(k),
-                    ..candidate_record(held[i], now, prio[i])
-                })
-                .collect();
-            Ok(Chosen {
-                ranked: d.ranked.iter().map(|&k| cands[k]).collect(),
-                records,
-                model_version: Some(d.model_version),
-                progress: cands
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(k, &i)| Some((i, d.selection.verdicts.get(k)?.progress?)))
-                    .collect(),
-            })
-        };
+                .filter_map(|(k, &i)| Some((i, d.selection.verdicts.get(k)?.progress?)))
+                .collect(),
+        })
+    };
     // Whether held job `i` may go to slot `k` under the site's policies.
     let fits = |i: usize, slot: &Slot| {
         wants[i]

@@ -755,7 +755,7 @@ fn check_database(config: &Config, role: Role) -> Vec<Finding> {
             let schema = db.schema_version().unwrap_or(-1);
             let mut out =
                 vec![Finding::ok("database", format!("{}: schema {schema}", path.display()))];
-            out.push(match db.active_model() {
+            out.push(match db.active_model_record() {
                 Ok(Some(m)) => Finding::ok("model", format!("active model version {}", m.version)),
                 Ok(None) => Finding::warn(
                     "model",

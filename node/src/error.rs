@@ -135,6 +135,82 @@ impl From<kace_sql::Error> for Error {
     }
 }
 
+/// Why the read path ([`crate::read_path::decide_from_store`]) decided nothing.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ReadPathError {
+    /// The store could not be read, has no active model, or its active model is unusable.
+    Store(kace_sql::Error),
+    /// The active model was trained for an objective that cannot predict the configured one.
+    WrongObjective {
+        /// The active model's version.
+        version: i64,
+        /// Its kind (`slowdown`, `linear`).
+        kind: &'static str,
+        /// The configured objective (`selection.objective`).
+        objective: &'static str,
+    },
+    /// A workload on the GPU has no complete profile.
+    NoProfile {
+        /// The workload.
+        workload: String,
+        /// The features still unknown (empty: no profile at all).
+        missing: Vec<&'static str>,
+    },
+    /// A workload on the GPU whose profile only kace observed, in fewer alone runs than
+    /// `profile.min_alone_runs`: it is not paired yet, so that its runs keep measuring it.
+    TooFewAloneRuns {
+        /// The workload.
+        workload: String,
+        /// Alone runs observed.
+        runs: u32,
+        /// Alone runs needed.
+        needed: u32,
+    },
+}
+
+impl ReadPathError {
+    /// Whether the GPU simply cannot take a joiner yet (a workload on it is not profiled well
+    /// enough to pair), as opposed to a failure of the read.
+    pub fn is_unpaired(&self) -> bool {
+        matches!(self, ReadPathError::NoProfile { .. } | ReadPathError::TooFewAloneRuns { .. })
+    }
+}
+
+impl fmt::Display for ReadPathError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadPathError::Store(e) => e.fmt(f),
+            ReadPathError::WrongObjective { version, kind, objective } => write!(
+                f,
+                "couldn't use model version {version}: a {kind} model trained for another \
+                 objective cannot predict {objective}"
+            ),
+            ReadPathError::NoProfile { workload, missing } if missing.is_empty() => {
+                write!(f, "couldn't find a profile for workload {workload:?}")
+            }
+            ReadPathError::NoProfile { workload, missing } => write!(
+                f,
+                "couldn't use the profile of workload {workload:?}: missing {}",
+                missing.join(", ")
+            ),
+            ReadPathError::TooFewAloneRuns { workload, runs, needed } => write!(
+                f,
+                "couldn't pair workload {workload:?} yet: observed alone in {runs} of the \
+                 {needed} runs needed (profile.min_alone_runs)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ReadPathError {}
+
+impl From<kace_sql::Error> for ReadPathError {
+    fn from(e: kace_sql::Error) -> ReadPathError {
+        ReadPathError::Store(e)
+    }
+}
+
 /// The crate's result type.
 pub type Result<T> = std::result::Result<T, Error>;
 

@@ -15,6 +15,8 @@
 //! - [`measure`]: the profile measurement of a job's alone intervals (sampler readings, progress).
 //! - [`dispatch`]: the decider, the one process that moves kace jobs; [`decider_state`] what it
 //!   remembers; [`nudge`] how slurmctld's events wake it.
+//! - [`read_path`]: the store's side of every decision (model, profiles, failed pairs), then
+//!   the selector's one decision.
 //! - [`prolog`], [`epilog`]: the node hooks (set up and observe; they move no job).
 //! - [`doctor`]: `kace doctor`'s checks of a node's or the controller's setup.
 //! - [`hook`]: the binaries' shell around the prolog and epilog (panic guard, watchdog, backends).
@@ -43,6 +45,7 @@ pub mod nudge;
 pub mod placement;
 pub mod priority;
 pub mod prolog;
+pub mod read_path;
 pub mod slurm;
 pub mod slurm_json;
 pub mod slurmd;

@@ -13,12 +13,13 @@ use kace_node::env::JobEnv;
 use kace_node::error::{Error, ExecError, Result};
 use kace_node::gpu::GpuInfo;
 use kace_node::mps::MpsControl;
+use kace_node::read_path::{decide_from_store, JobSpec};
 use kace_node::slurm::{GresAlloc, JobDetail, NodeGpus, QueuedJob, RunningJob, Slurm, Target};
 use kace_node::slurmd::HookHost;
 use kace_node::{dispatch, epilog, prolog, Clock, Node};
 use kace_selector::dataset::Group;
 use kace_selector::{Model, ModelKind, Objective, Profile, SlowdownParams};
-use kace_sql::decide::{decide, model_to_new_model, JobSpec};
+use kace_sql::convert::model_to_new_model;
 use kace_sql::spool::{spooled_decisions, ReleaseKind};
 use kace_sql::{Db, NewProfile, FEATURE_COUNT};
 use kace_test_support::TempDir;
@@ -435,7 +436,8 @@ impl World {
             .map(|c| JobSpec { workload: c.workload.clone(), user: Some(c.user.clone()) })
             .collect();
         let running = [JobSpec { workload: lead.into(), user: Some("alice".into()) }];
-        let d = decide(&db, &running, &specs, &self.config.policy(), Some(32.0), None).unwrap();
+        let d = decide_from_store(&db, &running, &specs, &self.config.policy(), Some(32.0), None)
+            .unwrap();
         d.selection.chosen.map(|i| cands[i].id)
     }
 }
@@ -1556,7 +1558,7 @@ fn an_unprofiled_workload_profiles_itself_alone_and_then_is_a_candidate() {
         let db = Db::open_read_only(&w.config.database.path).unwrap();
         let cand = [JobSpec { workload: "newbie".into(), user: Some("alice".into()) }];
         let lead = [JobSpec { workload: "alpha".into(), user: Some("alice".into()) }];
-        let d = decide(&db, &lead, &cand, &w.config.policy(), Some(32.0), None).unwrap();
+        let d = decide_from_store(&db, &lead, &cand, &w.config.policy(), Some(32.0), None).unwrap();
         (d.reason(0), d.selection.verdicts[0].prediction)
     };
     let (reason, _) = verdict(&w);
@@ -1613,7 +1615,7 @@ fn an_unprofiled_workload_profiles_itself_alone_and_then_is_a_candidate() {
     let db = Db::open_read_only(&w.config.database.path).unwrap();
     let lead = [JobSpec { workload: "newbie".into(), user: Some("alice".into()) }];
     let cand = [JobSpec { workload: "alpha".into(), user: Some("alice".into()) }];
-    let e = decide(&db, &lead, &cand, &w.config.policy(), Some(32.0), None).unwrap_err();
+    let e = decide_from_store(&db, &lead, &cand, &w.config.policy(), Some(32.0), None).unwrap_err();
     assert!(e.to_string().contains("observed alone in 1 of the 2 runs needed"), "{e}");
 }
 
@@ -1826,7 +1828,7 @@ fn a_profile_without_kernel_metrics_is_a_candidate_and_a_missing_system_metric_i
         .unwrap();
     let db = Db::open_read_only(&w.config.database.path).unwrap();
     let spec = |w: &str| JobSpec { workload: w.into(), user: Some("alice".into()) };
-    let d = decide(
+    let d = decide_from_store(
         &db,
         &[spec("alpha")],
         &[spec("sysonly"), spec("half")],

@@ -9,10 +9,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use kace_config::Config;
 use kace_layout::progress_file;
+use kace_node::read_path::{decide_from_store, JobSpec};
 use kace_node::slurm::{QueuedJob, Slurm};
 use kace_selector::decision::Policy;
 use kace_selector::{Member, Model, Objective, Predictor, Profile};
-use kace_sql::decide::{decide, model_from_record, selector_profile, JobSpec};
+use kace_sql::convert::{model_from_record, selector_profile};
 use kace_sql::Db;
 use serde::Serialize;
 
@@ -181,8 +182,8 @@ pub struct Options {
 const MAX_GPU_READS: usize = 32;
 
 /// Reads the active model's summary and decoded model.
-pub fn active_model(db: &Db) -> Result<Option<(ModelSummary, Model)>> {
-    let Some(rec) = db.active_model()? else { return Ok(None) };
+pub fn active_model_summary(db: &Db) -> Result<Option<(ModelSummary, Model)>> {
+    let Some(rec) = db.active_model_record()? else { return Ok(None) };
     let model = model_from_record(&rec)?;
     let summary = ModelSummary {
         version: rec.version,
@@ -235,7 +236,7 @@ pub fn gather(
 
     let (model, profiles) = match db {
         Some(db) => {
-            let model = active_model(db).unwrap_or_else(|e| {
+            let model = active_model_summary(db).unwrap_or_else(|e| {
                 problems.push(format!("couldn't read the active model: {e}"));
                 None
             });
@@ -477,7 +478,7 @@ fn would_pair_with(
     let specs: Vec<JobSpec> =
         others.iter().map(|j| JobSpec { workload: j.workload.clone(), user: user(j) }).collect();
     let running = [JobSpec { workload: lead.workload.clone(), user: user(lead) }];
-    match decide(db, &running, &specs, policy, gpu_memory_gib, None) {
+    match decide_from_store(db, &running, &specs, policy, gpu_memory_gib, None) {
         Ok(d) => match d.selection.chosen {
             Some(c) => {
                 let j = others[c];

@@ -12,7 +12,7 @@ use kace_selector::dataset::read_colocations;
 use kace_selector::{Feature, Profile, SelectionRules, FEATURE_COUNT};
 use kace_simulator::world::MeasuredPair;
 use kace_simulator::{
-    generate, simulate, train_kace, Policy, PolicyKind, TraceSpec, World, DEFAULT_WINDOW,
+    generate, simulate, train_kace, PairingPolicy, PolicyKind, TraceSpec, World, DEFAULT_WINDOW,
 };
 
 /// The artifact's world and a kace model trained on seed 10's split, or a synthetic world of
@@ -77,12 +77,14 @@ fn main() {
         let jobs = generate(&world, &TraceSpec::new(100 * gpus, load, gpus, 1)).expect("trace");
         for &kind in kinds {
             let policy = match (kind, &model) {
-                (PolicyKind::Exclusive, _) => Policy::exclusive(&world),
-                (PolicyKind::QueueOrder, _) => Policy::queue_order(&world),
-                (PolicyKind::Memcap, _) => Policy::memcap(&world, &rules),
-                (PolicyKind::Oracle, _) => Policy::oracle(&world, &rules),
-                (PolicyKind::Kace, Some(m)) => Policy::kace(&world, m, &rules),
-                (PolicyKind::KaceAtStart, Some(m)) => Policy::kace_at_start(&world, m, &rules),
+                (PolicyKind::Exclusive, _) => PairingPolicy::exclusive(&world),
+                (PolicyKind::QueueOrder, _) => PairingPolicy::queue_order(&world),
+                (PolicyKind::Memcap, _) => PairingPolicy::memcap(&world, &rules),
+                (PolicyKind::Oracle, _) => PairingPolicy::oracle(&world, &rules),
+                (PolicyKind::Kace, Some(m)) => PairingPolicy::kace(&world, m, &rules),
+                (PolicyKind::KaceAtStart, Some(m)) => {
+                    PairingPolicy::kace_at_start(&world, m, &rules)
+                }
                 (PolicyKind::Kace | PolicyKind::KaceAtStart, None) => continue,
             };
             let t = Instant::now();

@@ -35,7 +35,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
 use crate::error::SimError;
 use crate::metrics::Timeline;
-use crate::policy::{Policy, PolicyKind};
+use crate::policy::{PairingPolicy, PolicyKind};
 use crate::trace::{Job, UserId};
 use crate::world::{PairKind, WorkloadId, World};
 use kace_selector::energy::group_power;
@@ -136,7 +136,7 @@ struct JobState {
 
 struct Sim<'a> {
     world: &'a World,
-    policy: &'a Policy,
+    policy: &'a PairingPolicy,
     jobs: &'a [Job],
     window: usize,
     now: f64,
@@ -177,7 +177,7 @@ struct Sim<'a> {
 /// pending jobs. Jobs need not be sorted by submission time.
 pub fn simulate(
     world: &World,
-    policy: &Policy,
+    policy: &PairingPolicy,
     jobs: &[Job],
     gpus: usize,
     window: usize,
@@ -641,7 +641,7 @@ mod tests {
         let w = tiny_world();
         // a alone: 10 steps/s, b alone: 5 steps/s.
         let jobs = [job(&w, 0.0, "a", 100.0), job(&w, 0.0, "b", 50.0), job(&w, 1.0, "a", 50.0)];
-        let o = simulate(&w, &Policy::exclusive(&w), &jobs, 2, 8).unwrap();
+        let o = simulate(&w, &PairingPolicy::exclusive(&w), &jobs, 2, 8).unwrap();
         // Both GPUs free at t = 10; job 0's completion comes first (lower index), job 2 takes
         // its GPU and runs 50 / 10 = 5 s.
         assert_times(&o.start, &[0.0, 0.0, 10.0]);
@@ -664,7 +664,7 @@ mod tests {
             job(&w, 0.0, "c", 8.0),
             job(&w, 0.0, "b", 30.0),
         ];
-        let o = simulate(&w, &Policy::queue_order(&w), &jobs, 1, 8).unwrap();
+        let o = simulate(&w, &PairingPolicy::queue_order(&w), &jobs, 1, 8).unwrap();
         // t=0: a leads, b joins: a 6, b 4 steps/s; b ends at 40 / 4 = 10 with a at 60 left.
         // t=10: the head, c, joins a and runs out of memory (10 + 25 > 32 GiB); the next b
         // joins: a 6, b 4; b ends at 10 + 30 / 4 = 17.5, a has 60 − 45 = 15 left.
@@ -684,7 +684,7 @@ mod tests {
         let w = tiny_world();
         // a beside b progresses 6/10 + 4/5 = 1.4 of one job alone, b beside b 3/5 + 3/5 = 1.2.
         let strict = SelectionRules { min_gain: 0.3, ..rules() };
-        let o = Policy::oracle(&w, &strict);
+        let o = PairingPolicy::oracle(&w, &strict);
         let jobs = [job(&w, 0.0, "b", 30.0), job(&w, 0.0, "a", 60.0), job(&w, 0.0, "b", 30.0)];
         let r = simulate(&w, &o, &jobs, 1, 8).unwrap();
         // t=0: b leads and takes a (1.4 > 1.3), not b (1.2): b ends at 30 / 4 = 7.5, a has 15
@@ -697,7 +697,7 @@ mod tests {
         let bb = [job(&w, 0.0, "b", 30.0), job(&w, 0.0, "b", 30.0)];
         let r = simulate(&w, &o, &bb, 1, 8).unwrap();
         assert_times(&r.finish, &[6.0, 12.0]);
-        let r = simulate(&w, &Policy::oracle(&w, &rules()), &bb, 1, 8).unwrap();
+        let r = simulate(&w, &PairingPolicy::oracle(&w, &rules()), &bb, 1, 8).unwrap();
         assert_times(&r.finish, &[10.0, 10.0]);
     }
 
@@ -712,8 +712,8 @@ mod tests {
     #[test]
     fn kace_at_start_neither_refills_nor_takes_late_arrivals() {
         let w = tiny_world();
-        let deployed = Policy::kace(&w, &Optimist, &rules());
-        let at_start = Policy::kace_at_start(&w, &Optimist, &rules());
+        let deployed = PairingPolicy::kace(&w, &Optimist, &rules());
+        let at_start = PairingPolicy::kace_at_start(&w, &Optimist, &rules());
         // A late arrival: a leads alone at t=0, b arrives at t=2.
         let late = [job(&w, 0.0, "a", 100.0), job(&w, 2.0, "b", 20.0)];
         let o = simulate(&w, &deployed, &late, 1, 8).unwrap();
@@ -736,7 +736,7 @@ mod tests {
         let mine = |submit, wl, steps, user| Job { user, ..job(&w, submit, wl, steps) };
         // a (user 0) leads; b of user 1 is held, then b of user 0 arrives at t = 1.
         let jobs = [mine(0.0, "a", 100.0, 0), mine(0.0, "b", 20.0, 1), mine(1.0, "b", 20.0, 0)];
-        let rule = Policy::kace(&w, &Optimist, &rules());
+        let rule = PairingPolicy::kace(&w, &Optimist, &rules());
         let o = simulate(&w, &rule, &jobs, 1, 8).unwrap();
         // User 1's b never joins a: user 0's later b does (an open GPU, under the rule's index).
         assert_eq!(o.start[2], 1.0, "{o:?}");
@@ -744,7 +744,7 @@ mod tests {
         let multi = simulate(&w, &rule.multi_user(true), &jobs, 1, 8).unwrap();
         assert_eq!(multi.start[1], 0.0, "{multi:?}");
         // Queue order (Slurm's plain shards) pairs whoever is next.
-        let q = simulate(&w, &Policy::queue_order(&w), &jobs, 1, 8).unwrap();
+        let q = simulate(&w, &PairingPolicy::queue_order(&w), &jobs, 1, 8).unwrap();
         assert_eq!(q.start[1], 0.0, "{q:?}");
     }
 
@@ -752,7 +752,7 @@ mod tests {
     fn the_window_bounds_the_candidates_and_open_gpus_get_later_entrants() {
         let w = tiny_world();
         let jobs = [job(&w, 0.0, "a", 100.0), job(&w, 1.0, "c", 4.0), job(&w, 2.0, "b", 20.0)];
-        let memcap = Policy::memcap(&w, &rules());
+        let memcap = PairingPolicy::memcap(&w, &rules());
         // Window 1: c (does not fit) blocks b from a's view until a ends at 10.
         let o = simulate(&w, &memcap, &jobs, 1, 1).unwrap();
         assert_times(&o.start, &[0.0, 10.0, 11.0]);
@@ -770,7 +770,7 @@ mod tests {
     fn bad_configurations_are_errors() {
         let w = tiny_world();
         let jobs = [job(&w, 0.0, "a", 1.0)];
-        let p = Policy::exclusive(&w);
+        let p = PairingPolicy::exclusive(&w);
         assert!(matches!(simulate(&w, &p, &jobs, 0, 8), Err(SimError::Config(_))));
         assert!(matches!(simulate(&w, &p, &jobs, 1, 0), Err(SimError::Config(_))));
         assert!(matches!(simulate(&w, &p, &[], 1, 8), Err(SimError::Config(_))));
@@ -794,11 +794,11 @@ mod tests {
             ] {
                 let jobs = generate(&w, &spec).unwrap();
                 for p in [
-                    Policy::exclusive(&w),
-                    Policy::queue_order(&w),
-                    Policy::memcap(&w, &rules()),
-                    Policy::oracle(&w, &rules()),
-                    Policy::oracle(&w, &rules()).multi_user(true),
+                    PairingPolicy::exclusive(&w),
+                    PairingPolicy::queue_order(&w),
+                    PairingPolicy::memcap(&w, &rules()),
+                    PairingPolicy::oracle(&w, &rules()),
+                    PairingPolicy::oracle(&w, &rules()).multi_user(true),
                 ] {
                     let o = simulate(&w, &p, &jobs, gpus, window).unwrap();
                     assert!(o.finish.iter().all(|f| f.is_finite()));
@@ -812,10 +812,10 @@ mod tests {
         let w = tiny_world();
         let jobs = generate(&w, &TraceSpec::new(3_000, 1.5, 16, 9)).unwrap();
         for p in [
-            Policy::exclusive(&w),
-            Policy::queue_order(&w),
-            Policy::memcap(&w, &rules()),
-            Policy::oracle(&w, &rules()),
+            PairingPolicy::exclusive(&w),
+            PairingPolicy::queue_order(&w),
+            PairingPolicy::memcap(&w, &rules()),
+            PairingPolicy::oracle(&w, &rules()),
         ] {
             let o = simulate(&w, &p, &jobs, 16, 8).unwrap();
             for (i, j) in jobs.iter().enumerate() {

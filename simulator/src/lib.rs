@@ -33,6 +33,6 @@ pub use engine::{simulate, Outcome, DEFAULT_WINDOW};
 pub use error::SimError;
 pub use metrics::{Metrics, Ratios};
 pub use model::{train_kace, TrainedKace};
-pub use policy::{Policy, PolicyKind};
+pub use policy::{PairingPolicy, PolicyKind};
 pub use trace::{generate, read_trace, Job, TraceSpec, UserId, UserMix};
 pub use world::{PairKind, WorkloadId, World};

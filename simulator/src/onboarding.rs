@@ -15,7 +15,7 @@ use crate::engine::simulate;
 use crate::error::SimError;
 use crate::metrics::Metrics;
 use crate::model::{deployed, KACE_N_OCCUR};
-use crate::policy::Policy;
+use crate::policy::PairingPolicy;
 use crate::trace::Job;
 use crate::world::{PairKind, WorkloadId, World};
 
@@ -70,7 +70,7 @@ fn trained(
 
 fn treatment(
     world: &World,
-    policy: &Policy,
+    policy: &PairingPolicy,
     jobs: &[Job],
     gpus: usize,
     window: usize,
@@ -105,7 +105,7 @@ fn treatment(
 
 /// Runs `jobs` under kace with `workload` known and new (see the module docs). The model is
 /// trained on the paper's n_occur = 3 split for `model_seed`; `rules` are kace's, and
-/// `multi_user` is `mps.multi_user` ([`Policy::multi_user`]).
+/// `multi_user` is `mps.multi_user` ([`PairingPolicy::multi_user`]).
 #[allow(clippy::too_many_arguments)]
 pub fn new_workload_cost(
     data: &ColocationData,
@@ -126,12 +126,12 @@ pub fn new_workload_cost(
         return Err(SimError::Config(format!("the trace has no job of {workload}")));
     }
     let known_model = trained(data, model_seed, None, rules.objective)?;
-    let known_policy = Policy::kace(world, &known_model, rules).multi_user(multi_user);
+    let known_policy = PairingPolicy::kace(world, &known_model, rules).multi_user(multi_user);
     let known = treatment(world, &known_policy, jobs, gpus, window, w, first_jobs)?;
     let new_model = trained(data, model_seed, Some(workload), rules.objective)?;
     // The decisions see the system profile; the run itself is the same ground truth.
     let new_policy =
-        Policy::kace(&world.with_system_only(w), &new_model, rules).multi_user(multi_user);
+        PairingPolicy::kace(&world.with_system_only(w), &new_model, rules).multi_user(multi_user);
     let new = treatment(world, &new_policy, jobs, gpus, window, w, first_jobs)?;
     Ok(NewWorkloadCost { workload: workload.to_string(), first_jobs, known, new })
 }

@@ -9,7 +9,7 @@ use kace_selector::{Objective, Predictor, SelectionRules};
 use crate::trace::UserId;
 use crate::world::{PairKind, WorkloadId, World};
 
-/// Which policy a [`Policy`] implements.
+/// Which policy a [`PairingPolicy`] implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PolicyKind {
     /// One job per GPU, first come first served: the baseline.
@@ -62,7 +62,7 @@ impl PolicyKind {
 /// candidate may not join a GPU running `first`, else its merit (higher is better; ties go to
 /// the earlier job in the queue).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Policy {
+pub struct PairingPolicy {
     kind: PolicyKind,
     n: usize,
     score: Vec<Option<f64>>,
@@ -74,12 +74,12 @@ pub struct Policy {
     same_user: bool,
 }
 
-impl Policy {
+impl PairingPolicy {
     fn table(
         kind: PolicyKind,
         world: &World,
         f: impl Fn(WorkloadId, WorkloadId) -> Option<f64>,
-    ) -> Policy {
+    ) -> PairingPolicy {
         let n = world.len();
         let mut score = Vec::with_capacity(n * n);
         for a in 0..n {
@@ -93,24 +93,24 @@ impl Policy {
         // The policies that run on kace's MPS set-up keep MPS's same-user rule; Slurm's plain
         // shards (queue order) pair whoever comes next.
         let same_user = !matches!(kind, PolicyKind::Exclusive | PolicyKind::QueueOrder);
-        Policy { kind, n, score, seen: Vec::new(), same_user }
+        PairingPolicy { kind, n, score, seen: Vec::new(), same_user }
     }
 
     /// No sharing.
-    pub fn exclusive(world: &World) -> Policy {
-        Policy::table(PolicyKind::Exclusive, world, |_, _| None)
+    pub fn exclusive(world: &World) -> PairingPolicy {
+        PairingPolicy::table(PolicyKind::Exclusive, world, |_, _| None)
     }
 
     /// Slurm's shard gres: any pending job joins, in queue order. It does not know memory, so
     /// it forms pairs that run out of it.
-    pub fn queue_order(world: &World) -> Policy {
-        Policy::table(PolicyKind::QueueOrder, world, |_, _| Some(0.0))
+    pub fn queue_order(world: &World) -> PairingPolicy {
+        PairingPolicy::table(PolicyKind::QueueOrder, world, |_, _| Some(0.0))
     }
 
     /// The smallest-memcap rule: among jobs that fit in `rules`' usable memory, the smallest.
-    pub fn memcap(world: &World, rules: &SelectionRules) -> Policy {
+    pub fn memcap(world: &World, rules: &SelectionRules) -> PairingPolicy {
         let usable = usable_memory(world, rules);
-        Policy::table(PolicyKind::Memcap, world, |a, b| {
+        PairingPolicy::table(PolicyKind::Memcap, world, |a, b| {
             let need = world.profile(a).memcap() + world.profile(b).memcap();
             (need <= usable).then(|| -world.profile(b).memcap())
         })
@@ -118,10 +118,10 @@ impl Policy {
 
     /// kace: the production decision ([`decide`]) with `predictor` and `rules` (memory fit,
     /// gain threshold), one candidate at a time; the merit is the predicted objective. Users
-    /// are not in the table: the engine applies the same-user rule ([`Policy::users_may_share`])
+    /// are not in the table: the engine applies the same-user rule ([`PairingPolicy::users_may_share`])
     /// at lookup, as the decision would for two named users.
-    pub fn kace(world: &World, predictor: &dyn Predictor, rules: &SelectionRules) -> Policy {
-        Policy::kace_as(PolicyKind::Kace, world, predictor, rules)
+    pub fn kace(world: &World, predictor: &dyn Predictor, rules: &SelectionRules) -> PairingPolicy {
+        PairingPolicy::kace_as(PolicyKind::Kace, world, predictor, rules)
     }
 
     /// kace deciding only at a lead's start (see [`PolicyKind::KaceAtStart`]).
@@ -129,8 +129,8 @@ impl Policy {
         world: &World,
         predictor: &dyn Predictor,
         rules: &SelectionRules,
-    ) -> Policy {
-        Policy::kace_as(PolicyKind::KaceAtStart, world, predictor, rules)
+    ) -> PairingPolicy {
+        PairingPolicy::kace_as(PolicyKind::KaceAtStart, world, predictor, rules)
     }
 
     fn kace_as(
@@ -138,7 +138,7 @@ impl Policy {
         world: &World,
         predictor: &dyn Predictor,
         rules: &SelectionRules,
-    ) -> Policy {
+    ) -> PairingPolicy {
         let policy = DecisionPolicy {
             rules: rules.clone(),
             max_jobs_per_gpu: 2,
@@ -146,7 +146,7 @@ impl Policy {
             multi_user: true,
             ..DecisionPolicy::default()
         };
-        Policy::table(kind, world, |a, b| {
+        PairingPolicy::table(kind, world, |a, b| {
             let cand =
                 [Joiner { profile: Some(world.profile(b)), workload: world.name(b), user: None }];
             let running =
@@ -161,9 +161,9 @@ impl Policy {
     /// kace's rules with perfect knowledge: the pair must fit in usable memory and its measured
     /// normalised progress (Σ colocated / exclusive) beat the job on the GPU alone (1) by
     /// `rules.min_gain`, as `select`'s gain rule asks; its merit is the measured objective.
-    pub fn oracle(world: &World, rules: &SelectionRules) -> Policy {
+    pub fn oracle(world: &World, rules: &SelectionRules) -> PairingPolicy {
         let usable = usable_memory(world, rules);
-        Policy::table(PolicyKind::Oracle, world, |a, b| {
+        PairingPolicy::table(PolicyKind::Oracle, world, |a, b| {
             let PairKind::Measured { first, second } = world.pair(a, b) else { return None };
             let need = world.profile(a).memcap() + world.profile(b).memcap();
             let progress = first / world.exclusive(a) + second / world.exclusive(b);
@@ -180,7 +180,7 @@ impl Policy {
     }
 
     /// Marks the pairs (by workload name) the policy was trained on, for reporting.
-    pub fn with_seen_pairs(mut self, world: &World, pairs: &[[String; 2]]) -> Policy {
+    pub fn with_seen_pairs(mut self, world: &World, pairs: &[[String; 2]]) -> PairingPolicy {
         self.seen = vec![false; self.n * self.n];
         for [a, b] in pairs {
             if let (Some(a), Some(b)) = (world.id(a), world.id(b)) {
@@ -195,7 +195,7 @@ impl Policy {
     /// The policy with `mps.multi_user` set as given: on, jobs of different users may share a
     /// GPU (one MPS server for all users, no isolation between them); off (the default), only
     /// one user's jobs share.
-    pub fn multi_user(mut self, on: bool) -> Policy {
+    pub fn multi_user(mut self, on: bool) -> PairingPolicy {
         self.same_user =
             !on && !matches!(self.kind, PolicyKind::Exclusive | PolicyKind::QueueOrder);
         self
@@ -267,29 +267,29 @@ mod tests {
     fn tables_follow_each_rule() {
         let w = tiny_world();
         let (a, b, c) = (0, 1, 2);
-        let q = Policy::queue_order(&w);
+        let q = PairingPolicy::queue_order(&w);
         assert_eq!(q.score(a, b), Some(0.0));
         assert_eq!(q.score(a, c), Some(0.0), "queue order does not know memory");
         assert_eq!(q.score(a, a), None, "unknown pairs are never formed");
-        let m = Policy::memcap(&w, &rules());
+        let m = PairingPolicy::memcap(&w, &rules());
         assert_eq!(m.score(a, b), Some(-10.0));
         assert_eq!(m.score(a, c), None);
-        let o = Policy::oracle(&w, &rules());
+        let o = PairingPolicy::oracle(&w, &rules());
         // 6 + 4 = 10 steps/s is no more than a alone, yet 6/10 + 4/5 = 1.4 of one job's work.
         assert_eq!(o.score(a, b), Some(10.0));
         assert_eq!(o.score(b, a), Some(10.0));
         assert_eq!(o.score(b, b), Some(6.0), "3/5 + 3/5 = 1.2");
         let strict = SelectionRules { min_gain: 0.3, ..rules() };
-        let o = Policy::oracle(&w, &strict);
+        let o = PairingPolicy::oracle(&w, &strict);
         assert_eq!((o.score(a, b), o.score(b, b)), (Some(10.0), None));
         let by_progress = SelectionRules { objective: Objective::NormalisedProgress, ..rules() };
-        let o = Policy::oracle(&w, &by_progress);
+        let o = PairingPolicy::oracle(&w, &by_progress);
         assert!(o.score(a, b).is_some_and(|s| (s - 1.4).abs() < 1e-12));
-        let k = Policy::kace(&w, &SumOfExclusive, &rules());
+        let k = PairingPolicy::kace(&w, &SumOfExclusive, &rules());
         assert_eq!(k.score(a, b), Some(15.0));
         assert_eq!(k.score(b, b), Some(10.0));
         assert_eq!(k.score(a, c), None, "kace's selection checks memory");
-        let e = Policy::exclusive(&w);
+        let e = PairingPolicy::exclusive(&w);
         assert!(!e.shares() && e.score(b, b).is_none());
     }
 
@@ -299,19 +299,19 @@ mod tests {
             assert_eq!(PolicyKind::from_key(p.key()), Some(p));
         }
         let w = tiny_world();
-        let k = Policy::queue_order(&w).with_seen_pairs(&w, &[["a".into(), "b".into()]]);
+        let k = PairingPolicy::queue_order(&w).with_seen_pairs(&w, &[["a".into(), "b".into()]]);
         assert!(k.seen(0, 1) && k.seen(1, 0) && !k.seen(1, 1));
     }
 
     #[test]
     fn the_same_user_rule_is_kaces_unless_multi_user() {
         let w = tiny_world();
-        let k = Policy::kace(&w, &SumOfExclusive, &rules());
+        let k = PairingPolicy::kace(&w, &SumOfExclusive, &rules());
         assert!(k.same_user() && k.users_may_share(3, 3) && !k.users_may_share(3, 4));
         let m = k.multi_user(true);
         assert!(!m.same_user() && m.users_may_share(3, 4));
-        assert!(Policy::oracle(&w, &rules()).same_user());
+        assert!(PairingPolicy::oracle(&w, &rules()).same_user());
         // Slurm's plain shards pair whoever comes next, whatever the setting.
-        assert!(!Policy::queue_order(&w).multi_user(false).same_user());
+        assert!(!PairingPolicy::queue_order(&w).multi_user(false).same_user());
     }
 }

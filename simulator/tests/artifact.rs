@@ -10,7 +10,7 @@ use kace_selector::eval::paper::{paper_split, PAPER_SEEDS};
 use kace_selector::training::{train, TrainingPolicy};
 use kace_selector::{Model, ModelKind, Objective, SelectionRules};
 use kace_simulator::{
-    generate, simulate, train_kace, Metrics, Policy, PolicyKind, TraceSpec, World,
+    generate, simulate, train_kace, Metrics, PairingPolicy, PolicyKind, TraceSpec, World,
 };
 use kace_test_support::artifact;
 
@@ -77,11 +77,11 @@ fn every_policy_completes_a_saturated_trace() {
     let kace = train_kace(&data, 10, ModelKind::default(), Objective::default()).unwrap();
     let mut results = Vec::new();
     for p in [
-        Policy::exclusive(&world),
-        Policy::queue_order(&world),
-        Policy::memcap(&world, &rules),
-        Policy::kace(&world, &kace.model, &rules).with_seen_pairs(&world, &kace.fit_pairs),
-        Policy::oracle(&world, &rules),
+        PairingPolicy::exclusive(&world),
+        PairingPolicy::queue_order(&world),
+        PairingPolicy::memcap(&world, &rules),
+        PairingPolicy::kace(&world, &kace.model, &rules).with_seen_pairs(&world, &kace.fit_pairs),
+        PairingPolicy::oracle(&world, &rules),
     ] {
         let o = simulate(&world, &p, &jobs, 40, 32).unwrap();
         assert!(o.finish.iter().all(|f| f.is_finite()), "{:?}: every job ends", p.kind());

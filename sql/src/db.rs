@@ -435,7 +435,7 @@ impl Db {
             // The prolog must be able to use the active model; an old version of an unknown
             // kind is history, not a problem.
             if m.active {
-                if let Err(e) = crate::decide::model_from_record(m) {
+                if let Err(e) = crate::convert::model_from_record(m) {
                     report.problems.push(e.to_string());
                 }
             }

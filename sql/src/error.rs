@@ -78,23 +78,6 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
-    /// A workload needed for a decision has no complete profile.
-    NoProfile {
-        /// The workload.
-        workload: String,
-        /// The features still unknown (empty: no profile at all).
-        missing: Vec<&'static str>,
-    },
-    /// A workload on the GPU whose profile only kace observed, in fewer alone runs than
-    /// `profile.min_alone_runs`: it is not paired yet, so that its runs keep measuring it.
-    TooFewAloneRuns {
-        /// The workload.
-        workload: String,
-        /// Alone runs observed.
-        runs: u32,
-        /// Alone runs needed.
-        needed: u32,
-    },
     /// A file-system operation on the database or spool failed.
     Io {
         /// What was being done ("read spool directory", …).
@@ -156,19 +139,6 @@ impl fmt::Display for Error {
             Error::BadModel { version, reason } => {
                 write!(f, "couldn't use model version {version}: {reason}")
             }
-            Error::NoProfile { workload, missing } if missing.is_empty() => {
-                write!(f, "couldn't find a profile for workload {workload:?}")
-            }
-            Error::NoProfile { workload, missing } => write!(
-                f,
-                "couldn't use the profile of workload {workload:?}: missing {}",
-                missing.join(", ")
-            ),
-            Error::TooFewAloneRuns { workload, runs, needed } => write!(
-                f,
-                "couldn't pair workload {workload:?} yet: observed alone in {runs} of the \
-                 {needed} runs needed (profile.min_alone_runs)"
-            ),
             Error::Io { op, path, source } => {
                 write!(f, "couldn't {op} {}: {source}", path.display())
             }

@@ -6,15 +6,16 @@
 //! - [`db`]: [`Db`], the only place SQL is written.
 //! - [`types`]: the records and their validation.
 //! - [`spool`]: the epilog's atomic spool files and `ingest`.
-//! - [`decide`]: stored models and profiles to the selector: training set, read path.
+//! - [`convert`]: stored models and profiles as the selector's types.
+//! - [`training`]: the training set and a training against the store.
 //!
 //! Readers (the prolog) open with [`Db::open_read_only`]; writers use a rollback journal and a
 //! busy timeout, never WAL, because the database may sit on a network file system.
 
 #![warn(missing_docs)]
 
+pub mod convert;
 pub mod db;
-pub mod decide;
 pub mod error;
 pub mod failures;
 pub mod profile_table;

@@ -10,7 +10,11 @@ use kace_selector::training::{
 };
 use kace_selector::ModelKind;
 
-use crate::decide::{active_model, model_to_new_model, training_set};
+use kace_selector::dataset::Group;
+use kace_selector::Profile;
+
+use crate::convert::{load_active_model, model_to_new_model, selector_profile};
+use crate::types::ObservedGroup;
 use crate::{Db, Error, Result};
 
 /// What a training came to.
@@ -92,7 +96,7 @@ pub fn train(db: &mut Db, policy: &TrainingPolicy) -> Result<Outcome> {
         }
     }
     let mut notes = Vec::new();
-    let active = match active_model(db) {
+    let active = match load_active_model(db) {
         Ok((v, m)) if m.serves(policy.objective) => Some((v, m)),
         Ok((v, _)) => {
             notes.push(format!("active model {v} does not serve {}", policy.objective.key()));
@@ -181,4 +185,181 @@ pub fn train(db: &mut Db, policy: &TrainingPolicy) -> Result<Outcome> {
 /// The training record stored with a model, when its metrics hold one this build reads.
 pub fn stored_record(metrics: &serde_json::Value) -> Option<TrainingRecord> {
     serde_json::from_value(metrics.clone()).ok()
+}
+
+/// Training examples: observed groups (pairs, triples, …) whose workloads all have their system
+/// metrics (kernel metrics too, or a system-only profile: see [`selector_profile`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TrainingSet {
+    /// Each group as the selector sees it (names, profiles, per-job colocated throughput).
+    pub groups: Vec<Group>,
+    /// The observed groups, parallel to `groups`.
+    pub observed: Vec<ObservedGroup>,
+    /// Observed groups left out because a profile was missing or incomplete.
+    pub skipped: usize,
+    /// Observed groups left out because one user already had
+    /// [`crate::types::MAX_GROUPS_PER_LONE_USER`] of their workload combination.
+    pub capped: usize,
+}
+
+impl TrainingSet {
+    /// The row id of the newest observation any group uses (0 when there is none): stored with
+    /// a model as `observations_upto`, so that a later training knows which groups it has seen.
+    pub fn newest_observation(&self) -> i64 {
+        self.observed.iter().map(ObservedGroup::newest).max().unwrap_or(0)
+    }
+
+    /// For each group, whether it is trusted (see [`ObservedGroup::trusted`]): the reference a
+    /// new model is checked on.
+    pub fn trusted(&self) -> Vec<bool> {
+        self.observed.iter().map(|o| o.trusted).collect()
+    }
+
+    /// For each group, whether a model trained on observations up to row id `upto` has seen
+    /// it (all its observations were stored by then).
+    pub fn seen_upto(&self, upto: i64) -> Vec<bool> {
+        self.observed.iter().map(|o| o.newest() <= upto).collect()
+    }
+
+    /// A stable digest of the examples (FNV-1a over keys and values), so that two trainings on
+    /// the same data are recognisable.
+    pub fn digest(&self) -> String {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |bytes: &[u8]| {
+            for b in bytes {
+                h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+            }
+        };
+        for (o, g) in self.observed.iter().zip(&self.groups) {
+            for m in &o.members {
+                eat(m.key.as_bytes());
+            }
+            let values = g.profiles.iter().flat_map(|p| p.features.iter()).chain(&g.throughputs);
+            for v in values {
+                eat(&v.to_bits().to_le_bytes());
+            }
+        }
+        format!("fnv1a64:{h:016x}")
+    }
+
+    /// How many groups of each size k the set holds.
+    pub fn sizes(&self) -> std::collections::BTreeMap<usize, usize> {
+        let mut out = std::collections::BTreeMap::new();
+        for g in &self.groups {
+            *out.entry(g.k()).or_insert(0) += 1;
+        }
+        out
+    }
+}
+
+/// The observed groups training may use: every trusted group, and of the others at most
+/// [`crate::types::MAX_GROUPS_PER_LONE_USER`] per workload combination and user (the first in
+/// the store's order; a group of several users counts for each, an unknown user is one user).
+/// One user can thus add a few groups of a combination, never outweigh the rest with a flood
+/// (the re-audit's H1: 20 forged pairs). Returns the kept groups, in their order, and how many
+/// were left out.
+pub fn limit_lone_users(mut observed: Vec<ObservedGroup>) -> (Vec<ObservedGroup>, usize) {
+    use std::collections::BTreeMap;
+    let mut taken: BTreeMap<(Vec<String>, Option<String>), usize> = BTreeMap::new();
+    let before = observed.len();
+    observed.retain(|o| {
+        if o.trusted {
+            return true;
+        }
+        let mut combination: Vec<String> = o.members.iter().map(|m| m.workload.clone()).collect();
+        combination.sort_unstable();
+        let mut users: Vec<Option<String>> = o.members.iter().map(|m| m.user.clone()).collect();
+        users.sort_unstable();
+        users.dedup();
+        let full = users.iter().any(|u| {
+            taken.get(&(combination.clone(), u.clone())).copied().unwrap_or(0)
+                >= crate::types::MAX_GROUPS_PER_LONE_USER
+        });
+        if full {
+            return false;
+        }
+        for u in users {
+            *taken.entry((combination.clone(), u)).or_default() += 1;
+        }
+        true
+    });
+    let capped = before - observed.len();
+    (observed, capped)
+}
+
+/// Builds the training set from the database: every observed group of any size k ≥ 2, with
+/// what one user alone shows capped ([`limit_lone_users`]).
+pub fn training_set(db: &Db) -> Result<TrainingSet> {
+    let (observed, capped) = limit_lone_users(db.observed_groups()?);
+    let profiles = db.all_profiles(None)?;
+    let mut set = TrainingSet { capped, ..TrainingSet::default() };
+    for o in observed {
+        let found: Option<Vec<Profile>> = o
+            .members
+            .iter()
+            .map(|m| {
+                let p = profiles.get(&m.workload).and_then(selector_profile)?;
+                (m.throughput > 0.0).then_some(p)
+            })
+            .collect();
+        match found {
+            Some(profiles) => {
+                set.groups.push(Group {
+                    workloads: o.members.iter().map(|m| m.workload.clone()).collect(),
+                    profiles,
+                    throughputs: o.members.iter().map(|m| m.throughput).collect(),
+                });
+                set.observed.push(o);
+            }
+            None => set.skipped += 1,
+        }
+    }
+    Ok(set)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The re-audit's H1 as one user's flood: 20 forged pairs of one combination from one user
+    /// count as `MAX_GROUPS_PER_LONE_USER`; another user's, trusted ones and other combinations
+    /// count on their own.
+    #[test]
+    fn one_users_flood_is_capped_per_combination() {
+        use crate::types::{ObservedMember, MAX_GROUPS_PER_LONE_USER};
+        let group = |id: i64, a: &str, b: &str, user: Option<&str>, trusted: bool| ObservedGroup {
+            members: [a, b]
+                .iter()
+                .enumerate()
+                .map(|(k, w)| ObservedMember {
+                    workload: w.to_string(),
+                    throughput: 1.0,
+                    key: format!("c/{id}/{k}"),
+                    id: 2 * id + k as i64,
+                    user: user.map(str::to_string),
+                    end: 0.0,
+                })
+                .collect(),
+            trusted,
+        };
+        let mut all: Vec<ObservedGroup> =
+            (0..20).map(|i| group(i, "resnet", "unet", Some("nobody"), false)).collect();
+        // The same pair the other way round is the same combination.
+        all.push(group(20, "unet", "resnet", Some("nobody"), false));
+        all.extend((21..24).map(|i| group(i, "resnet", "unet", Some("alice"), false)));
+        all.extend((24..34).map(|i| group(i, "resnet", "unet", None, true)));
+        all.push(group(34, "resnet", "bert", Some("nobody"), false));
+        let (kept, capped) = limit_lone_users(all);
+        let count = |user: Option<&str>, trusted: bool| {
+            kept.iter()
+                .filter(|g| g.trusted == trusted && g.members[0].user.as_deref() == user)
+                .count()
+        };
+        assert_eq!(count(Some("nobody"), false), MAX_GROUPS_PER_LONE_USER + 1, "5 + the bert pair");
+        assert_eq!(count(Some("alice"), false), 3);
+        assert_eq!(count(None, true), 10);
+        assert_eq!(capped, 21 - MAX_GROUPS_PER_LONE_USER);
+        // Order is kept: the first of nobody's are the ones taken.
+        assert_eq!(kept[0].members[0].key, "c/0/0");
+    }
 }

@@ -272,23 +272,26 @@ fn groups_of_three_match_when_every_member_agrees() {
 fn one_active_model_at_a_time() {
     let dir = TempDir::new("model");
     let (mut db, _) = Db::create(&dir.path().join("k.db")).unwrap();
-    assert!(db.active_model().unwrap().is_none());
+    assert!(db.active_model_record().unwrap().is_none());
     let v1 = db.insert_model(&model("linear")).unwrap();
     let v2 = db.insert_model(&model("linear")).unwrap();
     assert_eq!((v1, v2), (1, 2));
     assert!(db.check().unwrap().problems.iter().any(|p| p.contains("none is active")));
     db.activate_model(v1).unwrap();
     db.activate_model(v2).unwrap();
-    let active = db.active_model().unwrap().unwrap();
+    let active = db.active_model_record().unwrap().unwrap();
     assert_eq!(active.version, 2);
     assert_eq!(active.model, model("linear"));
     assert_eq!(db.models().unwrap().iter().filter(|m| m.active).count(), 1);
     assert!(matches!(db.activate_model(9), Err(Error::NoSuchModel { version: 9 })));
-    assert_eq!(db.active_model().unwrap().unwrap().version, 2);
+    assert_eq!(db.active_model_record().unwrap().unwrap().version, 2);
     // The active model must be one the prolog can use.
     let problems = db.check().unwrap().problems;
     assert!(problems.iter().any(|p| p.contains("unknown kind")), "{problems:?}");
-    assert!(matches!(kace_sql::decide::active_model(&db), Err(Error::BadModel { version: 2, .. })));
+    assert!(matches!(
+        kace_sql::convert::load_active_model(&db),
+        Err(Error::BadModel { version: 2, .. })
+    ));
     let rows: Vec<[f64; 10]> =
         (0..20).map(|i| std::array::from_fn(|j| ((i * (j + 3)) % 7) as f64 + j as f64)).collect();
     let y: Vec<f64> = rows.iter().map(|r| r[6] * 2.0 + r[9]).collect();
@@ -297,11 +300,11 @@ fn one_active_model_at_a_time() {
         model: kace_selector::LinearModel::fit(&rows, &y).unwrap(),
     };
     let rec =
-        kace_sql::decide::model_to_new_model(&lm, serde_json::json!({}), "d".into(), 20).unwrap();
+        kace_sql::convert::model_to_new_model(&lm, serde_json::json!({}), "d".into(), 20).unwrap();
     let v3 = db.insert_model(&rec).unwrap();
     db.activate_model(v3).unwrap();
     assert!(db.check().unwrap().problems.is_empty());
-    let (v, back) = kace_sql::decide::active_model(&db).unwrap();
+    let (v, back) = kace_sql::convert::load_active_model(&db).unwrap();
     assert_eq!((v, back), (3, lm));
 }
 

@@ -177,7 +177,7 @@ fn a_late_arrival_joins_an_open_gpu() {
 /// A lead, a partner and a third job that kace's decision adds to the pair: the decision for
 /// a pair is the one the joiner's prolog makes, so the test looks for a trio the model accepts.
 fn trio(db_path: &std::path::Path) -> Option<(String, String, String)> {
-    use kace_sql::decide::{decide, JobSpec};
+    use kace_node::read_path::{decide_from_store, JobSpec};
     let db = kace_sql::Db::open_read_only(db_path).unwrap();
     let names = common::profiled_workloads(&db);
     let policy = kace_selector::decision::Policy {
@@ -187,14 +187,15 @@ fn trio(db_path: &std::path::Path) -> Option<(String, String, String)> {
     let all: Vec<JobSpec> = names.iter().map(|w| JobSpec::anyone(w)).collect();
     for lead in &names {
         let one = [JobSpec::anyone(lead)];
-        let d = decide(&db, &one, &all, &policy, Some(common::GPU_GIB), None).ok()?;
+        let d = decide_from_store(&db, &one, &all, &policy, Some(common::GPU_GIB), None).ok()?;
         let Some(c1) = d.selection.chosen else { continue };
         let two = [JobSpec::anyone(lead), all[c1].clone()];
-        let d2 = decide(&db, &two, &all, &policy, Some(common::GPU_GIB), None).ok()?;
+        let d2 = decide_from_store(&db, &two, &all, &policy, Some(common::GPU_GIB), None).ok()?;
         if let Some(c2) = d2.selection.chosen {
             // The lead must prefer c1 over c2 when both are held.
             let pair = [all[c1].clone(), all[c2].clone()];
-            let d3 = decide(&db, &one, &pair, &policy, Some(common::GPU_GIB), None).ok()?;
+            let d3 =
+                decide_from_store(&db, &one, &pair, &policy, Some(common::GPU_GIB), None).ok()?;
             if d3.selection.chosen == Some(0) {
                 return Some((lead.clone(), names[c1].clone(), names[c2].clone()));
             }
@@ -549,7 +550,7 @@ fn saturated(jobs: usize, refill: bool) -> Saturated {
     // Predicted vs observed for every group this run formed.
     kace(&c, &["ingest"]);
     let db = kace_sql::Db::open_read_only(&dir.join("kace.db")).unwrap();
-    let (_, model) = kace_sql::decide::active_model(&db).unwrap();
+    let (_, model) = kace_sql::convert::load_active_model(&db).unwrap();
     let profiles = db.all_profiles(None).unwrap();
     let mut groups: std::collections::BTreeMap<String, (f64, Vec<f64>, f64)> = Default::default();
     for g in db.observed_groups().unwrap() {
@@ -560,7 +561,7 @@ fn saturated(jobs: usize, refill: bool) -> Saturated {
         names.sort_unstable();
         let ps: Vec<kace_selector::Profile> = names
             .iter()
-            .map(|w| kace_sql::decide::selector_profile(&profiles[*w]).unwrap())
+            .map(|w| kace_sql::convert::selector_profile(&profiles[*w]).unwrap())
             .collect();
         let members: Vec<kace_selector::Member<'_>> = ps
             .iter()

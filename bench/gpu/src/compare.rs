@@ -4,7 +4,8 @@
 use kace_config::Training;
 use kace_selector::training::holdout_split;
 use kace_selector::{Objective, Predictor};
-use kace_sql::decide::{active_model, training_set};
+use kace_sql::convert::load_active_model;
+use kace_sql::training::training_set;
 use kace_sql::Db;
 
 use crate::BenchError;
@@ -31,7 +32,7 @@ pub fn rows(
     objective: Objective,
     training: &Training,
 ) -> Result<(i64, Vec<Row>), BenchError> {
-    let (version, model) = active_model(db)?;
+    let (version, model) = load_active_model(db)?;
     let set = training_set(db)?;
     let usable: Vec<_> = set.groups.iter().filter(|g| model.kind().learns_from(g.k())).collect();
     // The same split `kace train` made, so the table can say which rows the fit never saw.

@@ -115,7 +115,7 @@ impl Db {
     }
 
     /// The active model, if one is.
-    pub fn active_model(&self) -> Result<Option<ModelRecord>> {
+    pub fn active_model_record(&self) -> Result<Option<ModelRecord>> {
         Ok(self.query_models("WHERE active = 1", None)?.pop())
     }
 

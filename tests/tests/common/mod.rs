@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use kace_e2e::{kace as setup, Cluster, JobInfo};
+use kace_node::read_path::{decide_from_store, JobSpec, ReadPathDecision};
 use kace_node::slurm_json::JsonJob;
 use kace_selector::decision::Policy;
-use kace_sql::decide::{decide, Decision, JobSpec};
 use kace_sql::Db;
 
 /// GPU memory the tests configure (no NVML here).
@@ -112,14 +112,15 @@ pub fn profiled_workloads(db: &Db) -> Vec<String> {
 }
 
 /// The prolog's decision for `lead` among `others` (same user, the test GPU's memory).
-pub fn decision(db: &Db, lead: &str, others: &[&String]) -> Decision {
+pub fn decision(db: &Db, lead: &str, others: &[&String]) -> ReadPathDecision {
     let specs: Vec<JobSpec> = others.iter().map(|w| JobSpec::anyone(w)).collect();
-    decide(db, &[JobSpec::anyone(lead)], &specs, &Policy::default(), Some(GPU_GIB), None).unwrap()
+    decide_from_store(db, &[JobSpec::anyone(lead)], &specs, &Policy::default(), Some(GPU_GIB), None)
+        .unwrap()
 }
 
 /// The candidates of decision `d` (made among `others`) that passed every filter, with their
 /// predictions, best first.
-pub fn passing(d: &Decision, others: &[&String]) -> Vec<(f64, String)> {
+pub fn passing(d: &ReadPathDecision, others: &[&String]) -> Vec<(f64, String)> {
     let mut passing: Vec<(f64, String)> = d
         .selection
         .verdicts

@@ -1,6 +1,6 @@
 //! Benchmark (prints a table) of the prolog's read path: open the database read-only, load the
 //! active model and the profiles of the lead and 10 / 100 / 1 000 candidates, predict, choose.
-//! Run with `cargo bench -p kace-sql --bench read_path`. Target: under 5 ms for 1 000
+//! Run with `cargo bench -p kace-node --bench read_path`. Target: under 5 ms for 1 000
 //! candidates, on databases with 100 and 100 000 observations.
 //!
 //! The databases are synthetic (deterministic pseudo-random profiles and observations) and
@@ -9,9 +9,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use kace_node::read_path::{decide_from_store, JobSpec};
 use kace_selector::dataset::Group;
 use kace_selector::{Model, ModelKind, Objective, Profile, SlowdownParams};
-use kace_sql::decide::{decide, model_to_new_model, JobSpec};
+use kace_sql::convert::model_to_new_model;
 use kace_sql::{Db, NewProfile, Observation, Partner, FEATURE_COUNT};
 
 const WORKLOADS: usize = 1_001;
@@ -163,7 +164,8 @@ fn main() {
                 let start = Instant::now();
                 let db = Db::open_read_only(&path).expect("open");
                 let running = [JobSpec { workload: lead.clone(), user: None }];
-                let d = decide(&db, &running, &cands, &policy, Some(141.0), None).expect("decide");
+                let d = decide_from_store(&db, &running, &cands, &policy, Some(141.0), None)
+                    .expect("decide");
                 times.push(start.elapsed());
                 chosen = d.selection.chosen;
                 std::hint::black_box(&d);
