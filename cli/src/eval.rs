@@ -7,7 +7,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use kace_plot::bars::{per_target_bars, policy_bars};
 use kace_selector::dataset::{
     read_colocations, read_n_occur_splits, read_unseen_splits, ColocationData,
@@ -21,6 +21,7 @@ use kace_selector::Objective;
 use kace_simulator::history::HistorySpec;
 use serde_json::{json, Value};
 
+use crate::keyed;
 use crate::output::{table, Format};
 use crate::{history_eval, splits_eval};
 
@@ -44,22 +45,6 @@ enum EvalCommand {
     /// model of the night before, retrained every night as `kace retrain` does, against one
     /// global model of independent observations (issue 34).
     History(HistoryArgs),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum ModelArg {
-    /// kace's per-job slowdown model (the production default).
-    Kace,
-    /// The paper's linear regression.
-    KaceLr,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum ObjectiveArg {
-    /// The paper's objective: Σ colocated throughput (steps/s).
-    ThroughputSum,
-    /// Σ colocated / exclusive throughput per job.
-    NormalisedProgress,
 }
 
 /// An inclusive range of seeds from `--seeds` (a single seed is `SeedRange(s, s)`).
@@ -114,12 +99,15 @@ struct Common {
     /// 10,20,30,40,50; `kace eval colocations` can re-derive splits for any seed).
     #[arg(long, value_delimiter = ',', value_parser = parse_seed_range, default_values_t = PAPER_SEEDS.map(|s| SeedRange(s, s)).to_vec())]
     seeds: Vec<SeedRange>,
-    /// Evaluate only this model (default: every model).
-    #[arg(long, value_enum)]
-    model: Option<ModelArg>,
-    /// What a choice is worth.
-    #[arg(long, value_enum, default_value_t = ObjectiveArg::ThroughputSum)]
-    objective: ObjectiveArg,
+    /// Evaluate only this model (default: every model): `kace` (kace's per-job slowdown model,
+    /// the production default) or `kace-lr` (the paper's linear regression).
+    #[arg(long, value_parser = keyed::parser(&["kace", "kace-lr"], ModelChoice::from_key))]
+    model: Option<ModelChoice>,
+    /// What a choice is worth: `throughput-sum` (the paper's: Σ colocated throughput, steps/s)
+    /// or `normalised-progress` (Σ colocated / exclusive throughput per job).
+    #[arg(long, default_value = "throughput-sum",
+          value_parser = keyed::parser(&["throughput-sum", "normalised-progress"], Objective::from_key))]
+    objective: Objective,
     /// Write an SVG bar chart of the result to this file.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
@@ -295,14 +283,10 @@ fn options(c: &Common, protocol: Protocol) -> Result<EvalOptions> {
     }
     Ok(EvalOptions {
         protocol,
-        objective: match c.objective {
-            ObjectiveArg::ThroughputSum => Objective::ThroughputSum,
-            ObjectiveArg::NormalisedProgress => Objective::NormalisedProgress,
-        },
+        objective: c.objective,
         models: match c.model {
             None => ModelChoice::ALL.to_vec(),
-            Some(ModelArg::Kace) => vec![ModelChoice::Kace],
-            Some(ModelArg::KaceLr) => vec![ModelChoice::KaceLr],
+            Some(m) => vec![m],
         },
         nested: c.nested,
         ..EvalOptions::default()

@@ -12,6 +12,7 @@ mod eval;
 mod explain;
 mod history_eval;
 mod ingest;
+mod keyed;
 mod man;
 mod metrics;
 mod model;

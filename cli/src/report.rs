@@ -11,6 +11,7 @@ use kace_observe::report::{build, parse_since, svg, usage_by, By};
 use kace_observe::time::date;
 
 use crate::context::{num, print_json, Ctx};
+use crate::keyed;
 use crate::output::table;
 
 /// `kace report`
@@ -23,32 +24,18 @@ pub struct ReportArgs {
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
     /// Instead, kace GPU-hours alone and shared over the period by user or account.
-    #[arg(long, value_enum)]
-    by: Option<ByArg>,
-}
-
-/// `--by`.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum ByArg {
-    User,
-    Account,
+    #[arg(long, value_parser = keyed::parser(&["user", "account"], By::from_key))]
+    by: Option<By>,
 }
 
 /// `kace report --by`: one row per user or account.
-fn print_usage(args: &ReportArgs, by: ByArg, ctx: &Ctx, span: f64, now: f64) -> Result<()> {
-    let by = match by {
-        ByArg::User => By::User,
-        ByArg::Account => By::Account,
-    };
+fn print_usage(args: &ReportArgs, by: By, ctx: &Ctx, span: f64, now: f64) -> Result<()> {
     let db = ctx.open_read_only()?;
     let rows = usage_by(&db, by, now - span, now)?;
     if ctx.json() {
         return print_json(&serde_json::to_value(&rows)?);
     }
-    let name = match by {
-        By::User => "user",
-        By::Account => "account",
-    };
+    let name = by.key();
     println!(
         "kace GPU-hours by {name} from {} to {} ({})",
         date(now - span),

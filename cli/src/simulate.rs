@@ -17,11 +17,11 @@ use kace_simulator::plot::comparison_svg;
 use kace_simulator::trace::write_trace;
 use kace_simulator::{
     generate, read_trace, simulate, train_kace, Job, Metrics, Outcome, PairingPolicy, PolicyKind,
-    Ratios,
-    TraceSpec, UserMix, World, DEFAULT_WINDOW,
+    Ratios, TraceSpec, UserMix, World, DEFAULT_WINDOW,
 };
 use serde_json::{json, Map, Value};
 
+use crate::keyed;
 use crate::output::{table, Format};
 
 /// `kace simulate …`
@@ -68,14 +68,18 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 0.05)]
     memory_margin: f64,
     /// Kind of model the kace policy trains (on the paper's n_occur = 3 training split).
-    #[arg(long, value_enum, default_value_t = SimModel::Slowdown)]
-    model: SimModel,
+    /// `slowdown` (kace's per-job slowdown model, the production default) or `linear` (the
+    /// paper's linear regression).
+    #[arg(long, default_value = "slowdown",
+          value_parser = keyed::parser(&["slowdown", "linear"], kace_selector::ModelKind::from_key))]
+    model: kace_selector::ModelKind,
     /// kace's (and oracle's) gain threshold over the job already on the GPU.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     min_gain: f64,
     /// What kace's and oracle's choices maximise: `throughput-sum`, `normalised-progress` or
     /// `energy` (work per unit of the power model's energy, `kace_selector::energy`).
-    #[arg(long, default_value = "throughput-sum", value_parser = parse_objective)]
+    #[arg(long, default_value = "throughput-sum",
+          value_parser = keyed::parser(&["throughput-sum", "normalised-progress", "energy"], Objective::from_key))]
     objective: Objective,
     /// Users submitting the generated traces' jobs (1: one user, the same-user rule is moot).
     #[arg(long, default_value_t = UserMix::shared_cluster().users)]
@@ -105,14 +109,6 @@ pub struct SimulateArgs {
     /// How many of a new workload's first jobs `--new-workload` compares.
     #[arg(long, default_value_t = 10, value_name = "N")]
     first_jobs: usize,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum SimModel {
-    /// kace's per-job slowdown model (the production default).
-    Slowdown,
-    /// The paper's linear regression.
-    Linear,
 }
 
 /// Every run of one policy.
@@ -157,10 +153,7 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
         objective: args.objective,
         ..kace_config::Config::default().policy().rules
     };
-    let kind = match args.model {
-        SimModel::Slowdown => kace_selector::ModelKind::Slowdown,
-        SimModel::Linear => kace_selector::ModelKind::Linear,
-    };
+    let kind = args.model;
     let replay = match &args.trace {
         Some(path) => Some(read_trace(&path.display().to_string(), open(path)?, &world)?),
         None => None,
@@ -329,12 +322,6 @@ struct Setup {
 }
 
 /// Parses `--objective` by the objective's key, as kace.conf spells it.
-fn parse_objective(s: &str) -> std::result::Result<Objective, String> {
-    Objective::from_key(s).ok_or_else(|| {
-        format!("unknown objective {s:?} (known: throughput-sum, normalised-progress, energy)")
-    })
-}
-
 /// What the same-user rule costs kace: its throughput ×exclusive with the rule and under
 /// `mps.multi_user`, and the rule's over multi_user's, per seed (mean, std each).
 struct UserRuleCost {

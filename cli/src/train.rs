@@ -9,14 +9,7 @@ use kace_sql::training::{self, Comparison, Outcome};
 use serde_json::json;
 
 use crate::context::{num, print_json, Ctx};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum KindArg {
-    /// kace's per-job slowdown model.
-    Slowdown,
-    /// The paper's linear regression.
-    Linear,
-}
+use crate::keyed;
 
 /// `kace train`
 #[derive(Debug, Args)]
@@ -31,20 +24,17 @@ pub struct TrainArgs {
     /// Seed of the held-out split (default: the config's `training.seed`).
     #[arg(long)]
     seed: Option<u64>,
-    /// Kind of model (default: the config's `training.model`).
-    #[arg(long, value_enum)]
-    kind: Option<KindArg>,
+    /// Kind of model: `slowdown` (kace's per-job slowdown model) or `linear` (the paper's
+    /// linear regression); default: the config's `training.model`.
+    #[arg(long, value_parser = keyed::parser(&["slowdown", "linear"], ModelKind::from_key))]
+    kind: Option<ModelKind>,
 }
 
 impl TrainArgs {
     /// The training policy these options and the config ask for.
     pub fn policy(&self, ctx: &Ctx) -> TrainingPolicy {
         TrainingPolicy {
-            kind: match self.kind {
-                Some(KindArg::Slowdown) => ModelKind::Slowdown,
-                Some(KindArg::Linear) => ModelKind::Linear,
-                None => ctx.config.training.model,
-            },
+            kind: self.kind.unwrap_or(ctx.config.training.model),
             objective: ctx.config.selection.objective.trained_as(),
             holdout_fraction: self.holdout_fraction.unwrap_or(ctx.config.training.holdout_fraction),
             seed: self.seed.unwrap_or(ctx.config.training.seed),

@@ -192,6 +192,21 @@ pub enum By {
     Account,
 }
 
+impl By {
+    /// Stable name, for `kace report --by` and the JSON.
+    pub fn key(self) -> &'static str {
+        match self {
+            By::User => "user",
+            By::Account => "account",
+        }
+    }
+
+    /// Parses [`By::key`].
+    pub fn from_key(s: &str) -> Option<By> {
+        [By::User, By::Account].into_iter().find(|b| b.key() == s)
+    }
+}
+
 /// One user's or account's kace GPU time over a period, from the observations (each interval
 /// of a job on its GPU, alone or beside other kace jobs).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -287,7 +302,7 @@ pub fn build(db: &Db, objective: Objective, since: f64, now: f64) -> Result<Repo
                 .iter()
                 .map(|o| {
                     let p =
-                        profiles.get(&o.workload).and_then(kace_sql::decide::selector_profile)?;
+                        profiles.get(&o.workload).and_then(kace_sql::convert::selector_profile)?;
                     Some((p, o.throughput / exclusive(&o.workload)?))
                 })
                 .collect::<Option<Vec<_>>>()
