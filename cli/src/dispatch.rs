@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use anyhow::Result;
 use clap::Args;
 use kace_log::Logger;
-use kace_node::dispatch::Report;
+use kace_node::dispatch::PassReport;
 use kace_node::{Clock, SystemClock};
 use serde_json::json;
 
@@ -34,7 +34,7 @@ pub fn run(args: DispatchArgs, ctx: &Ctx) -> Result<()> {
     if args.watch {
         // Jobs already said to be stuck: each is said once.
         let mut said_stuck = BTreeSet::new();
-        let mut each = |r: kace_node::Result<Report>| match r {
+        let mut each = |r: kace_node::Result<PassReport>| match r {
             Ok(mut r) => {
                 said_stuck.retain(|j| r.stuck.iter().any(|s| s.0 == *j));
                 r.stuck.retain(|s| said_stuck.insert(s.0));

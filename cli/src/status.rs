@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use kace_node::{Clock, SystemClock};
-use kace_observe::status::{self, GpuState, Options, Status};
+use kace_observe::status::{self, GpuOccupancy, Options, Status};
 use kace_observe::time::{date, span};
 
 use crate::context::{num, print_json, Ctx};
@@ -74,14 +74,14 @@ fn render(s: &Status) -> String {
         )),
         None => out.push_str("model: none active\n"),
     }
-    let count = |st: GpuState| s.gpus.iter().filter(|g| g.state == st).count();
+    let count = |st: GpuOccupancy| s.gpus.iter().filter(|g| g.state == st).count();
     out.push_str(&format!(
         "\nGPUs: {} shared or full, {} open, {} free, {} unusable (predictions in {}; observed \
          so far from the progress files)\n",
-        count(GpuState::Full),
-        count(GpuState::Open),
-        count(GpuState::Free),
-        count(GpuState::Unusable),
+        count(GpuOccupancy::Full),
+        count(GpuOccupancy::Open),
+        count(GpuOccupancy::Free),
+        count(GpuOccupancy::Unusable),
         s.objective
     ));
     let mut rows = Vec::new();

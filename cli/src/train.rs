@@ -5,7 +5,7 @@ use anyhow::{anyhow, Result};
 use clap::Args;
 use kace_selector::training::TrainingPolicy;
 use kace_selector::ModelKind;
-use kace_sql::training::{self, Comparison, Outcome};
+use kace_sql::training::{self, Outcome, VersusActive};
 use serde_json::json;
 
 use crate::context::{num, print_json, Ctx};
@@ -45,7 +45,7 @@ impl TrainArgs {
 
 /// How the new model compared with the one active before it, in words (for `kace train` and
 /// `kace retrain`).
-pub fn describe(c: &Comparison) -> String {
+pub fn describe(c: &VersusActive) -> String {
     let reference = match c.reference {
         Some(r) => format!(
             "on the {} trusted group(s): MSE {} (new) vs {} (active)",

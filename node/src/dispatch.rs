@@ -191,7 +191,7 @@ impl Decider {
     }
 
     /// One pass at `now` with the real Slurm commands; the state is saved after it.
-    pub fn pass(&mut self, config: &Config, now: f64, logger: &Logger) -> Result<Report> {
+    pub fn pass(&mut self, config: &Config, now: f64, logger: &Logger) -> Result<PassReport> {
         let mut slurm =
             Commands::configured(&config.node, Some(Instant::now() + BUDGET), logger.clone());
         slurm.counts = self.counts.clone();
@@ -208,7 +208,7 @@ impl Decider {
 
 /// One pass as configured, under the dispatch lock. `Ok(None)` when another decider holds the
 /// lock (the service, or another pass): it does the work.
-pub fn run_configured(config: &Config, now: f64, logger: &Logger) -> Result<Option<Report>> {
+pub fn run_configured(config: &Config, now: f64, logger: &Logger) -> Result<Option<PassReport>> {
     let Some(mut d) = Decider::try_start(config, logger)? else { return Ok(None) };
     d.pass(config, now, logger).map(Some)
 }
@@ -263,7 +263,7 @@ pub enum Event {
     Nudged,
     /// No service listens: this process passed once (`None`: another pass was already
     /// waiting to run after the current one, and sees this event's state).
-    Passed(Option<Box<Report>>),
+    Passed(Option<Box<PassReport>>),
 }
 
 /// What `kace-dispatch` does when slurmctld runs it as `PrologSlurmctld=` or
@@ -303,7 +303,11 @@ pub fn on_event(config: &Config, kace_job: bool, now: f64, logger: &Logger) -> R
 /// submission, when a held job's `max_hold` expires and at least every
 /// `dispatch.backstop_s`. `each` gets every pass's report (or error); it never returns but on
 /// a failure to start.
-pub fn serve(config: &Config, logger: &Logger, each: &mut dyn FnMut(Result<Report>)) -> Result<()> {
+pub fn serve(
+    config: &Config,
+    logger: &Logger,
+    each: &mut dyn FnMut(Result<PassReport>),
+) -> Result<()> {
     let mut d = loop {
         if let Some(d) = Decider::try_start(config, logger)? {
             break d;
@@ -346,7 +350,7 @@ const SUBMIT_RECHECK: Duration = Duration::from_millis(500);
 
 /// What one pass did.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Report {
+pub struct PassReport {
     /// Jobs released as leads onto free GPUs: (job, node, GPU index).
     pub leads: Vec<(u32, String, u32)>,
     /// Jobs released to join open GPUs: (job, node, GPU index).
@@ -385,7 +389,7 @@ pub struct Report {
     pub passed_over: Vec<(u32, Vec<u32>)>,
 }
 
-impl Report {
+impl PassReport {
     /// What the pass did, one line each (the same words in the CLI and `kace-dispatch`).
     pub fn lines(&self, max_hold_s: u64) -> Vec<String> {
         let mut out = Vec::new();
@@ -442,7 +446,7 @@ impl Report {
 }
 
 /// The log lines of one pass, one per event and problem.
-pub fn report_lines(r: &Report, max_hold_s: u64) -> Vec<String> {
+pub fn report_lines(r: &PassReport, max_hold_s: u64) -> Vec<String> {
     r.lines(max_hold_s)
         .into_iter()
         .chain(r.stuck_lines())
@@ -552,8 +556,8 @@ pub fn run(
     s: &Settings<'_>,
     state: &mut DeciderState,
     now: f64,
-) -> Result<Report> {
-    let mut report = Report::default();
+) -> Result<PassReport> {
+    let mut report = PassReport::default();
     let (queue, counted) = match slurm.listing() {
         Ok(l) => (l.kace, l.counted),
         Err(e) => {
@@ -1113,7 +1117,7 @@ fn site_limits(
     slurm: &dyn Slurm,
     state: &mut DeciderState,
     now: f64,
-    report: &mut Report,
+    report: &mut PassReport,
 ) -> Limits {
     if let Some((at, limits)) = &state.limits {
         if (0.0..LIMITS_FRESH_S).contains(&(now - at)) {
@@ -1139,7 +1143,7 @@ fn priority_inputs(
     state: &mut DeciderState,
     held: usize,
     now: f64,
-    report: &mut Report,
+    report: &mut PassReport,
 ) -> PriorityInputs {
     if let Some((at, inputs)) = &state.priority {
         if (0.0..inputs.fresh_for_s()).contains(&(now - at)) {
@@ -1233,7 +1237,7 @@ fn finish_begun(
     s: &Settings<'_>,
     state: &mut DeciderState,
     queue: &[QueuedJob],
-    report: &mut Report,
+    report: &mut PassReport,
 ) {
     let begun: Vec<(u32, Begun)> = state.begun.iter().map(|(j, b)| (*j, b.clone())).collect();
     for (id, b) in begun {
@@ -1394,7 +1398,7 @@ fn hand_back(
     nodes: &[NodeGpus],
     why: &HandBack,
     now: f64,
-    report: &mut Report,
+    report: &mut PassReport,
 ) {
     let d = SpooledDecision {
         key: release_key(ReleaseKind::HandBack, &s.cluster, &j.id.to_string(), "any", now),
@@ -1440,7 +1444,7 @@ fn hold_again(
     state: &mut DeciderState,
     queue: &[QueuedJob],
     now: f64,
-    report: &mut Report,
+    report: &mut PassReport,
 ) -> BTreeSet<u32> {
     let mut done = BTreeSet::new();
     let mut first_seen = false;
@@ -1544,7 +1548,7 @@ fn lengthen(
     plan: &[(u32, f64, f64)],
     which: impl Fn(u32) -> bool,
     comment: impl Fn(u32) -> Option<String>,
-    report: &mut Report,
+    report: &mut PassReport,
 ) -> std::result::Result<(), String> {
     for &(id, old, new) in plan.iter().filter(|p| which(p.0)) {
         slurm

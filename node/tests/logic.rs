@@ -860,7 +860,7 @@ fn dispatch_settings(w: &World) -> dispatch::Settings<'_> {
 }
 
 /// One decider pass with a fresh memory.
-fn pass(w: &World, now: f64) -> dispatch::Report {
+fn pass(w: &World, now: f64) -> dispatch::PassReport {
     let mut state = kace_node::decider_state::DeciderState::default();
     dispatch::run(&w.slurm, &dispatch_settings(w), &mut state, now).unwrap()
 }

@@ -45,7 +45,7 @@ pub struct Status {
 /// Whether a GPU can take kace jobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum GpuState {
+pub enum GpuOccupancy {
     /// No kace job: dispatch may release a lead onto it.
     Free,
     /// Kace jobs below `selection.max_jobs_per_gpu`: another may still join.
@@ -66,7 +66,7 @@ pub struct Gpu {
     /// GPU type when typed.
     pub kind: Option<String>,
     /// Free, open, full or unusable.
-    pub state: GpuState,
+    pub state: GpuOccupancy,
     /// Its kace jobs (only the caller's with `--user`).
     pub jobs: Vec<Running>,
     /// Kace jobs on it not shown (other users' with `--user`).
@@ -353,10 +353,10 @@ fn gpu_status(
 ) -> Gpu {
     let Shared { config, model, profiles, mine } = *sh;
     let state = match (usable, jobs.len()) {
-        (false, _) => GpuState::Unusable,
-        (true, 0) => GpuState::Free,
-        (true, n) if n < config.selection.max_jobs_per_gpu => GpuState::Open,
-        _ => GpuState::Full,
+        (false, _) => GpuOccupancy::Unusable,
+        (true, 0) => GpuOccupancy::Free,
+        (true, n) if n < config.selection.max_jobs_per_gpu => GpuOccupancy::Open,
+        _ => GpuOccupancy::Full,
     };
     let objective = config.selection.objective;
     let observed: Vec<Option<f64>> = jobs.iter().map(|j| observed_so_far(config, j.job)).collect();
@@ -630,8 +630,11 @@ mod tests {
         let mut config = Config::default();
         config.dispatch.max_hold_s = 300;
         let s = gather(&cluster(), None, &config, 1000.0, &Options::default()).unwrap();
-        let states: Vec<GpuState> = s.gpus.iter().map(|g| g.state).collect();
-        assert_eq!(states, [GpuState::Full, GpuState::Open, GpuState::Free, GpuState::Unusable]);
+        let states: Vec<GpuOccupancy> = s.gpus.iter().map(|g| g.state).collect();
+        assert_eq!(
+            states,
+            [GpuOccupancy::Full, GpuOccupancy::Open, GpuOccupancy::Free, GpuOccupancy::Unusable]
+        );
         assert_eq!(s.gpus[0].jobs[0].with, vec![2]);
         assert_eq!(s.gpus[0].jobs[1].with, vec![1]);
         assert!(s.gpus[1].jobs[0].with.is_empty());
@@ -678,7 +681,7 @@ mod tests {
         assert_eq!(shown, vec![1, 3]);
         assert_eq!(s.gpus[0].hidden_jobs, 1);
         // The GPU is still full: bob's job takes its place whether shown or not.
-        assert_eq!(s.gpus[0].state, GpuState::Full);
+        assert_eq!(s.gpus[0].state, GpuOccupancy::Full);
         assert_eq!(s.held.iter().map(|h| h.job).collect::<Vec<_>>(), vec![10]);
         // Its place counts every user's held jobs ahead of it.
         let all =

@@ -54,7 +54,7 @@ pub struct Stored {
     pub quality: FitQuality,
     /// How it compared with the version active before (`None`: there was none, or it could not
     /// compete).
-    pub previous: Option<Comparison>,
+    pub previous: Option<VersusActive>,
     /// Why it was not activated (`None`: it was).
     pub refusal: Option<Refusal>,
     /// What it saw and decided, as stored with the model.
@@ -65,7 +65,7 @@ pub struct Stored {
 
 /// How a new model compared with the one active before it.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Comparison {
+pub struct VersusActive {
     /// The version active before.
     pub version: i64,
     /// Held-out groups it had not seen (0: nothing to compare there).
@@ -147,7 +147,7 @@ pub fn train(db: &mut Db, policy: &TrainingPolicy) -> Result<Outcome> {
         Err(e) => return Err(Error::Training(e)),
         Ok(t) => t,
     };
-    let previous = active.as_ref().map(|a| Comparison {
+    let previous = active.as_ref().map(|a| VersusActive {
         version: a.0,
         groups: t.compared_groups,
         new: t.compared_quality,
