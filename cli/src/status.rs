@@ -76,11 +76,12 @@ fn render(s: &Status) -> String {
     }
     let count = |st: GpuOccupancy| s.gpus.iter().filter(|g| g.state == st).count();
     out.push_str(&format!(
-        "\nGPUs: {} shared or full, {} open, {} free, {} unusable (predictions in {}; observed \
-         so far from the progress files)\n",
+        "\nGPUs: {} shared or full, {} open, {} free, {} held by other jobs, {} unusable \
+         (predictions in {}; observed so far from the progress files)\n",
         count(GpuOccupancy::Full),
         count(GpuOccupancy::Open),
         count(GpuOccupancy::Free),
+        count(GpuOccupancy::Others),
         count(GpuOccupancy::Unusable),
         s.objective
     ));

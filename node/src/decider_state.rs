@@ -104,6 +104,11 @@ pub struct DeciderState {
     /// The nodes and when they were read (Unix seconds), in this process only.
     #[serde(skip)]
     pub nodes: Option<(f64, Vec<crate::slurm::NodeGpus>)>,
+    /// When a pass last saw a kace job on (or on its way to) each GPU, node and index, in this
+    /// process only: a GPU the nodes' reading shows in use is another job's only when no kace
+    /// job was seen there since that reading (it may be a kace job that has left since).
+    #[serde(skip)]
+    pub kace_seen: BTreeMap<(String, u32), f64>,
     /// The priority factors and when they were read, in this process only.
     #[serde(skip)]
     pub priority: Option<(f64, crate::priority::PriorityInputs)>,

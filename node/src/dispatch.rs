@@ -348,6 +348,24 @@ const SUBMIT_SETTLE: Duration = Duration::from_millis(30);
 /// When the service looks again after a submission's pass, for a job slurmctld recorded late.
 const SUBMIT_RECHECK: Duration = Duration::from_millis(500);
 
+/// Marks the slots another job holds: GRES in use in the nodes' reading (`NodeGpus::busy_gpus`)
+/// where no kace job was seen since that reading. A kace job seen there since (running, leaving,
+/// on its way) may be what the reading shows, so its GPU is judged by the kace jobs alone; a
+/// GPU a plain job left is taken up again at the next reading of the nodes (at most
+/// `NODES_FRESH_S` later), as no event wakes the decider for a plain job's end.
+fn mark_others(slots: &mut [Slot], nodes: &[NodeGpus], state: &mut DeciderState, now: f64) {
+    let read_at = state.nodes.as_ref().map_or(now, |n| n.0);
+    for slot in slots.iter_mut() {
+        let key = (slot.at.node.clone(), slot.at.index.0);
+        if !slot.jobs.is_empty() || !slot.leaving.is_empty() || slot.coming > 0 {
+            state.kace_seen.insert(key, now);
+            continue;
+        }
+        let busy = nodes[slot.node_at].busy_gpus.contains(&slot.at.index.0);
+        slot.others = busy && state.kace_seen.get(&key).is_none_or(|&seen| seen < read_at);
+    }
+}
+
 /// What one pass did.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PassReport {
@@ -500,11 +518,14 @@ struct Slot {
     leaving: Vec<u32>,
     /// Released jobs on their way to it.
     coming: usize,
+    /// Slurm shows GRES of it in use that no kace job accounts for: a job kace does not manage
+    /// (a plain `--gres=gpu` or shard job) holds it, so no kace job is placed there or beside it.
+    others: bool,
 }
 
 impl Slot {
     fn free(&self) -> bool {
-        self.jobs.is_empty() && !self.unknown && self.coming == 0
+        self.jobs.is_empty() && !self.unknown && self.coming == 0 && !self.others
     }
     fn open(&self, limit: usize) -> bool {
         !self.jobs.is_empty()
@@ -512,6 +533,7 @@ impl Slot {
             && !self.jobs.iter().any(|m| m.whole)
             && !self.unknown
             && self.coming == 0
+            && !self.others
     }
     /// The kind of a joiner's record: the decision of a job that starts there (a lead's
     /// partner, or the next place a joiner leaves room for), a refill, or a late arrival.
@@ -718,6 +740,7 @@ pub fn run(
                 unknown: false,
                 leaving: Vec::new(),
                 coming: 0,
+                others: false,
             });
         }
     }
@@ -795,6 +818,7 @@ pub fn run(
             slot.coming += 1;
         }
     }
+    mark_others(&mut slots, &nodes, state, now);
 
     let limit = s.policy.max_jobs_per_gpu;
     // The database and the GPUs' memory matter only for GPUs that already run kace jobs.
@@ -1588,6 +1612,7 @@ mod tests {
             unknown: false,
             leaving: Vec::new(),
             coming: 0,
+            others: false,
         };
         let joiner = QueuedJob { id: 11, workload: "beta".into(), ..QueuedJob::default() };
         let c = |id| partners_comment(id, &joiner, &slot);

@@ -158,6 +158,39 @@ fn index_list(s: &str) -> Option<Vec<u32>> {
     Some(out)
 }
 
+/// The node-local indices of the GPUs a node's `GresUsed` shows any `gpu` or `shard` of in use,
+/// whichever job holds them. `gpus` is the node's GPU types in index order ([`node_gpus`]).
+/// Slurm 22.05 prints node-local indices (`shard:g1:1(IDX:1)`); from 23.11.2 a shared GRES
+/// prints one `alloc/avail` pair per GPU *of its record* (`shard:g1:2(2/2)` on a node with one
+/// g1 GPU: seen on 26.05.3, node/tests/fixtures), so a pair's position counts among the
+/// node's GPUs of the entry's type (every GPU when untyped). A count without indices names no
+/// GPU and is not counted.
+pub fn busy_gpus(gres_used: &str, gpus: &[Option<String>]) -> Vec<u32> {
+    let mut on = Vec::new();
+    for entry in split_list(gres_used) {
+        let Some(a) = alloc(entry) else { continue };
+        if !matches!(a.name.as_str(), "gpu" | "shard") || a.count == 0 {
+            continue;
+        }
+        let pairs =
+            entry.split_once('(').is_some_and(|(_, d)| !d.starts_with("IDX:") && d.contains('/'));
+        if !pairs {
+            on.extend(a.indices);
+            continue;
+        }
+        // Positions among the GPUs of the entry's type.
+        let of_kind: Vec<u32> = (0u32..)
+            .zip(gpus)
+            .filter(|(_, k)| a.kind.is_none() || k.as_deref() == a.kind.as_deref())
+            .map(|(i, _)| i)
+            .collect();
+        on.extend(a.indices.iter().filter_map(|&p| of_kind.get(p as usize).copied()));
+    }
+    on.sort_unstable();
+    on.dedup();
+    on
+}
+
 /// A node's GPU types in index order from its configured GRES (`gpu:g0:1,gpu:g1:1,…`), `None`
 /// entries when untyped.
 pub fn node_gpus(gres: &str) -> Vec<Option<String>> {
@@ -197,6 +230,29 @@ pub fn shards_per_gpu(gres: &str) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn busy_gpus_by_index_and_by_alloc_pairs_of_a_type() {
+        let typed = node_gpus("gpu:g0:1,gpu:g1:1,shard:g0:2,shard:g1:2");
+        // 22.05: node-local indices.
+        let used = "gpu:g0:0(IDX:N/A),gpu:g1:0(IDX:N/A),shard:g0:0(IDX:N/A),shard:g1:1(IDX:1)";
+        assert_eq!(busy_gpus(used, &typed), vec![1]);
+        // 26.05.3: one pair per GPU of the record's type.
+        let used = "gpu:g0:0(IDX:N/A),gpu:g1:0(IDX:N/A),shard:g0:0(0/2),shard:g1:2(2/2)";
+        assert_eq!(busy_gpus(used, &typed), vec![1]);
+        assert_eq!(busy_gpus("shard:g0:1(1/2),shard:g1:0(0/2)", &typed), vec![0]);
+        // Two GPUs of one type, and untyped GPUs: positions among them.
+        let two = node_gpus("gpu:a:1,gpu:b:2,shard:a:2,shard:b:4");
+        assert_eq!(two, vec![Some("a".into()), Some("b".into()), Some("b".into())]);
+        assert_eq!(busy_gpus("shard:b:1(0/2,1/2),shard:a:0(0/2)", &two), vec![2]);
+        let untyped = node_gpus("gpu:2,shard:4");
+        assert_eq!(busy_gpus("gpu:0(IDX:N/A),shard:2(2/2,0/2)", &untyped), vec![0]);
+        assert_eq!(busy_gpus("gpu:1(IDX:1),shard:0(IDX:N/A)", &untyped), vec![1]);
+        // Nothing in use, unreadable, or a count with no index: no GPU.
+        assert!(busy_gpus("(null)", &typed).is_empty());
+        assert!(busy_gpus("gpu:g0:1", &typed).is_empty());
+        assert!(busy_gpus("shard:g9:1(5/2)", &typed).is_empty());
+    }
 
     #[test]
     fn shards_of_each_gpu() {

@@ -219,6 +219,7 @@ mod tests {
             partitions: partitions.iter().map(|p| p.to_string()).collect(),
             max_time_s: partitions.iter().map(|_| None).collect(),
             features: features.iter().map(|p| p.to_string()).collect(),
+            busy_gpus: Vec::new(),
         }
     }
 

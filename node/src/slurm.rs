@@ -77,10 +77,11 @@ pub const QUEUE_FORMAT: &str = "JobID:|,admin_comment:|,UserName:|,Reason:|,tres
 const QUEUE_FIELDS: usize = 21;
 
 /// The `sinfo -N -O` format kace reads the nodes with: one line per node and partition.
-pub const NODES_FORMAT: &str = "NodeList:|,PartitionName:|,Gres:|,StateLong:|,Features:|,Time:|";
+pub const NODES_FORMAT: &str =
+    "NodeList:|,PartitionName:|,Gres:|,StateLong:|,Features:|,Time:|,GresUsed:|";
 
 /// The number of fields in [`NODES_FORMAT`].
-const NODES_FIELDS: usize = 6;
+const NODES_FIELDS: usize = 7;
 
 /// How long past its budget (`node.prolog_budget_ms`) a kace prolog or epilog may still run:
 /// slurmd launches the hook a moment after slurmctld allocates, and clocks differ a little.
@@ -314,6 +315,9 @@ pub struct NodeGpus {
     pub max_time_s: Vec<Option<f64>>,
     /// Its available features (for `--constraint`).
     pub features: Vec<String>,
+    /// The node-local indices of the GPUs some job holds GRES of (`GresUsed`), whoever's job:
+    /// the decider leaves a GPU that no kace job accounts for to the job Slurm put there.
+    pub busy_gpus: Vec<u32>,
 }
 
 /// A running, configuring or completing kace job.
@@ -1196,14 +1200,18 @@ pub fn parse_nodes(out: &str) -> Vec<NodeGpus> {
         if f[0].is_empty() {
             continue;
         }
-        let node = nodes.entry(f[0].to_string()).or_insert_with(|| NodeGpus {
-            name: f[0].to_string(),
-            gpus: gres::node_gpus(f[2]),
-            shards_per_gpu: gres::shards_per_gpu(f[2]),
-            usable: state_takes_jobs(f[3]),
-            partitions: Vec::new(),
-            max_time_s: Vec::new(),
-            features: split_words(f[4]),
+        let node = nodes.entry(f[0].to_string()).or_insert_with(|| {
+            let gpus = gres::node_gpus(f[2]);
+            NodeGpus {
+                name: f[0].to_string(),
+                busy_gpus: gres::busy_gpus(f[6], &gpus),
+                gpus,
+                shards_per_gpu: gres::shards_per_gpu(f[2]),
+                usable: state_takes_jobs(f[3]),
+                partitions: Vec::new(),
+                max_time_s: Vec::new(),
+                features: split_words(f[4]),
+            }
         });
         if !f[1].is_empty() && !node.partitions.iter().any(|p| p == f[1]) {
             node.partitions.push(f[1].to_string());
@@ -1403,10 +1411,13 @@ mod tests {
 
     #[test]
     fn nodes_and_their_gpus() {
-        let out = "n1|pa|gpu:g0:1,gpu:g1:1,shard:g0:2,shard:g1:2|idle|fa,fb|1:00:00|\n\
-                   n1|debug|gpu:g0:1,gpu:g1:1,shard:g0:2,shard:g1:2|idle|fa,fb|infinite|\n\
-                   n2|debug|gpu:1,shard:4|mixed|(null)|infinite|\nn3|debug|gpu:2(S:0),shard:8|drained|(null)|infinite|\n\
-                   n4|debug|(null)|idle|(null)|infinite|\n";
+        let out = "n1|pa|gpu:g0:1,gpu:g1:1,shard:g0:2,shard:g1:2|idle|fa,fb|1:00:00|\
+                   gpu:g0:0(IDX:N/A),gpu:g1:0(IDX:N/A),shard:g0:0(IDX:N/A),shard:g1:2(IDX:1)|\n\
+                   n1|debug|gpu:g0:1,gpu:g1:1,shard:g0:2,shard:g1:2|idle|fa,fb|infinite|\
+                   gpu:g0:0(IDX:N/A),gpu:g1:0(IDX:N/A),shard:g0:0(IDX:N/A),shard:g1:2(IDX:1)|\n\
+                   n2|debug|gpu:1,shard:4|mixed|(null)|infinite|gpu:1(IDX:0),shard:0(IDX:N/A)|\n\
+                   n3|debug|gpu:2(S:0),shard:8|drained|(null)|infinite|gpu:0,shard:0|\n\
+                   n4|debug|(null)|idle|(null)|infinite|(null)|\n";
         let n = parse_nodes(out);
         assert_eq!(n[0].gpus, vec![Some("g0".to_string()), Some("g1".to_string())]);
         assert_eq!(
@@ -1418,6 +1429,8 @@ mod tests {
         assert_eq!((n[1].gpus.len(), n[1].usable), (1, true));
         assert_eq!((n[2].gpus.len(), n[2].usable), (2, false));
         assert!(n[3].gpus.is_empty());
+        assert_eq!((n[0].busy_gpus.clone(), n[1].busy_gpus.clone()), (vec![1], vec![0]));
+        assert!(n[2].busy_gpus.is_empty() && n[3].busy_gpus.is_empty());
     }
 
     #[test]

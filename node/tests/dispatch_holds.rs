@@ -77,6 +77,7 @@ impl Slurm for Queue {
             partitions: vec!["debug".into()],
             max_time_s: vec![None],
             features: Vec::new(),
+            busy_gpus: Vec::new(),
         }])
     }
     fn priority_inputs(&self) -> Result<kace_node::priority::PriorityInputs> {

@@ -479,6 +479,7 @@ fn node_n1(kinds: &[&str]) -> Vec<NodeGpus> {
         partitions: Vec::new(),
         max_time_s: Vec::new(),
         features: Vec::new(),
+        busy_gpus: Vec::new(),
         name: "n1".into(),
         gpus,
         usable: true,
@@ -882,6 +883,7 @@ fn dispatch_releases_leads_onto_free_gpus_and_places_expired_holds() {
             partitions: Vec::new(),
             max_time_s: Vec::new(),
             features: Vec::new(),
+            busy_gpus: Vec::new(),
             name: "n1".into(),
             gpus: vec![Some("g0".into()), Some("g1".into())],
             usable: true,
@@ -891,6 +893,7 @@ fn dispatch_releases_leads_onto_free_gpus_and_places_expired_holds() {
             partitions: Vec::new(),
             max_time_s: Vec::new(),
             features: Vec::new(),
+            busy_gpus: Vec::new(),
             name: "n2".into(),
             gpus: vec![None],
             usable: false,
@@ -960,6 +963,52 @@ fn dispatch_releases_leads_onto_free_gpus_and_places_expired_holds() {
     assert!(lines.contains("scontrol requeue 3"), "{lines}");
 }
 
+/// A GPU a job kace does not manage holds (a plain `--gres=gpu` job: Slurm shows its GRES in
+/// use, no kace job is on it) is neither free nor open: the first held job leads on the other
+/// GPU instead of being pinned beside it to wait (issue 29). A GPU whose reading shows a kace
+/// job that has left since is free at once, without waiting for the nodes to be read again.
+#[test]
+fn a_gpu_a_plain_job_holds_is_left_to_it_and_one_a_kace_job_left_is_not() {
+    let world = |name: &str, busy: Vec<u32>| {
+        let mut s = FakeSlurm { nodes: node_n1(&["g0", "g1"]), ..FakeSlurm::default() };
+        s.nodes[0].busy_gpus = busy;
+        *s.pending.get_mut() = vec![held(6, "beta", "alice", "gres:shard:1")];
+        World::new(name, s)
+    };
+    // A plain job on GPU 0: the held job leads on GPU 1.
+    let w = world("plain-gpu", vec![0]);
+    let r = pass(&w, 1000.0);
+    assert_eq!(r.leads, vec![(6, "n1".to_string(), 1)], "{r:?}");
+    assert!(!w.slurm.calls.borrow().iter().any(|c| c.starts_with("pin 6 n1 Some(\"g0\")")));
+
+    // Both GPUs in use: the plain job's on GPU 0, kace job 5 on GPU 1. No lead is placed.
+    let w = world("plain-and-kace", vec![0, 1]);
+    w.slurm.running.borrow_mut().push(RunningJob {
+        id: 5,
+        node: "n1".into(),
+        gpus: vec![1],
+        state: "R".into(),
+        ..Default::default()
+    });
+    w.slurm.details.borrow_mut().insert(5, running_detail(5, "zeta", 1, Some("g1")));
+    let settings = dispatch_settings(&w);
+    let mut state = kace_node::decider_state::DeciderState::default();
+    let r = dispatch::run(&w.slurm, &settings, &mut state, 1000.0).unwrap();
+    assert!(r.leads.is_empty() && r.expired.is_empty(), "{r:?}");
+    // Job 5 ends. The nodes read at 1000 still show GPU 1 in use, but a kace job was seen there
+    // since: it is free at once (the refill does not wait for the next reading); GPU 0 stays
+    // the plain job's.
+    w.slurm.running.borrow_mut().clear();
+    let r = dispatch::run(&w.slurm, &settings, &mut state, 1002.0).unwrap();
+    assert_eq!(r.leads, vec![(6, "n1".to_string(), 1)], "{r:?}");
+    // A decider that never saw a kace job on GPU 1 believes the reading: both GPUs are taken,
+    // and the held job stays held, pinned nowhere.
+    let w = world("plain-both", vec![0, 1]);
+    let r = pass(&w, 1003.0);
+    assert!(r.leads.is_empty() && r.expired.is_empty() && r.still_held, "{r:?}");
+    assert!(!w.slurm.calls.borrow().iter().any(|c| c.starts_with("pin ")));
+}
+
 /// A kace job Slurm shows starting for longer than any prolog runs (a batch job whose slurmd
 /// was killed during its prolog stays "running, reason Prolog" for good) holds no other kace
 /// job: the decider never waits for a hook; once the job counts as stuck it is named, and no
@@ -1004,6 +1053,7 @@ fn dispatch_fills_open_gpus_before_free_ones() {
         partitions: Vec::new(),
         max_time_s: Vec::new(),
         features: Vec::new(),
+        busy_gpus: Vec::new(),
         name: "n1".into(),
         gpus: vec![Some("g0".into()), Some("g1".into())],
         usable: true,
@@ -1062,6 +1112,7 @@ fn dispatch_fills_open_gpus_before_free_ones() {
         partitions: Vec::new(),
         max_time_s: Vec::new(),
         features: Vec::new(),
+        busy_gpus: Vec::new(),
         name: "n1".into(),
         gpus: vec![None, Some("g1".into())],
         usable: true,
@@ -1093,6 +1144,7 @@ fn dispatch_places_an_expired_hold_on_an_open_gpu_and_records_it() {
             partitions: Vec::new(),
             max_time_s: Vec::new(),
             features: Vec::new(),
+            busy_gpus: Vec::new(),
             name: "n1".into(),
             gpus: vec![Some("g1".into())],
             usable: true,
@@ -2144,6 +2196,7 @@ fn policy_node(name: &str, partition: &str) -> NodeGpus {
         partitions: vec![partition.into()],
         max_time_s: vec![None],
         features: Vec::new(),
+        busy_gpus: Vec::new(),
     }
 }
 
@@ -2279,6 +2332,7 @@ fn dispatch_lengthens_time_limits_of_a_group_or_does_not_pair() {
                 partitions: Vec::new(),
                 max_time_s: Vec::new(),
                 features: Vec::new(),
+                busy_gpus: Vec::new(),
                 name: "n1".into(),
                 gpus: vec![Some("g1".into())],
                 usable: true,

@@ -52,6 +52,9 @@ pub enum GpuOccupancy {
     Open,
     /// As many kace jobs as it takes.
     Full,
+    /// No kace job, but Slurm shows it in use: a job kace does not manage holds it, and the
+    /// decider leaves it to that job.
+    Others,
     /// Its node is down or drained.
     Unusable,
 }
@@ -65,7 +68,7 @@ pub struct Gpu {
     pub index: u32,
     /// GPU type when typed.
     pub kind: Option<String>,
-    /// Free, open, full or unusable.
+    /// Free, open, full, others' or unusable.
     pub state: GpuOccupancy,
     /// Its kace jobs (only the caller's with `--user`).
     pub jobs: Vec<Running>,
@@ -262,12 +265,13 @@ pub fn gather(
         for (i, kind) in n.gpus.iter().enumerate() {
             let key = (n.name.clone(), i as u32);
             let jobs = on_gpu.remove(&key).unwrap_or_default();
-            gpus.push(gpu_status(n.usable, key, kind.clone(), &jobs, &shared));
+            let others = jobs.is_empty() && n.busy_gpus.contains(&(i as u32));
+            gpus.push(gpu_status((n.usable, others), key, kind.clone(), &jobs, &shared));
         }
     }
     // Jobs on GPUs sinfo did not list (a node that left the partition): still shown.
     for (key, jobs) in on_gpu {
-        gpus.push(gpu_status(false, key, None, &jobs, &shared));
+        gpus.push(gpu_status((false, false), key, None, &jobs, &shared));
     }
 
     let held_jobs: Vec<&QueuedJob> = queue.iter().filter(|j| j.held()).collect();
@@ -344,8 +348,10 @@ pub fn gather(
     })
 }
 
+/// One GPU's line; `(usable, others)`: its node takes jobs, and a job kace does not manage
+/// holds it.
 fn gpu_status(
-    usable: bool,
+    (usable, others): (bool, bool),
     (node, index): (String, u32),
     kind: Option<String>,
     jobs: &[Placed],
@@ -354,6 +360,7 @@ fn gpu_status(
     let Shared { config, model, profiles, mine } = *sh;
     let state = match (usable, jobs.len()) {
         (false, _) => GpuOccupancy::Unusable,
+        (true, 0) if others => GpuOccupancy::Others,
         (true, 0) => GpuOccupancy::Free,
         (true, n) if n < config.selection.max_jobs_per_gpu => GpuOccupancy::Open,
         _ => GpuOccupancy::Full,
@@ -598,11 +605,18 @@ mod tests {
             partitions: Vec::new(),
             max_time_s: Vec::new(),
             features: Vec::new(),
+            busy_gpus: Vec::new(),
         };
         Cluster {
             queue: vec![held(10, "alice", 950.0), held(11, "bob", 990.0)],
             running: vec![run(1, "n1", "alice"), run(2, "n1", "bob"), run(3, "n2", "alice")],
-            nodes: vec![node("n1", true), node("n2", true), node("n3", true), node("n4", false)],
+            nodes: vec![
+                node("n1", true),
+                node("n2", true),
+                node("n3", true),
+                node("n4", false),
+                NodeGpus { busy_gpus: vec![0], ..node("n5", true) },
+            ],
             priority: Default::default(),
         }
     }
@@ -633,7 +647,13 @@ mod tests {
         let states: Vec<GpuOccupancy> = s.gpus.iter().map(|g| g.state).collect();
         assert_eq!(
             states,
-            [GpuOccupancy::Full, GpuOccupancy::Open, GpuOccupancy::Free, GpuOccupancy::Unusable]
+            [
+                GpuOccupancy::Full,
+                GpuOccupancy::Open,
+                GpuOccupancy::Free,
+                GpuOccupancy::Unusable,
+                GpuOccupancy::Others
+            ]
         );
         assert_eq!(s.gpus[0].jobs[0].with, vec![2]);
         assert_eq!(s.gpus[0].jobs[1].with, vec![1]);

@@ -147,9 +147,9 @@ fn kace_starts_jobs_in_slurms_fair_share_order() {
     eprintln!("accounting: fair-share heavy {fs_heavy}, light {fs_light}");
 
     let burst = |kace: bool| -> Vec<(u32, &'static str)> {
-        // kace sees a GPU's kace jobs, not a plain job on it: its blocker is a kace job of
-        // the whole GPU (a plain one would leave the GPU looking free, and the first job to
-        // arrive would be pinned there at once).
+        // The blocker is a kace job of the whole GPU: its end wakes the decider at once
+        // (EpilogSlurmctld); a plain job's end is seen at the next reading of the nodes, which
+        // would add up to a backstop period to the kace run's waits only.
         let blocker = if kace {
             submit(&c, 0, &["--kace-colocate=bert-infer", "--gres=shard:2", "--wrap", "sleep 6"])
         } else {
@@ -377,4 +377,69 @@ fn kace_releases_no_job_a_qos_limit_would_keep_pending() {
     assert!(decider.contains("waits for a limit: QOSMaxJobsPerUserLimit (QOS one)"), "{decider}");
     // The other user's job did not wait for the heavy user's limit.
     assert!(s3 < e1.max(e2), "{reasons:?}");
+}
+
+/// Preemption (`PreemptType=preempt/qos`, `PreemptMode=REQUEUE`): a plain job of a QOS that
+/// preempts `normal` takes the GPU of a running kace job. Slurm requeues the kace job; kace holds
+/// it again and unpins it (it is not left pinned to the GPU the preemptor holds), leaves that GPU
+/// to the preemptor while it runs, and places the job anew once the GPU is free: it completes,
+/// once requeued, never beside the preemptor.
+#[test]
+#[ignore = "needs root, Slurm, slurmdbd and MariaDB"]
+fn a_preempted_kace_job_is_held_again_unpinned_and_runs_after_the_preemptor() {
+    let test = "a_preempted_kace_job_is_held_again_unpinned_and_runs_after_the_preemptor";
+    kace_e2e::require_e2e(test);
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let c = accounting_cluster(
+        1,
+        &[
+            "add qos high Priority=100 Preempt=normal",
+            "add account heavy",
+            "add account light",
+            "add user daemon Account=heavy QOS=normal DefaultQOS=normal",
+            "add user bin Account=light QOS=normal,high DefaultQOS=normal",
+        ],
+    )
+    .slurm_conf_line("PreemptType=preempt/qos")
+    .slurm_conf_line("PreemptMode=REQUEUE")
+    .slurm_conf_line("JobRequeue=1")
+    .start()
+    .unwrap();
+    let dir = c.dir().to_path_buf();
+    common::prepare(&c, MAX_HOLD_S);
+    std::env::set_var("SLURM_CONF", c.conf());
+    let mut watch = setup::watch(&dir, c.conf()).unwrap();
+
+    let victim = submit(
+        &c,
+        HEAVY.0,
+        &["--kace-colocate=bert-infer", "--gres=shard:1", "--requeue", "--wrap", "sleep 10"],
+    );
+    wait_for(&c, "the kace job running", Duration::from_secs(60), || {
+        field(&c.job(victim).unwrap(), "JobState") == "RUNNING"
+    });
+    let preemptor = submit(&c, LIGHT.0, &["--qos=high", "--gres=shard:2", "--wrap", "sleep 8"]);
+    wait_for(&c, "the preemptor running", Duration::from_secs(60), || {
+        field(&c.job(preemptor).unwrap(), "JobState") == "RUNNING"
+    });
+    // Requeued, then held again and unpinned by kace while the preemptor runs.
+    wait_for(&c, "the requeued kace job held again", Duration::from_secs(40), || {
+        let j = c.job(victim).unwrap();
+        field(&j, "JobState") == "PENDING"
+            && field(&j, "Reason") == "JobHeldUser"
+            && matches!(field(&j, "ReqNodeList"), "" | "(null)")
+    });
+    let p = c.wait_done(preemptor, Duration::from_secs(60)).unwrap();
+    assert_eq!(field(&p, "JobState"), "COMPLETED", "{p:?}");
+    let v = c.wait_done(victim, Duration::from_secs(180)).unwrap();
+    let decider = ["dispatch-watch.out", "dispatch-watch.err"]
+        .map(|f| std::fs::read_to_string(dir.join(f)).unwrap_or_default())
+        .join("");
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert_eq!(field(&v, "JobState"), "COMPLETED", "{v:?}\n{decider}");
+    assert!(field(&v, "Restarts").parse::<u32>().unwrap_or(0) >= 1, "requeued once: {v:?}");
+    let t = |j: &kace_e2e::JobInfo, k: &str| kace_node::slurm::parse_utc(field(j, k)).unwrap();
+    assert!(t(&v, "StartTime") >= t(&p, "EndTime"), "ran beside its preemptor: {v:?} {p:?}");
+    assert!(decider.contains(&format!("held job {victim} again")), "{decider}");
 }

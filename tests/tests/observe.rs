@@ -160,7 +160,10 @@ fn status_and_explain_show_a_shared_gpu_an_open_gpu_and_held_jobs() {
     // The text says the same.
     assert!(text.contains("model: version 1 (slowdown"), "{text}");
     assert!(text.contains("), trained 20"), "{text}");
-    assert!(text.contains("GPUs: 1 shared or full, 1 open, 0 free, 0 unusable"), "{text}");
+    assert!(
+        text.contains("GPUs: 1 shared or full, 1 open, 0 free, 0 held by other jobs, 0 unusable"),
+        "{text}"
+    );
     assert!(text.contains("held kace jobs: 2"), "{text}");
     assert!(text.contains(" UTC ("), "dates in the text: {text}");
 

@@ -6,7 +6,8 @@
 //! nodes) is handed back and runs; a job whose only node is drained is never pinned there and
 //! goes to Slurm at `max_hold`, asking for the whole GPU, and runs once the node is back; a
 //! requeued kace job is held again and unpinned instead of staying pinned to its old GPU; a
-//! pair of jobs with `--time` gets its limits lengthened by what sharing costs.
+//! pair of jobs with `--time` gets its limits lengthened by what sharing costs; a GPU a plain
+//! job holds is left to it.
 
 mod common;
 
@@ -73,6 +74,20 @@ fn kace_jobs_run_only_where_the_sites_policies_let_them() {
         let j = done(id);
         assert_eq!(field(&j, "NodeList"), want, "{extra:?}: {j:?}");
     }
+
+    // 1b. A GPU a plain job holds is left to it: a kace job that may run on either node runs
+    //     on the other at once, instead of being pinned behind the plain job to wait.
+    let plain = c.sbatch(&["--gres=shard:2", "-w", "n1", "--wrap", "sleep 40"]).unwrap();
+    wait_for(&c, "the plain job running", Duration::from_secs(30), || {
+        field(&c.job(plain).unwrap(), "JobState") == "RUNNING"
+    });
+    // Past the nodes the decider remembers (dispatch's NODES_FRESH_S, 5 s).
+    std::thread::sleep(Duration::from_secs(6));
+    let beside = kace_job(&[], "sleep 1").unwrap();
+    assert_eq!(field(&done(beside), "NodeList"), "n2");
+    assert_eq!(field(&c.job(plain).unwrap(), "JobState"), "RUNNING", "it did not wait for it");
+    c.run_ok("scancel", &[&plain.to_string()]).unwrap();
+    c.wait_done(plain, Duration::from_secs(30)).unwrap();
 
     // 2. --exclude cannot be honoured (22.05's squeue cannot show it): one line at submission.
     let refused = c
