@@ -166,9 +166,10 @@ fn render(s: &Status) -> String {
                     (None, Some(why)) => format!("none: {why}"),
                     (None, None) => "-".into(),
                 };
-                let offer = match &h.handed_back {
-                    Some(why) => format!("goes to Slurm at the next pass: {why}"),
-                    None => offer,
+                let offer = match (&h.handed_back, &h.kept_back) {
+                    (Some(why), _) => format!("goes to Slurm at the next pass: {why}"),
+                    (None, Some(why)) => format!("kept back: {why}"),
+                    (None, None) => offer,
                 };
                 vec![
                     match h.priority {

@@ -663,7 +663,11 @@ pub fn run(
     let held: Vec<&QueuedJob> = held
         .into_iter()
         .filter(|j| match limited(j) {
-            None => true,
+            None => {
+                // What `kace status` shows is what the decider last found: no limit now.
+                state.limit_said.remove(&j.id);
+                true
+            }
             Some(why) => {
                 if state.limit_said.get(&j.id) != Some(&why) {
                     report.notes.push(format!("job {} waits for a limit: {why}", j.id));

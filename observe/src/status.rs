@@ -129,6 +129,10 @@ pub struct Held {
     /// Why the decider hands it back to Slurm at its next pass instead of placing it, if it does
     /// (a `-w` of several nodes, a reservation, no shard, …).
     pub handed_back: Option<String>,
+    /// Why the decider keeps it back, from its memory at its last pass (root's view only): a
+    /// QOS or association limit Slurm would keep it pending for, or a rest after Slurm kept it
+    /// pending for a policy reason.
+    pub kept_back: Option<String>,
 }
 
 /// A would-be partner.
@@ -335,6 +339,7 @@ pub fn gather(
             place: k + 1,
             priority: kace_node::priority::estimate(&inputs, j, now),
             handed_back: kace_node::placement::wants(j).err().map(|why| why.to_string()),
+            kept_back: kept_back(&memory, j.id, now),
         });
     }
     Ok(Status {
@@ -345,6 +350,19 @@ pub fn gather(
         starting,
         model: model.map(|m| m.0),
         problems,
+    })
+}
+
+/// Why the decider's memory says it keeps job `id` back, if it does.
+fn kept_back(memory: &kace_node::decider_state::DeciderState, id: u32, now: f64) -> Option<String> {
+    if let Some(why) = memory.limit_said.get(&id) {
+        return Some(format!("waits for a limit: {why}"));
+    }
+    memory.resting.get(&id).filter(|&&until| until > now).map(|until| {
+        format!(
+            "held again after Slurm kept it pending for a policy reason; offered again in {:.0} s",
+            until - now
+        )
     })
 }
 
@@ -637,6 +655,23 @@ mod tests {
         );
         assert!(line.len() < 200, "{line}");
         assert_eq!(rejection_counts(&[]), "none predicted to gain");
+    }
+
+    #[test]
+    fn the_deciders_memory_says_why_a_job_is_kept_back() {
+        let mut m = kace_node::decider_state::DeciderState::default();
+        m.limit_said.insert(10, "QOSMaxJobsPerUserLimit (QOS one)".into());
+        m.resting.insert(11, 1060.0);
+        m.resting.insert(12, 990.0);
+        assert_eq!(
+            kept_back(&m, 10, 1000.0).as_deref(),
+            Some("waits for a limit: QOSMaxJobsPerUserLimit (QOS one)")
+        );
+        let rest = kept_back(&m, 11, 1000.0).unwrap();
+        assert!(rest.contains("policy reason") && rest.ends_with("in 60 s"), "{rest}");
+        // A rest that is over, and a job the decider said nothing of: nothing.
+        assert_eq!(kept_back(&m, 12, 1000.0), None);
+        assert_eq!(kept_back(&m, 13, 1000.0), None);
     }
 
     #[test]

@@ -346,7 +346,17 @@ fn kace_releases_no_job_a_qos_limit_would_keep_pending() {
     // Until both of the user's jobs are done, the second is never released while the first
     // runs: Slurm never shows it pending for the limit.
     let mut reasons = BTreeMap::new();
+    // What `kace status` says of the second job while the first runs (the decider's memory).
+    let mut kept_back: Option<String> = None;
     wait_for(&c, "the three jobs to end", Duration::from_secs(120), || {
+        if kept_back.is_none() && field(&c.job(first).unwrap(), "JobState") == "RUNNING" {
+            let status = common::json(&c, &["status"]);
+            kept_back = status["held"]
+                .as_array()
+                .and_then(|h| h.iter().find(|j| j["job"] == second))
+                .and_then(|j| j["kept_back"].as_str())
+                .map(str::to_string);
+        }
         for id in [first, second, other] {
             let j = c.job(id).unwrap();
             *reasons
@@ -375,6 +385,11 @@ fn kace_releases_no_job_a_qos_limit_would_keep_pending() {
     let ((s1, e1), (s2, e2), (s3, _)) = (times(first), times(second), times(other));
     assert!(s2 >= e1 || e2 <= s1, "the user's two jobs overlapped: {s1}..{e1} and {s2}..{e2}");
     assert!(decider.contains("waits for a limit: QOSMaxJobsPerUserLimit (QOS one)"), "{decider}");
+    assert_eq!(
+        kept_back.as_deref(),
+        Some("waits for a limit: QOSMaxJobsPerUserLimit (QOS one)"),
+        "kace status of the held job"
+    );
     // The other user's job did not wait for the heavy user's limit.
     assert!(s3 < e1.max(e2), "{reasons:?}");
 }

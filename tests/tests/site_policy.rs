@@ -7,7 +7,7 @@
 //! goes to Slurm at `max_hold`, asking for the whole GPU, and runs once the node is back; a
 //! requeued kace job is held again and unpinned instead of staying pinned to its old GPU; a
 //! pair of jobs with `--time` gets its limits lengthened by what sharing costs; a GPU a plain
-//! job holds is left to it.
+//! job holds is left to it; a maintenance reservation on a busy node is never pinned into.
 
 mod common;
 
@@ -124,6 +124,45 @@ fn kace_jobs_run_only_where_the_sites_policies_let_them() {
     assert!(tres.ends_with("shard:2"), "asks for the whole GPU: {j:?}");
     c.run_ok("scontrol", &["update", "nodename=n1", "state=resume"]).unwrap();
     assert_eq!(field(&done(drained), "NodeList"), "n1");
+
+    // 4b. A maintenance reservation on a busy node (state `mixed$`): no kace job is pinned
+    //     there, not even beside the kace job running on it; at max_hold the job goes to Slurm,
+    //     which starts it once the reservation is gone.
+    let busy = kace_job(&["-p", "pa"], "sleep 30").unwrap();
+    wait_for(&c, "the job on n1 running", Duration::from_secs(30), || {
+        field(&c.job(busy).unwrap(), "JobState") == "RUNNING"
+    });
+    c.run_ok(
+        "scontrol",
+        &[
+            "create",
+            "reservation",
+            "ReservationName=maint",
+            "StartTime=now",
+            "Duration=10",
+            "Nodes=n1",
+            "Flags=maint,ignore_jobs",
+            "Users=root",
+        ],
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(6)); // past the decider's remembered nodes
+    let state = c.run_ok("sinfo", &["-h", "-n", "n1", "-o", "%T"]).unwrap();
+    assert!(state.trim().ends_with('$') || state.contains("maint"), "n1 is {state}");
+    let reserved = kace_job(&["-p", "pa"], "sleep 1").unwrap();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(MAX_HOLD_S + 6) {
+        let j = c.job(reserved).unwrap();
+        assert!(
+            matches!(field(&j, "ReqNodeList"), "" | "(null)"),
+            "pinned into the maintenance: {j:?}"
+        );
+        assert_eq!(field(&j, "JobState"), "PENDING", "{j:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    c.run_ok("scontrol", &["delete", "reservation", "maint"]).unwrap();
+    c.run_ok("scancel", &[&busy.to_string()]).unwrap();
+    assert_eq!(field(&done(reserved), "NodeList"), "n1");
 
     // 5. A requeued kace job is held again and unpinned, not left pinned to its old GPU.
     let long = kace_job(&["-p", "pb"], "sleep 60").unwrap();
