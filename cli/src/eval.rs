@@ -210,6 +210,12 @@ struct HistoryArgs {
     /// Measurement noise of an observation (standard deviation of log throughput).
     #[arg(long, value_name = "SD", default_value_t = HistorySpec::default().noise)]
     noise: f64,
+    /// Exploratory groups per new workload (kace.conf's selection.explore_pairs; 0: none).
+    #[arg(long, value_name = "N", default_value_t = HistorySpec::default().explore_pairs)]
+    explore_pairs: u32,
+    /// Doubts of predicted gain an exploratory group must show (selection.explore_weight).
+    #[arg(long, value_name = "W", default_value_t = HistorySpec::default().explore_weight)]
+    explore_weight: f64,
 }
 
 /// The two protocols' reports of one evaluation; `native` is the one the command is about.
@@ -241,6 +247,8 @@ pub fn run(args: EvalArgs, format: Format) -> Result<()> {
                 jobs_per_day: a.jobs_per_day,
                 initial_workloads: a.initial_workloads,
                 noise: a.noise,
+                explore_pairs: a.explore_pairs,
+                explore_weight: a.explore_weight,
                 ..HistorySpec::default()
             };
             let input = history_eval::Input { data: a.data, spec, seeds };

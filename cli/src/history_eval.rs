@@ -71,14 +71,17 @@ pub fn run(input: &Input, format: Format) -> Result<String> {
         Format::Table => {
             let mut out = format!(
                 "kace eval history: {} day(s), {} seed(s) ({}), {} jobs a day, {} workloads on \
-                 day 1 then {} new a day, measurement noise {:.1} %\n",
+                 day 1 then {} new a day, measurement noise {:.1} %, explore_pairs {}, \
+                 explore_weight {}\n",
                 input.spec.days,
                 input.seeds.len(),
                 seeds_text(&input.seeds),
                 input.spec.jobs_per_day,
                 input.spec.initial_workloads,
                 input.spec.new_per_day,
-                100.0 * input.spec.noise
+                100.0 * input.spec.noise,
+                input.spec.explore_pairs,
+                input.spec.explore_weight
             );
             for (training, hs) in &runs {
                 out.push_str(&format!(
@@ -118,6 +121,8 @@ fn spec_json(s: &HistorySpec) -> Value {
         "popularity": s.popularity,
         "noise": s.noise,
         "import_n_occur": s.import_n_occur,
+        "explore_pairs": s.explore_pairs,
+        "explore_weight": s.explore_weight,
     })
 }
 
@@ -145,6 +150,8 @@ fn figures() -> Vec<(&'static str, Figure)> {
         ("cold_decisions", |d| Some(d.cold_decisions as f64)),
         ("cold_formed", |d| Some(d.cold_formed as f64)),
         ("cold_harmful", |d| Some(d.cold_harmful as f64)),
+        ("explored", |d| Some(d.explored as f64)),
+        ("explored_harmful", |d| Some(d.explored_harmful as f64)),
         ("observations", |d| Some(d.observations as f64)),
         ("activated", |d| Some(if d.activated { 1.0 } else { 0.0 })),
         ("corrected", |d| Some(d.corrected as f64)),
@@ -205,6 +212,11 @@ fn day_table(hs: &[History], days: usize) -> String {
                     mean(|x| x.cold_formed as f64),
                     mean(|x| x.cold_harmful as f64)
                 ),
+                format!(
+                    "{:.1} / {:.2}",
+                    mean(|x| x.explored as f64),
+                    mean(|x| x.explored_harmful as f64)
+                ),
                 cell(spread(hs, d, |x| x.cold_oracle_ratio), false),
             ]
         })
@@ -219,6 +231,7 @@ fn day_table(hs: &[History], days: usize) -> String {
             "harmful",
             "formed",
             "new wl / cold formed / cold harmful",
+            "explored / harmful",
             "cold-lead oracle ratio",
         ],
         &rows,

@@ -58,6 +58,7 @@ pub fn run(args: SelectArgs, ctx: &Ctx) -> Result<()> {
         &policy,
         args.gpu_memory,
         args.gpu_model.as_deref(),
+        &[],
     )?;
     let lead = args.lead.join("+");
     let chosen = d.selection.chosen.map(|i| specs[i].workload.clone());

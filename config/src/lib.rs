@@ -24,6 +24,8 @@
 //! priority_window = 4     # a joiner is chosen among the 4 held jobs first in Slurm's priority order
 //! refill = true           # false: fill a GPU only at its lead's start (for comparison)
 //! refuse_likely_harm = true   # a doubtful group needs a larger predicted gain
+//! explore_pairs = 3       # a new workload may be paired 3 times beside its safest partner, to be learnt
+//! explore_weight = 0.5    # ... when predicted to gain at least 0.5 × the model's doubt
 //!
 //! [mps]
 //! multi_user = false      # true: one MPS server for all users (-M), jobs of different users share
@@ -205,6 +207,20 @@ pub struct Selection {
     /// (chosen before any measurement: a GPU takes one joiner at a time, and four candidates
     /// give the decision a choice among the workloads a queue mixes); in [1, 64].
     pub priority_window: usize,
+    /// Exploration of new workloads. A workload the active model never learnt from (no group
+    /// with it observed yet) is paired only where the model is confident by its new-workload
+    /// margin, so it is often left alone and stays unknown for days. With this above 0, when no
+    /// candidate passes, a group with such a workload is formed anyway, at most this many times
+    /// per workload (counted by the decider, `dispatch.state_dir`), beside the partner the model
+    /// predicts safest (highest predicted progress minus its doubt), if it is predicted to gain
+    /// at least `explore_weight` × the model's doubt. The epilog observes it and the nightly
+    /// `kace retrain` learns the workload. Default 3 (chosen on the simulated site's
+    /// development seeds, docs/models.md); in [0, 10]; 0 never explores.
+    pub explore_pairs: u32,
+    /// The doubts of predicted gain an exploratory group must show (the model's κ and κ_new,
+    /// which refused it, are larger): no exploratory group is predicted harmful. Default 0.5; in
+    /// [0, 5].
+    pub explore_weight: f64,
 }
 
 /// `[selection] time_limit`.
@@ -233,6 +249,8 @@ impl Default for Selection {
             time_limit: TimeLimit::Extend,
             time_limit_cap: 2.0,
             priority_window: 4,
+            explore_pairs: kace_selector::selection::EXPLORE_PAIRS,
+            explore_weight: kace_selector::selection::EXPLORE_WEIGHT,
         }
     }
 }
@@ -576,6 +594,8 @@ impl Config {
                 min_gain: s.min_gain,
                 objective: s.objective,
                 refuse_likely_harm: s.refuse_likely_harm,
+                explore_pairs: s.explore_pairs,
+                explore_weight: s.explore_weight,
             },
             max_jobs_per_gpu: s.max_jobs_per_gpu,
             multi_user: self.mps.multi_user,
@@ -618,6 +638,18 @@ impl Config {
             return Err(format!(
                 "selection.priority_window = {}: must be in [1, 64]",
                 s.priority_window
+            ));
+        }
+        if s.explore_pairs > 10 {
+            return Err(format!(
+                "selection.explore_pairs = {}: must be in [0, 10]",
+                s.explore_pairs
+            ));
+        }
+        if !(0.0..=5.0).contains(&s.explore_weight) {
+            return Err(format!(
+                "selection.explore_weight = {}: must be in [0, 5]",
+                s.explore_weight
             ));
         }
         if !(2..=16).contains(&s.max_jobs_per_gpu) {

@@ -164,7 +164,7 @@ fn main() {
                 let start = Instant::now();
                 let db = Db::open_read_only(&path).expect("open");
                 let running = [JobSpec { workload: lead.clone(), user: None }];
-                let d = decide_from_store(&db, &running, &cands, &policy, Some(141.0), None)
+                let d = decide_from_store(&db, &running, &cands, &policy, Some(141.0), None, &[])
                     .expect("decide");
                 times.push(start.elapsed());
                 chosen = d.selection.chosen;

@@ -119,6 +119,12 @@ pub struct DeciderState {
     /// every pass).
     #[serde(default)]
     pub limit_said: BTreeMap<u32, String>,
+    /// Workloads → the exploratory groups they were released into
+    /// (`selection.explore_pairs` bounds them; [`crate::dispatch`]). Kept while the decider's
+    /// state lasts: a workload the model has learnt is no longer explored, whatever its count;
+    /// a state set aside as unreadable starts the counts again.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub explored: BTreeMap<String, u32>,
 }
 
 impl DeciderState {

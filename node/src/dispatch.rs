@@ -570,6 +570,23 @@ struct Chosen {
     model_version: Option<i64>,
     /// Each ranked candidate's group's predicted normalised progress, when the model tells it.
     progress: std::collections::BTreeMap<usize, f64>,
+    /// A candidate chosen to explore (`selection.explore_pairs`) → the group's new workloads,
+    /// whose counts its release adds one to ([`note_explored`]).
+    explores: std::collections::BTreeMap<usize, Vec<String>>,
+}
+
+/// Each workload's exploratory groups so far, as the decision takes them.
+fn explored_counts(state: &DeciderState) -> Vec<(String, u32)> {
+    state.explored.iter().map(|(w, &n)| (w.clone(), n)).collect()
+}
+
+/// Counts the release of held job `i` when it was chosen to explore: each of its group's new
+/// workloads has one exploratory group more, so that `selection.explore_pairs` bounds them.
+fn note_explored(state: &mut DeciderState, chosen: Option<&Chosen>, i: usize) {
+    for w in chosen.and_then(|c| c.explores.get(&i)).into_iter().flatten() {
+        let n = state.explored.entry(w.clone()).or_default();
+        *n = n.saturating_add(1);
+    }
 }
 
 /// One pass at time `now` (Unix seconds), with `state` the decider's memory.
@@ -852,7 +869,8 @@ pub fn run(
     // The decision for one open GPU among `cands` (indices into `held`).
     let choose = |slot: &Slot,
                   cands: &[usize],
-                  policy: &Policy|
+                  policy: &Policy,
+                  explored: &[(String, u32)]|
      -> std::result::Result<Chosen, NoChoice> {
         let (Some(db), Some(mem)) = (db.as_ref(), s.gpu_memory_gib) else {
             return Ok(Chosen::default());
@@ -864,14 +882,16 @@ pub fn run(
         let running: Vec<JobSpec> = slot.jobs.iter().map(|m| spec(&m.workload, &m.user)).collect();
         let specs: Vec<JobSpec> =
             cands.iter().map(|&i| spec(&held[i].workload, &held[i].user)).collect();
-        let d = decide_from_store(db, &running, &specs, policy, Some(mem), None).map_err(|e| {
-            // A workload on the GPU that cannot be paired yet is no failure: no joiner.
-            if e.is_unpaired() {
-                Unpaired(e.to_string())
-            } else {
-                Failed(e.to_string())
-            }
-        })?;
+        let explored: Vec<(&str, u32)> = explored.iter().map(|(w, n)| (w.as_str(), *n)).collect();
+        let d = decide_from_store(db, &running, &specs, policy, Some(mem), None, &explored)
+            .map_err(|e| {
+                // A workload on the GPU that cannot be paired yet is no failure: no joiner.
+                if e.is_unpaired() {
+                    Unpaired(e.to_string())
+                } else {
+                    Failed(e.to_string())
+                }
+            })?;
         let records = cands
             .iter()
             .enumerate()
@@ -889,6 +909,14 @@ pub fn run(
                 .iter()
                 .enumerate()
                 .filter_map(|(k, &i)| Some((i, d.selection.verdicts.get(k)?.progress?)))
+                .collect(),
+            explores: cands
+                .iter()
+                .enumerate()
+                .filter_map(|(k, &i)| {
+                    let v = d.selection.verdicts.get(k)?;
+                    (!v.explores.is_empty()).then(|| (i, v.explores.clone()))
+                })
                 .collect(),
         })
     };
@@ -919,7 +947,7 @@ pub fn run(
                 .iter()
                 .enumerate()
                 .filter(|(_, x)| x.open(limit) && fits(i, x))
-                .find_map(|(k, x)| match choose(x, &[i], &fit_only) {
+                .find_map(|(k, x)| match choose(x, &[i], &fit_only, &explored_counts(state)) {
                     Ok(c) if c.ranked == [i] => {
                         let progress = c.progress.get(&i).copied();
                         let plan = time_plan(s, state, &nodes[x.node_at], x, j, progress, now);
@@ -956,6 +984,7 @@ pub fn run(
                 report.problems.extend(p);
                 report.records.push(d);
                 report.expired.push((j.id, slots[k].at.node.clone(), slots[k].at.index.0));
+                note_explored(state, chosen.as_ref(), i);
                 usage.borrow_mut().add(counted_of(j));
                 slots[k].coming += 1;
                 if let Err(e) = lengthen(
@@ -988,7 +1017,7 @@ pub fn run(
             continue;
         }
         let cands = within_window(&cands, &held, state, s.priority_window);
-        let chosen = match choose(slot, &cands, &s.policy) {
+        let chosen = match choose(slot, &cands, &s.policy, &explored_counts(state)) {
             Ok(c) => c,
             Err(Unpaired(why)) => {
                 let at = &slot.at;
@@ -1044,6 +1073,7 @@ pub fn run(
                     report.problems.extend(p);
                     report.records.push(d);
                     report.joiners.push((held[i].id, slot.at.node.clone(), slot.at.index.0));
+                    note_explored(state, Some(&chosen), i);
                     usage.borrow_mut().add(counted_of(held[i]));
                     // Jobs ahead of it in Slurm's order that this GPU could have taken.
                     let ahead: Vec<u32> = cands
@@ -1626,5 +1656,26 @@ mod tests {
         assert_eq!(c(99), None, "not on the GPU");
         let alone = Slot { jobs: Vec::new(), ..slot.clone() };
         assert_eq!(partners_comment(11, &joiner, &alone), None, "a lead names no one");
+    }
+
+    #[test]
+    fn an_exploratory_release_counts_its_new_workloads_and_survives_a_restart() {
+        let mut state = DeciderState::default();
+        let chosen = Chosen {
+            explores: [(3, vec!["fresh".to_string()])].into_iter().collect(),
+            ..Chosen::default()
+        };
+        // Held job 3 explored; job 4 was chosen as any pair is, and counts nothing.
+        note_explored(&mut state, Some(&chosen), 3);
+        note_explored(&mut state, Some(&chosen), 4);
+        note_explored(&mut state, None, 3);
+        note_explored(&mut state, Some(&chosen), 3);
+        assert_eq!(explored_counts(&state), vec![("fresh".to_string(), 2)]);
+        let text = serde_json::to_string(&state).unwrap();
+        let back: DeciderState = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.explored, state.explored);
+        // A state written before the counts existed reads as none.
+        let empty = serde_json::to_string(&DeciderState::default()).unwrap();
+        assert!(!empty.contains("explored"));
     }
 }

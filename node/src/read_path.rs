@@ -77,7 +77,9 @@ impl ReadPathDecision {
 /// of the candidates (one query), then [`kace_selector::decision::decide`]. The jobs on the GPU
 /// must have complete profiles; candidates without one are rejected as unknown, and so are
 /// candidates whose profile only kace observed, in fewer than `policy.min_alone_runs` alone runs
-/// (such a workload on the GPU is an error: it is not paired yet).
+/// (such a workload on the GPU is an error: it is not paired yet). `explored`: each workload's
+/// exploratory groups so far ([`GpuState::explored`]); the decider passes its counts, a dry
+/// run none.
 pub fn decide_from_store(
     db: &Db,
     running: &[JobSpec],
@@ -85,6 +87,7 @@ pub fn decide_from_store(
     policy: &Policy,
     gpu_memory_gib: Option<f64>,
     gpu_model: Option<&str>,
+    explored: &[(&str, u32)],
 ) -> Result<ReadPathDecision, ReadPathError> {
     let started = std::time::Instant::now();
     let (model_version, model) = load_active_model(db)?;
@@ -155,8 +158,12 @@ pub fn decide_from_store(
         .map(|c| stored.get(&c.workload).map(missing_system_metrics).unwrap_or_default())
         .collect();
     let db_time = started.elapsed();
-    let gpu =
-        GpuState { running: &on_gpu, memory_gib: gpu_memory_gib, failed_pairs: &failed_pairs };
+    let gpu = GpuState {
+        running: &on_gpu,
+        memory_gib: gpu_memory_gib,
+        failed_pairs: &failed_pairs,
+        explored,
+    };
     let d = kace_selector::decision::decide(&gpu, &joiners, &model, policy);
     let predict_time = started.elapsed().saturating_sub(db_time);
     Ok(ReadPathDecision {

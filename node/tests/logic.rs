@@ -436,8 +436,9 @@ impl World {
             .map(|c| JobSpec { workload: c.workload.clone(), user: Some(c.user.clone()) })
             .collect();
         let running = [JobSpec { workload: lead.into(), user: Some("alice".into()) }];
-        let d = decide_from_store(&db, &running, &specs, &self.config.policy(), Some(32.0), None)
-            .unwrap();
+        let d =
+            decide_from_store(&db, &running, &specs, &self.config.policy(), Some(32.0), None, &[])
+                .unwrap();
         d.selection.chosen.map(|i| cands[i].id)
     }
 }
@@ -1610,7 +1611,8 @@ fn an_unprofiled_workload_profiles_itself_alone_and_then_is_a_candidate() {
         let db = Db::open_read_only(&w.config.database.path).unwrap();
         let cand = [JobSpec { workload: "newbie".into(), user: Some("alice".into()) }];
         let lead = [JobSpec { workload: "alpha".into(), user: Some("alice".into()) }];
-        let d = decide_from_store(&db, &lead, &cand, &w.config.policy(), Some(32.0), None).unwrap();
+        let d = decide_from_store(&db, &lead, &cand, &w.config.policy(), Some(32.0), None, &[])
+            .unwrap();
         (d.reason(0), d.selection.verdicts[0].prediction)
     };
     let (reason, _) = verdict(&w);
@@ -1667,7 +1669,8 @@ fn an_unprofiled_workload_profiles_itself_alone_and_then_is_a_candidate() {
     let db = Db::open_read_only(&w.config.database.path).unwrap();
     let lead = [JobSpec { workload: "newbie".into(), user: Some("alice".into()) }];
     let cand = [JobSpec { workload: "alpha".into(), user: Some("alice".into()) }];
-    let e = decide_from_store(&db, &lead, &cand, &w.config.policy(), Some(32.0), None).unwrap_err();
+    let e = decide_from_store(&db, &lead, &cand, &w.config.policy(), Some(32.0), None, &[])
+        .unwrap_err();
     assert!(e.to_string().contains("observed alone in 1 of the 2 runs needed"), "{e}");
 }
 
@@ -1887,6 +1890,7 @@ fn a_profile_without_kernel_metrics_is_a_candidate_and_a_missing_system_metric_i
         &w.config.policy(),
         Some(32.0),
         None,
+        &[],
     )
     .unwrap();
     assert_ne!(d.reason(0).as_deref().map(|r| r.starts_with("incomplete profile")), Some(true));

@@ -503,7 +503,7 @@ fn would_pair_with(
     let specs: Vec<JobSpec> =
         others.iter().map(|j| JobSpec { workload: j.workload.clone(), user: user(j) }).collect();
     let running = [JobSpec { workload: lead.workload.clone(), user: user(lead) }];
-    match decide_from_store(db, &running, &specs, policy, gpu_memory_gib, None) {
+    match decide_from_store(db, &running, &specs, policy, gpu_memory_gib, None, &[]) {
         Ok(d) => match d.selection.chosen {
             Some(c) => {
                 let j = others[c];

@@ -9,7 +9,9 @@
 //! the order in which to try candidates when the first can no longer be released.
 
 use crate::features::Profile;
-use crate::selection::{select, Candidate, Predictor, Rejection, Selection, SelectionRules};
+use crate::selection::{
+    select_exploring, Candidate, Predictor, Rejection, Selection, SelectionRules,
+};
 use crate::slowdown::Member;
 
 /// The site's rules for filling a GPU.
@@ -76,6 +78,10 @@ pub struct GpuState<'a> {
     /// everyone's; an unknown user matches, as in [`Joiner::user`]): a candidate paired so with
     /// a job on the GPU is refused ([`Rejection::FailedTogether`]).
     pub failed_pairs: &'a [(&'a str, &'a str, Option<&'a str>)],
+    /// How many exploratory groups each cold workload has been in so far (name, count; absent:
+    /// none), which [`SelectionRules::explore_pairs`] bounds. The decider keeps the counts
+    /// (`DeciderState::explored`), the simulator its own; a dry run passes none.
+    pub explored: &'a [(&'a str, u32)],
 }
 
 /// What the decision returns.
@@ -162,7 +168,7 @@ pub fn decide(
         require_same_user: !policy.multi_user,
         ..policy.rules.clone()
     };
-    let chosen_open = select(&running, &cands, predictor, &rules);
+    let chosen_open = select_exploring(&running, &cands, predictor, &rules, gpu.explored);
     let mut open_verdicts = chosen_open.verdicts.into_iter();
     let verdicts = blocked
         .iter()
@@ -214,7 +220,12 @@ mod tests {
             joiner(&b, "b", "ann"),
             Joiner { profile: None, workload: "x", user: Some("ann") },
         ];
-        let gpu = GpuState { running: &running, memory_gib: Some(32.0), failed_pairs: &[] };
+        let gpu = GpuState {
+            running: &running,
+            memory_gib: Some(32.0),
+            failed_pairs: &[],
+            explored: &[],
+        };
         let d = decide(&gpu, &cands, &Toy, &Policy::default());
         assert_eq!(d.chosen(), Some(3));
         assert_eq!(d.ranked, vec![3, 2]);
@@ -232,7 +243,12 @@ mod tests {
         let running = [OnGpu { profile: &lead, workload: "lead", user: Some("ann") }];
         let (a, c) = (prof(5.0, 2.0), prof(8.0, 3.0));
         let cands = [joiner(&a, "a", "ann"), joiner(&c, "c", "ann"), joiner(&a, "a2", "ann")];
-        let free = GpuState { running: &running, memory_gib: Some(32.0), failed_pairs: &[] };
+        let free = GpuState {
+            running: &running,
+            memory_gib: Some(32.0),
+            failed_pairs: &[],
+            explored: &[],
+        };
         let before = decide(&free, &cands, &Toy, &Policy::default());
         assert_eq!(before.chosen(), Some(1));
         for pairs in [[("c", "lead", None)], [("lead", "c", Some("ann"))]] {
@@ -265,7 +281,7 @@ mod tests {
         ];
         let small = prof(3.0, 1.0);
         let cands = [Joiner { profile: Some(&small), workload: "s", user: None }];
-        let gpu = GpuState { running: &two, memory_gib: None, failed_pairs: &[] };
+        let gpu = GpuState { running: &two, memory_gib: None, failed_pairs: &[], explored: &[] };
         let d = decide(&gpu, &cands, &Toy, &Policy::default());
         assert_eq!(d.chosen(), None);
         assert_eq!(

@@ -198,6 +198,20 @@ impl Predictor for Model {
         }
     }
 
+    fn knows(&self, workload: Option<&str>) -> bool {
+        match self {
+            Model::Linear { .. } => true,
+            Model::Slowdown(m) => m.knows(workload),
+        }
+    }
+
+    fn doubt(&self, members: &[Member<'_>]) -> f64 {
+        match self {
+            Model::Linear { .. } => 0.0,
+            Model::Slowdown(m) => m.doubt(members),
+        }
+    }
+
     fn predict(&self, members: &[Member<'_>], objective: Objective) -> f64 {
         match self {
             // Trained for one objective: asked for another, it has no answer (NaN is never

@@ -25,6 +25,21 @@ pub trait Predictor {
         None
     }
 
+    /// Whether the predictor has learnt from groups with `workload` in them (a workload it has
+    /// not is "cold": [`Predictor::new_workload_gain`] applies to its groups, and
+    /// [`SelectionRules::explore_pairs`] may try it). A predictor without per-workload terms
+    /// knows every workload.
+    fn knows(&self, _workload: Option<&str>) -> bool {
+        true
+    }
+
+    /// How doubtful the predictor is about a group, in normalised progress (log units for the
+    /// slowdown model): the unit of [`Predictor::required_gain`] and
+    /// [`Predictor::new_workload_gain`]. 0 for a predictor that has no measure of it.
+    fn doubt(&self, _members: &[Member<'_>]) -> f64 {
+        0.0
+    }
+
     /// The group's predicted objective and its predicted normalised progress: what [`select`]
     /// asks of every candidate. Asks [`Predictor::predict`] once per measure; a predictor that
     /// derives both from one computation answers both at once.
@@ -70,7 +85,28 @@ pub struct SelectionRules {
     /// after the other (Σ colocated / exclusive < 1) is worse than no partner. Skipped for a
     /// predictor that cannot predict normalised progress (NaN).
     pub refuse_likely_harm: bool,
+    /// Exploration of cold workloads (a workload the predictor has never learnt from,
+    /// [`Predictor::knows`]): when no candidate passes, a group whose every cold workload has
+    /// been in fewer than this many exploratory groups (the caller counts them) and which is
+    /// predicted to gain at least [`SelectionRules::explore_weight`] × the predictor's doubt is
+    /// formed anyway, the one with the highest lower bound (predicted progress − doubt) among
+    /// them: so the site measures the new workload beside its safest partner, and the nightly
+    /// retrain learns it. 0 (the library's default): never.
+    pub explore_pairs: u32,
+    /// The doubts of predicted gain an exploratory group must show (`κ_explore`, below the
+    /// model's κ and κ_new, which refuse it): its predicted normalised progress must beat the
+    /// GPU's without it by `explore_weight × doubt`, so no exploratory group is predicted
+    /// harmful, and one is harmful only when the truth lies more than this many doubts below the
+    /// prediction.
+    pub explore_weight: f64,
 }
+
+/// Exploratory groups per cold workload in production (`selection.explore_pairs`), chosen on
+/// the simulated site's development seeds (101–105, `kace eval history`).
+pub const EXPLORE_PAIRS: u32 = 3;
+
+/// `selection.explore_weight`'s production default, chosen with [`EXPLORE_PAIRS`].
+pub const EXPLORE_WEIGHT: f64 = 0.5;
 
 impl Default for SelectionRules {
     fn default() -> Self {
@@ -81,6 +117,8 @@ impl Default for SelectionRules {
             min_gain: 0.0,
             objective: Objective::ThroughputSum,
             refuse_likely_harm: false,
+            explore_pairs: 0,
+            explore_weight: EXPLORE_WEIGHT,
         }
     }
 }
@@ -209,6 +247,10 @@ pub struct Verdict {
     pub progress: Option<f64>,
     /// Why it was refused, if it was.
     pub rejection: Option<Rejection>,
+    /// For a candidate chosen to explore ([`SelectionRules::explore_pairs`]): the group's cold
+    /// workloads, whose exploratory counts the caller adds one to when it forms the group.
+    /// Empty for every other verdict.
+    pub explores: Vec<String>,
 }
 
 /// The outcome of a choice: one verdict per candidate (in input order) and the chosen index.
@@ -224,12 +266,25 @@ pub struct Selection {
 
 /// Chooses the candidate whose group with `running` (the jobs already on the GPU, lead first)
 /// has the highest predicted objective, after the filters. Ties go to the earliest candidate,
-/// which callers order by submission so that the older job wins.
+/// which callers order by submission so that the older job wins. No workload has explored yet
+/// ([`select_exploring`] with no counts).
 pub fn select(
     running: &[Member<'_>],
     candidates: &[Candidate<'_>],
     predictor: &dyn Predictor,
     rules: &SelectionRules,
+) -> Selection {
+    select_exploring(running, candidates, predictor, rules, &[])
+}
+
+/// [`select`], with each workload's exploratory groups so far (`explored`: name and count;
+/// absent: 0), which bound [`SelectionRules::explore_pairs`].
+pub fn select_exploring(
+    running: &[Member<'_>],
+    candidates: &[Candidate<'_>],
+    predictor: &dyn Predictor,
+    rules: &SelectionRules,
+    explored: &[(&str, u32)],
 ) -> Selection {
     // One job alone is measured; a group already sharing is predicted, so that a joiner must
     // raise what the GPU does now, not what its jobs would do each alone.
@@ -258,7 +313,12 @@ pub fn select(
     let usable = rules.gpu_memory_gib.map(|m| m * (1.0 - rules.memory_margin));
     let mut group: Vec<Member<'_>> = running.to_vec();
     let mut chosen: Option<(usize, f64)> = None;
-    let verdicts = candidates
+    let explored_count =
+        |w: &str| explored.iter().find(|(n, _)| *n == w).map_or(0, |&(_, count)| count);
+    // Candidates refused for a doubt about a cold workload that may be explored instead:
+    // (index, lower bound, the cold workloads).
+    let mut explorable: Vec<(usize, f64, Vec<String>)> = Vec::new();
+    let mut verdicts: Vec<Verdict> = candidates
         .iter()
         .enumerate()
         .map(|(i, c)| {
@@ -277,10 +337,25 @@ pub fn select(
             let (predicted, progress) = predictor.predict_with_progress(&group, rules.objective);
             let new_gain = predictor.new_workload_gain(&group);
             let harm_gain = rules.refuse_likely_harm.then(|| predictor.required_gain(&group));
+            // Exploration's budget: every cold member named and under its count.
+            let cold: Option<Vec<String>> = (rules.explore_pairs > 0 && new_gain.is_some())
+                .then(|| {
+                    group
+                        .iter()
+                        .filter(|m| !predictor.knows(m.workload))
+                        .map(|m| m.workload.map(str::to_string))
+                        .collect::<Option<Vec<String>>>()
+                })
+                .flatten()
+                .filter(|c| {
+                    !c.is_empty() && c.iter().all(|w| explored_count(w) < rules.explore_pairs)
+                });
+            let doubt = cold.as_ref().map(|_| predictor.doubt(&group));
             group.pop();
             let below = |predicted, required, progress| Verdict {
                 prediction: Some(predicted),
                 progress: None,
+                explores: Vec::new(),
                 rejection: Some(Rejection::BelowGainThreshold { predicted, required, progress }),
             };
             // NaN predictions fail these tests too, so they are never chosen.
@@ -308,9 +383,16 @@ pub fn select(
                 let needed = baseline_progress + gain;
                 if !needed.is_nan() && progress <= needed {
                     let (predicted_progress, required) = (progress, needed);
+                    if let (Some(cold), Some(doubt)) = (cold, doubt) {
+                        let floor = baseline_progress + rules.explore_weight * doubt;
+                        if doubt.is_finite() && progress > floor {
+                            explorable.push((i, progress - doubt, cold));
+                        }
+                    }
                     return Verdict {
                         prediction: Some(predicted),
                         progress: None,
+                        explores: Vec::new(),
                         rejection: Some(if new {
                             Rejection::DoubtfulNewWorkload {
                                 predicted: predicted_progress,
@@ -329,9 +411,35 @@ pub fn select(
                 prediction: Some(predicted),
                 progress: in_progress.then_some(progress),
                 rejection: None,
+                explores: Vec::new(),
             }
         })
         .collect();
+    // Exploration never displaces a group that passed: only when none did, the safest
+    // explorable one (highest lower bound; the earliest on ties) is formed.
+    if chosen.is_none() {
+        let safest =
+            explorable.into_iter().fold(None, |best: Option<(usize, f64, Vec<String>)>, e| {
+                if best.as_ref().is_none_or(|b| e.1 > b.1) {
+                    Some(e)
+                } else {
+                    best
+                }
+            });
+        if let Some((i, _, cold)) = safest {
+            if let Some(v) = verdicts.get_mut(i) {
+                let progress = match v.rejection {
+                    Some(Rejection::DoubtfulNewWorkload { predicted, .. })
+                    | Some(Rejection::LikelyHarmful { predicted, .. }) => Some(predicted),
+                    _ => None,
+                };
+                v.rejection = None;
+                v.progress = progress;
+                v.explores = cold;
+                chosen = Some((i, v.prediction.unwrap_or(f64::NAN)));
+            }
+        }
+    }
     Selection { verdicts, chosen: chosen.map(|c| c.0), baseline }
 }
 
@@ -591,5 +699,111 @@ pub(crate) mod tests {
         assert!(matches!(s.verdicts[0].rejection, Some(Rejection::DoubtfulNewWorkload { .. })));
         let s = select(&lead, &[cand(&prof(30.0, 1.05), "x")], &KnowsAllButNew, &guarded);
         assert!(matches!(s.verdicts[0].rejection, Some(Rejection::LikelyHarmful { .. })));
+    }
+
+    /// As [`KnowsAllButNew`], and it says which workload is new and how doubtful a group is:
+    /// the candidate's exclusive throughput / 100, so tests can steer it.
+    struct Cold;
+    impl Predictor for Cold {
+        fn predict(&self, m: &[Member<'_>], objective: Objective) -> f64 {
+            Doubtful.predict(m, objective)
+        }
+        fn required_gain(&self, _: &[Member<'_>]) -> f64 {
+            0.1
+        }
+        fn new_workload_gain(&self, m: &[Member<'_>]) -> Option<f64> {
+            KnowsAllButNew.new_workload_gain(m)
+        }
+        fn knows(&self, w: Option<&str>) -> bool {
+            w.is_some_and(|w| w != "new")
+        }
+        fn doubt(&self, m: &[Member<'_>]) -> f64 {
+            m.last().map_or(0.0, |c| c.profile.exclusive_throughput() / 100.0)
+        }
+    }
+
+    #[test]
+    fn a_new_workload_is_explored_beside_its_safest_partner_within_its_budget() {
+        let lp = prof(10.0, 0.0);
+        let lead = lead(&lp);
+        let cand = |p, w| Candidate { profile: Some(p), workload: Some(w), same_user: true };
+        let rules = SelectionRules {
+            refuse_likely_harm: true,
+            explore_pairs: 2,
+            explore_weight: 0.5,
+            ..SelectionRules::default()
+        };
+        // Both need progress above 1 + 0.4 as new workloads. The first is predicted at 1.3 with
+        // doubt 0.2 (lower bound 1.1), the second at 1.35 with doubt 0.3 (lower bound 1.05):
+        // the first is the safer one, though the second is predicted higher.
+        let (a, b) = (prof(20.0, 1.3), prof(30.0, 1.35));
+        let cands = [cand(&a, "new"), cand(&b, "new")];
+        let s = select_exploring(&lead, &cands, &Cold, &rules, &[]);
+        assert_eq!(s.chosen, Some(0));
+        assert_eq!(s.verdicts[0].rejection, None);
+        assert_eq!(s.verdicts[0].explores, vec!["new".to_string()]);
+        assert_eq!(s.verdicts[0].progress, Some(1.3));
+        assert!(matches!(s.verdicts[1].rejection, Some(Rejection::DoubtfulNewWorkload { .. })));
+        assert!(s.verdicts[1].explores.is_empty());
+        // Under its budget it is explored again; at it, never.
+        let once = select_exploring(&lead, &cands, &Cold, &rules, &[("new", 1), ("x", 9)]);
+        assert_eq!(once.chosen, Some(0));
+        let spent = select_exploring(&lead, &cands, &Cold, &rules, &[("new", 2)]);
+        assert_eq!(spent.chosen, None);
+        assert!(spent.verdicts.iter().all(|v| v.explores.is_empty() && v.rejection.is_some()));
+        // `select` counts nothing; the library's default explores nothing.
+        assert_eq!(select(&lead, &cands, &Cold, &rules).chosen, Some(0));
+        let off = SelectionRules { explore_pairs: 0, ..rules.clone() };
+        assert_eq!(select_exploring(&lead, &cands, &Cold, &off, &[]).chosen, None);
+        assert_eq!(SelectionRules::default().explore_pairs, 0);
+    }
+
+    #[test]
+    fn exploration_needs_a_predicted_gain_of_its_margin_and_never_displaces_a_passing_pair() {
+        let lp = prof(10.0, 0.0);
+        let lead = lead(&lp);
+        let cand = |p, w| Candidate { profile: Some(p), workload: Some(w), same_user: true };
+        let rules = SelectionRules {
+            refuse_likely_harm: true,
+            explore_pairs: 2,
+            explore_weight: 0.5,
+            ..SelectionRules::default()
+        };
+        // Predicted at 1.08 with doubt 0.2: below 1 + 0.5 × 0.2, not explored; nor is one
+        // predicted harmful (0.95), whatever its doubt.
+        let (thin, harmful) = (prof(20.0, 1.08), prof(1.0, 0.95));
+        let s = select_exploring(
+            &lead,
+            &[cand(&thin, "new"), cand(&harmful, "new")],
+            &Cold,
+            &rules,
+            &[],
+        );
+        assert_eq!(s.chosen, None);
+        assert!(matches!(s.verdicts[0].rejection, Some(Rejection::DoubtfulNewWorkload { .. })));
+        assert!(matches!(s.verdicts[1].rejection, Some(Rejection::BelowGainThreshold { .. })));
+        // A known workload within the doubt margin (1.05 ≤ 1.1) is never explored.
+        let near = prof(1.0, 1.05);
+        let s = select_exploring(&lead, &[cand(&near, "x")], &Cold, &rules, &[]);
+        assert_eq!(s.chosen, None);
+        assert!(matches!(s.verdicts[0].rejection, Some(Rejection::LikelyHarmful { .. })));
+        // A pair that passes wins over an explorable one.
+        let (explorable, known) = (prof(20.0, 1.3), prof(5.0, 1.2));
+        let s = select_exploring(
+            &lead,
+            &[cand(&explorable, "new"), cand(&known, "x")],
+            &Cold,
+            &rules,
+            &[],
+        );
+        assert_eq!(s.chosen, Some(1));
+        assert!(s.verdicts.iter().all(|v| v.explores.is_empty()));
+        // A new workload on the GPU is explored beside a known joiner, and counted.
+        let new_lead = [Member { profile: &lp, workload: Some("new") }];
+        let s = select_exploring(&new_lead, &[cand(&explorable, "x")], &Cold, &rules, &[]);
+        assert_eq!((s.chosen, s.verdicts[0].explores.clone()), (Some(0), vec!["new".into()]));
+        let spent =
+            select_exploring(&new_lead, &[cand(&explorable, "x")], &Cold, &rules, &[("new", 2)]);
+        assert_eq!(spent.chosen, None);
     }
 }

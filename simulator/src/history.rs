@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use kace_selector::dataset::{ColocationData, Group};
 use kace_selector::decision::{decide, GpuState, Joiner, OnGpu, Policy};
 use kace_selector::eval::colocations::n_occur_split;
+use kace_selector::selection::{EXPLORE_PAIRS, EXPLORE_WEIGHT};
 use kace_selector::slowdown::group_key;
 use kace_selector::training::{train, train_observed, Active, Evidence, TrainingPolicy};
 use kace_selector::{Model, ModelKind, Objective, Profile, SelectionRules};
@@ -79,6 +80,11 @@ pub struct HistorySpec {
     /// The admin's import before day 1: the paper's n_occur split of the initial workloads'
     /// measured pairs, trusted.
     pub import_n_occur: u32,
+    /// Exploratory groups per cold workload (`selection.explore_pairs`; 0: none). Default the
+    /// production default.
+    pub explore_pairs: u32,
+    /// Doubts of predicted gain an exploratory group must show (`selection.explore_weight`).
+    pub explore_weight: f64,
 }
 
 impl Default for HistorySpec {
@@ -93,6 +99,8 @@ impl Default for HistorySpec {
             popularity: 1.0,
             noise: 0.015,
             import_n_occur: 3,
+            explore_pairs: EXPLORE_PAIRS,
+            explore_weight: EXPLORE_WEIGHT,
         }
     }
 }
@@ -131,6 +139,10 @@ pub struct Day {
     pub cold_formed: usize,
     /// Of those, harmful ones.
     pub cold_harmful: usize,
+    /// Groups formed to explore a cold workload (`selection.explore_pairs`).
+    pub explored: usize,
+    /// Of those, harmful ones.
+    pub explored_harmful: usize,
     /// Observations training had the night before.
     pub observations: usize,
     /// Whether the night before's training was activated (day 1: the import's model).
@@ -311,6 +323,12 @@ pub fn run_history(
     if spec.days == 0 || spec.jobs_per_day == 0 || spec.window == 0 || spec.users == 0 {
         return Err(SimError::Config("days, jobs per day, window and users must be ≥ 1".into()));
     }
+    if !(spec.explore_weight.is_finite() && spec.explore_weight >= 0.0) {
+        return Err(SimError::Config(format!(
+            "explore weight {}: must be a number ≥ 0",
+            spec.explore_weight
+        )));
+    }
     if !(spec.noise.is_finite() && spec.noise >= 0.0) {
         return Err(SimError::Config(format!("noise {}: must be a number ≥ 0", spec.noise)));
     }
@@ -370,12 +388,16 @@ pub fn run_history(
         rules: SelectionRules {
             objective: Objective::NormalisedProgress,
             refuse_likely_harm: true,
+            explore_pairs: spec.explore_pairs,
+            explore_weight: spec.explore_weight,
             ..SelectionRules::default()
         },
         max_jobs_per_gpu: 2,
         multi_user: true,
         min_alone_runs: 1,
     };
+    // Each workload's exploratory groups so far, as the decider keeps them.
+    let mut explored: BTreeMap<String, u32> = BTreeMap::new();
     let mut days = Vec::with_capacity(spec.days);
     for day in 1..=spec.days {
         let have = arrived_by(day);
@@ -419,8 +441,20 @@ pub fn run_history(
                 .zip(&cand_profiles)
                 .map(|(&i, p)| Joiner { profile: p.as_ref(), workload: &queue[i].0, user: None })
                 .collect();
-            let gpu = GpuState { running: &running, memory_gib: None, failed_pairs: &[] };
-            let choice = decide(&gpu, &joiners, &model, &decision_policy).chosen();
+            let counts: Vec<(&str, u32)> = explored.iter().map(|(w, &n)| (w.as_str(), n)).collect();
+            let gpu = GpuState {
+                running: &running,
+                memory_gib: None,
+                failed_pairs: &[],
+                explored: &counts,
+            };
+            let decision = decide(&gpu, &joiners, &model, &decision_policy);
+            let choice = decision.chosen();
+            let explores: Vec<String> = choice
+                .and_then(|c| decision.selection.verdicts.get(c))
+                .map(|v| v.explores.clone())
+                .unwrap_or_default();
+            drop(counts);
             let best = offered
                 .iter()
                 .filter_map(|&i| truth.progress(&lead, &queue[i].0))
@@ -437,6 +471,13 @@ pub fn run_history(
                     d.formed += 1;
                     if value < 1.0 {
                         harmful += 1;
+                    }
+                    if !explores.is_empty() {
+                        d.explored += 1;
+                        d.explored_harmful += usize::from(value < 1.0);
+                        for w in &explores {
+                            *explored.entry(w.clone()).or_default() += 1;
+                        }
                     }
                     if !sm.knows(Some(&lead)) || !sm.knows(Some(&partner)) {
                         d.cold_formed += 1;
@@ -590,6 +631,23 @@ mod tests {
         assert!(mr < 0.05 && mr < lr.mape_all / 2.0, "repeated {mr} vs all {}", lr.mape_all);
         assert!(li.mape_all > 2.0 * mr, "independent {} vs repeats {mr}", li.mape_all);
         assert!(lr.formed > 0);
+    }
+
+    #[test]
+    fn exploration_is_bounded_per_new_workload_and_off_when_asked() {
+        let d = data();
+        let s = HistorySpec { days: 6, explore_pairs: 1, explore_weight: 0.0, ..spec() };
+        let on = run_history(&d, &s, 2, Training::Repeats).unwrap();
+        let explored: usize = on.days.iter().map(|x| x.explored).sum();
+        // Each exploratory group spends one of the budget of at least one of the 8 workloads
+        // (one each here), whatever the nights learn.
+        assert!(explored <= 8, "{explored}");
+        assert!(on.days.iter().all(|x| x.explored_harmful <= x.explored && x.explored <= x.formed));
+        let off = HistorySpec { explore_pairs: 0, ..s };
+        let none = run_history(&d, &off, 2, Training::Repeats).unwrap();
+        assert!(none.days.iter().all(|x| x.explored == 0));
+        let bad = HistorySpec { explore_weight: -1.0, ..s };
+        assert!(run_history(&d, &bad, 2, Training::Repeats).is_err());
     }
 
     #[test]

@@ -140,7 +140,9 @@ impl PairingPolicy {
         rules: &SelectionRules,
     ) -> PairingPolicy {
         let policy = DecisionPolicy {
-            rules: rules.clone(),
+            // The table is computed once and the model is not retrained during a run, so an
+            // exploratory group would teach nothing and be formed without bound: none.
+            rules: SelectionRules { explore_pairs: 0, ..rules.clone() },
             max_jobs_per_gpu: 2,
             // Users are checked by the engine, so the table holds every user's pairs.
             multi_user: true,
@@ -151,8 +153,12 @@ impl PairingPolicy {
                 [Joiner { profile: Some(world.profile(b)), workload: world.name(b), user: None }];
             let running =
                 [OnGpu { profile: world.profile(a), workload: world.name(a), user: None }];
-            let gpu =
-                GpuState { running: &running, memory_gib: rules.gpu_memory_gib, failed_pairs: &[] };
+            let gpu = GpuState {
+                running: &running,
+                memory_gib: rules.gpu_memory_gib,
+                failed_pairs: &[],
+                explored: &[],
+            };
             let d = decide(&gpu, &cand, predictor, &policy);
             d.chosen().and(d.selection.verdicts[0].prediction)
         })

@@ -187,15 +187,17 @@ fn trio(db_path: &std::path::Path) -> Option<(String, String, String)> {
     let all: Vec<JobSpec> = names.iter().map(|w| JobSpec::anyone(w)).collect();
     for lead in &names {
         let one = [JobSpec::anyone(lead)];
-        let d = decide_from_store(&db, &one, &all, &policy, Some(common::GPU_GIB), None).ok()?;
+        let d =
+            decide_from_store(&db, &one, &all, &policy, Some(common::GPU_GIB), None, &[]).ok()?;
         let Some(c1) = d.selection.chosen else { continue };
         let two = [JobSpec::anyone(lead), all[c1].clone()];
-        let d2 = decide_from_store(&db, &two, &all, &policy, Some(common::GPU_GIB), None).ok()?;
+        let d2 =
+            decide_from_store(&db, &two, &all, &policy, Some(common::GPU_GIB), None, &[]).ok()?;
         if let Some(c2) = d2.selection.chosen {
             // The lead must prefer c1 over c2 when both are held.
             let pair = [all[c1].clone(), all[c2].clone()];
-            let d3 =
-                decide_from_store(&db, &one, &pair, &policy, Some(common::GPU_GIB), None).ok()?;
+            let d3 = decide_from_store(&db, &one, &pair, &policy, Some(common::GPU_GIB), None, &[])
+                .ok()?;
             if d3.selection.chosen == Some(0) {
                 return Some((lead.clone(), names[c1].clone(), names[c2].clone()));
             }

@@ -114,8 +114,16 @@ pub fn profiled_workloads(db: &Db) -> Vec<String> {
 /// The prolog's decision for `lead` among `others` (same user, the test GPU's memory).
 pub fn decision(db: &Db, lead: &str, others: &[&String]) -> ReadPathDecision {
     let specs: Vec<JobSpec> = others.iter().map(|w| JobSpec::anyone(w)).collect();
-    decide_from_store(db, &[JobSpec::anyone(lead)], &specs, &Policy::default(), Some(GPU_GIB), None)
-        .unwrap()
+    decide_from_store(
+        db,
+        &[JobSpec::anyone(lead)],
+        &specs,
+        &Policy::default(),
+        Some(GPU_GIB),
+        None,
+        &[],
+    )
+    .unwrap()
 }
 
 /// The candidates of decision `d` (made among `others`) that passed every filter, with their
