@@ -122,8 +122,7 @@ pub struct Settings<'a> {
     pub fill_open: bool,
     /// `spool.dir`: where each release's record goes.
     pub spool: &'a Path,
-    /// The cluster's name in the records' keys (`SLURM_CLUSTER_NAME` where Slurm sets it;
-    /// `cluster` otherwise).
+    /// The cluster's name in the records' keys ([`crate::slurm::cluster_name`]).
     pub cluster: String,
     /// `dispatch.state_dir`: where begun releases are noted before each one.
     pub state_dir: &'a Path,
@@ -138,6 +137,23 @@ pub struct Settings<'a> {
     pub priority_window: usize,
 }
 
+/// slurm.conf's text (`SLURM_CONF`, else Debian's and SchedMD's packages' `/etc/slurm`),
+/// at most 1 MiB: root's configuration, read for its `ClusterName` only.
+fn slurm_conf_text() -> Option<String> {
+    use std::io::Read;
+    let path = std::env::var_os("SLURM_CONF")
+        .filter(|p| !p.is_empty())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/etc/slurm/slurm.conf".into());
+    // A regular file only: a FIFO there would block the decider.
+    if !std::fs::metadata(&path).ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    std::fs::File::open(path).ok()?.take(1 << 20).read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
 impl<'a> Settings<'a> {
     /// The settings of `config`.
     pub fn of(config: &'a Config) -> Settings<'a> {
@@ -148,10 +164,10 @@ impl<'a> Settings<'a> {
             gpu_memory_gib: config.node.gpu_memory_gib,
             fill_open: config.selection.refill,
             spool: &config.spool.dir,
-            cluster: std::env::var("SLURM_CLUSTER_NAME")
-                .ok()
-                .filter(|c| !c.is_empty())
-                .unwrap_or_else(|| "cluster".into()),
+            cluster: crate::slurm::cluster_name(
+                std::env::var("SLURM_CLUSTER_NAME").ok().as_deref(),
+                slurm_conf_text().as_deref(),
+            ),
             state_dir: &config.dispatch.state_dir,
             stuck_after_s: crate::slurm::stuck_after_s(&config.node),
             time_limit: config.selection.time_limit,

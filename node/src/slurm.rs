@@ -1191,6 +1191,29 @@ pub fn state_takes_jobs(state: &str) -> bool {
         && parts.all(|f| matches!(f, "completing" | "planned"))
 }
 
+/// The cluster's name in the decision records' keys: `SLURM_CLUSTER_NAME` (`env`, which
+/// slurmctld and slurmd set for the programs they run), else `ClusterName` from slurm.conf's
+/// text (`conf`: the decider service runs with no Slurm environment), lowercased as slurmctld
+/// stores it (src/common/read_config.c), so that the service and a pass run by slurmctld key
+/// their records alike and two clusters sharing a database do not collide; `cluster` when
+/// neither says.
+pub fn cluster_name(env: Option<&str>, conf: Option<&str>) -> String {
+    let from_conf = || {
+        conf?.lines().find_map(|line| {
+            let line = line.split('#').next().unwrap_or("").trim();
+            let (key, value) = line.split_once('=')?;
+            let value = value.split_whitespace().next()?;
+            key.trim().eq_ignore_ascii_case("ClusterName").then(|| value.to_string())
+        })
+    };
+    env.map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
+        .or_else(from_conf)
+        .map(|c| c.to_ascii_lowercase())
+        .unwrap_or_else(|| "cluster".into())
+}
+
 /// Parses `sinfo -h -N -O` [`NODES_FORMAT`]: one entry per node, its partitions gathered from
 /// its lines (a node in two partitions has two).
 pub fn parse_nodes(out: &str) -> Vec<NodeGpus> {
@@ -1407,6 +1430,16 @@ mod tests {
         assert!(!dependency_met("afterok:2(fulfilled),afterany:3(unfulfilled)"));
         assert!(!dependency_met("singleton(unfulfilled)"));
         assert!(dependency_met("(null)"));
+    }
+
+    #[test]
+    fn the_cluster_name_comes_from_slurms_environment_else_slurm_conf() {
+        let conf = "# ClusterName=commented\nSlurmctldHost=h\n  clustername = Alpha  # site\n";
+        assert_eq!(cluster_name(Some("beta"), Some(conf)), "beta");
+        assert_eq!(cluster_name(None, Some(conf)), "alpha");
+        assert_eq!(cluster_name(Some(" "), Some(conf)), "alpha");
+        assert_eq!(cluster_name(None, Some("SlurmctldHost=h\n")), "cluster");
+        assert_eq!(cluster_name(None, None), "cluster");
     }
 
     #[test]

@@ -584,7 +584,9 @@ fn the_decider_releases_the_predicted_best_beside_a_starting_lead_and_spools_eve
         .collect();
     let [d] = placed.as_slice() else { panic!("{r:?}") };
     assert_eq!(ReleaseKind::of_key(Some(&d.key)), ReleaseKind::Lead);
-    assert!(d.key.starts_with("cluster/10/"), "keyed by the lead: {}", d.key);
+    // The cluster's name comes from Slurm's environment or slurm.conf (`cluster` without).
+    let cluster = dispatch::Settings::of(&w.config).cluster;
+    assert!(d.key.starts_with(&format!("{cluster}/10/")), "keyed by the lead: {}", d.key);
     assert_eq!(d.decision.chosen_job, Some(expected.to_string()));
     let by_job: BTreeMap<String, &kace_sql::DecisionCandidate> =
         d.decision.candidates.iter().map(|c| (c.job.clone().unwrap(), c)).collect();
