@@ -314,10 +314,19 @@ fn measurement(job: &str, p: &ObservedProfile) -> String {
 /// Why one candidate fared as it did in one decision.
 fn verdict(d: &NewDecision, c: &DecisionCandidate) -> String {
     if c.job.is_some() && c.job == d.chosen_job {
-        return match c.prediction {
+        let chosen = match c.prediction {
             Some(p) => format!("chosen (predicted {})", num(p)),
             None => "chosen".into(),
         };
+        if c.explores.is_empty() {
+            return chosen;
+        }
+        let new: Vec<String> = c.explores.iter().map(|w| printable(w).into_owned()).collect();
+        return format!(
+            "{chosen}, to explore new workload {} (the model had not learnt it; \
+             selection.explore_pairs)",
+            new.join(", ")
+        );
     }
     if let Some(r) = &c.rejected {
         return format!("rejected: {r}");

@@ -23,6 +23,7 @@ fn cand(job: &str, w: &str, p: Option<f64>, r: Option<&str>) -> DecisionCandidat
         held_s: None,
         priority: None,
         time_limits: Vec::new(),
+        explores: Vec::new(),
     }
 }
 
@@ -73,6 +74,40 @@ fn explain_reads_the_spool_then_the_database() {
     let v: serde_json::Value =
         serde_json::from_str(&e.ok(&["--format", "json", "explain", "12"])).unwrap();
     assert_eq!(v["candidate_in"][0]["verdict"], "chosen (predicted 4.500)");
+}
+
+/// A partner the decider released to explore a new workload (`selection.explore_pairs`) is
+/// told so: the model had not learnt it, and the pair was formed to measure it.
+#[test]
+fn explain_tells_a_release_that_explored_a_new_workload() {
+    let e = env("explore");
+    e.ok(&["db", "init"]);
+    let d = SpooledDecision {
+        key: "c/30/decision".into(),
+        created_at: 1000.0,
+        decision: NewDecision {
+            lead_job: Some("30".into()),
+            lead_workload: "bert".into(),
+            chosen_workload: Some("fresh".into()),
+            chosen_job: Some("31".into()),
+            model_version: Some(1),
+            candidates: vec![DecisionCandidate {
+                explores: vec!["fresh".into()],
+                ..cand("31", "fresh", Some(1.2), None)
+            }],
+        },
+    };
+    write_decision(&e.dir.join("spool"), &d).unwrap();
+    let out = e.ok(&["explain", "31"]);
+    assert!(
+        out.contains(
+            "chosen (predicted 1.200), to explore new workload fresh (the model had not learnt it"
+        ),
+        "{out}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&e.ok(&["--format", "json", "explain", "31"])).unwrap();
+    assert_eq!(v["candidate_in"][0]["candidate"]["explores"][0], "fresh");
 }
 
 /// Dispatch's records say how a job left the hold: a late arrival on an open GPU, max_hold onto

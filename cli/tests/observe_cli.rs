@@ -85,6 +85,7 @@ fn prepared(tag: &str) -> Env {
                     held_s: Some(12.0),
                     priority: None,
                     time_limits: Vec::new(),
+                    explores: Vec::new(),
                 }],
             },
         },
@@ -111,6 +112,7 @@ fn prepared(tag: &str) -> Env {
                     held_s: Some(held),
                     priority: None,
                     time_limits: Vec::new(),
+                    explores: Vec::new(),
                 }],
             },
         };

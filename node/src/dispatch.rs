@@ -103,6 +103,7 @@ pub fn candidate_record(j: &QueuedJob, now: f64, priority: Option<f64>) -> Decis
         held_s: j.hold_started().map(|t| (now - t).max(0.0)),
         priority,
         time_limits: Vec::new(),
+        explores: Vec::new(),
     }
 }
 
@@ -914,6 +915,12 @@ pub fn run(
             .map(|(k, &i)| DecisionCandidate {
                 prediction: d.selection.verdicts.get(k).and_then(|v| v.prediction),
                 rejected: d.reason(k),
+                explores: d
+                    .selection
+                    .verdicts
+                    .get(k)
+                    .map(|v| v.explores.clone())
+                    .unwrap_or_default(),
                 ..candidate_record(held[i], now, prio[i])
             })
             .collect();

@@ -141,6 +141,7 @@ mod tests {
                     held_s: Some(*h),
                     priority: None,
                     time_limits: Vec::new(),
+                    explores: Vec::new(),
                 })
                 .collect(),
         }

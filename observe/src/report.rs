@@ -583,6 +583,7 @@ mod tests {
                     held_s: None,
                     priority: *priority,
                     time_limits: Vec::new(),
+                    explores: Vec::new(),
                 })
                 .collect(),
         }

@@ -722,17 +722,26 @@ pub(crate) mod tests {
         }
     }
 
-    #[test]
-    fn a_new_workload_is_explored_beside_its_safest_partner_within_its_budget() {
-        let lp = prof(10.0, 0.0);
-        let lead = lead(&lp);
-        let cand = |p, w| Candidate { profile: Some(p), workload: Some(w), same_user: true };
-        let rules = SelectionRules {
+    /// The rules of the exploration tests: the harm rule on, two exploratory groups a workload.
+    fn exploring_rules() -> SelectionRules {
+        SelectionRules {
             refuse_likely_harm: true,
             explore_pairs: 2,
             explore_weight: 0.5,
             ..SelectionRules::default()
-        };
+        }
+    }
+
+    /// A candidate of the GPU's user.
+    fn cand<'a>(p: &'a Profile, w: &'a str) -> Candidate<'a> {
+        Candidate { profile: Some(p), workload: Some(w), same_user: true }
+    }
+
+    #[test]
+    fn a_new_workload_is_explored_beside_its_safest_partner_within_its_budget() {
+        let lp = prof(10.0, 0.0);
+        let lead = lead(&lp);
+        let rules = exploring_rules();
         // Both need progress above 1 + 0.4 as new workloads. The first is predicted at 1.3 with
         // doubt 0.2 (lower bound 1.1), the second at 1.35 with doubt 0.3 (lower bound 1.05):
         // the first is the safer one, though the second is predicted higher.
@@ -762,13 +771,7 @@ pub(crate) mod tests {
     fn exploration_needs_a_predicted_gain_of_its_margin_and_never_displaces_a_passing_pair() {
         let lp = prof(10.0, 0.0);
         let lead = lead(&lp);
-        let cand = |p, w| Candidate { profile: Some(p), workload: Some(w), same_user: true };
-        let rules = SelectionRules {
-            refuse_likely_harm: true,
-            explore_pairs: 2,
-            explore_weight: 0.5,
-            ..SelectionRules::default()
-        };
+        let rules = exploring_rules();
         // Predicted at 1.08 with doubt 0.2: below 1 + 0.5 × 0.2, not explored; nor is one
         // predicted harmful (0.95), whatever its doubt.
         let (thin, harmful) = (prof(20.0, 1.08), prof(1.0, 0.95));

@@ -709,6 +709,11 @@ pub struct DecisionCandidate {
     /// empty elsewhere and in older records.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub time_limits: Vec<TimeLimitChange>,
+    /// On a candidate chosen to explore (`selection.explore_pairs`): the new workloads its
+    /// group was formed to measure, though the model doubted it; empty elsewhere and in older
+    /// records.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub explores: Vec<String>,
 }
 
 /// A time limit kace lengthened for sharing (`selection.time_limit = extend`).

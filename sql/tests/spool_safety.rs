@@ -53,6 +53,7 @@ fn decision(key: &str, lead: &str, at: f64, candidates: usize) -> SpooledDecisio
                     held_s: None,
                     priority: None,
                     time_limits: Vec::new(),
+                    explores: Vec::new(),
                 })
                 .collect(),
         },

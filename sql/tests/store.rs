@@ -327,6 +327,7 @@ fn decisions_round_trip() {
                 held_s: None,
                 priority: None,
                 time_limits: Vec::new(),
+                explores: Vec::new(),
             },
             DecisionCandidate {
                 job: None,
@@ -336,6 +337,7 @@ fn decisions_round_trip() {
                 held_s: None,
                 priority: None,
                 time_limits: Vec::new(),
+                explores: Vec::new(),
             },
         ],
     };

@@ -100,6 +100,13 @@ fn waits(c: &Cluster, jobs: &[(u32, &str)]) -> BTreeMap<String, Vec<f64>> {
     by_user
 }
 
+/// What the decider service printed (`kace dispatch --watch`'s stdout and stderr).
+fn decider_log(dir: &std::path::Path) -> String {
+    ["dispatch-watch.out", "dispatch-watch.err"]
+        .map(|f| std::fs::read_to_string(dir.join(f)).unwrap_or_default())
+        .join("")
+}
+
 fn start_of(c: &Cluster, id: u32) -> f64 {
     kace_node::slurm::parse_utc(field(&c.job(id).unwrap(), "StartTime")).unwrap()
 }
@@ -289,9 +296,7 @@ fn kace_starts_jobs_in_slurms_fair_share_order() {
             median(kace_waits[user].clone())
         );
     }
-    let decider = ["dispatch-watch.out", "dispatch-watch.err"]
-        .map(|f| std::fs::read_to_string(dir.join(f)).unwrap_or_default())
-        .join("");
+    let decider = decider_log(&dir);
     assert!(
         light_last <= heavy_first,
         "the light user's kace jobs start before the heavy user's (last light {light_last}, \
@@ -367,9 +372,7 @@ fn kace_releases_no_job_a_qos_limit_would_keep_pending() {
             .iter()
             .all(|id| field(&c.job(*id).unwrap(), "JobState") == "COMPLETED")
     });
-    let decider = ["dispatch-watch.out", "dispatch-watch.err"]
-        .map(|f| std::fs::read_to_string(dir.join(f)).unwrap_or_default())
-        .join("");
+    let decider = decider_log(&dir);
     let _ = watch.kill();
     let _ = watch.wait();
     eprintln!("accounting: states and reasons seen {reasons:?}");
@@ -447,9 +450,7 @@ fn a_preempted_kace_job_is_held_again_unpinned_and_runs_after_the_preemptor() {
     let p = c.wait_done(preemptor, Duration::from_secs(60)).unwrap();
     assert_eq!(field(&p, "JobState"), "COMPLETED", "{p:?}");
     let v = c.wait_done(victim, Duration::from_secs(180)).unwrap();
-    let decider = ["dispatch-watch.out", "dispatch-watch.err"]
-        .map(|f| std::fs::read_to_string(dir.join(f)).unwrap_or_default())
-        .join("");
+    let decider = decider_log(&dir);
     let _ = watch.kill();
     let _ = watch.wait();
     assert_eq!(field(&v, "JobState"), "COMPLETED", "{v:?}\n{decider}");

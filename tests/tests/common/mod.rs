@@ -93,13 +93,18 @@ pub fn kace_view(c: &Cluster, id: u32) -> JsonJob {
 }
 
 /// The node and GPU indices a running job holds shards of, as kace reads them.
+/// Read from `scontrol -o -d show job` with kace's detail reader: one job on every release
+/// (`squeue --json` on 22.05 prints the whole queue whatever `-j` says: at 20 000 jobs it lost
+/// the partner's allocation).
 pub fn placement(c: &Cluster, id: u32) -> (String, Vec<u32>) {
-    let d = kace_view(c, id);
-    let mut gpus: Vec<u32> =
-        d.gres.iter().filter(|g| g.count > 0).flat_map(|g| g.indices.clone()).collect();
-    gpus.sort_unstable();
-    gpus.dedup();
-    (d.nodes, gpus)
+    let text = c.run_ok("scontrol", &["-o", "-d", "show", "job", &id.to_string()]).unwrap();
+    let node = text
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("NodeList="))
+        .unwrap_or_default()
+        .to_string();
+    let gpus = kace_node::slurm::detail_gpus(&text, &node).unwrap();
+    (node, gpus)
 }
 
 /// The complete profiles' workloads in `db`, sorted.
