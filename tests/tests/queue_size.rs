@@ -148,14 +148,22 @@ fn a_large_queue_stops_neither_pairing_nor_max_hold() {
             && waited <= Duration::from_secs(MAX_HOLD_S + 4),
         "released {waited:?} after submission (max_hold {MAX_HOLD_S} s)"
     );
-    // The decider prints a pass's lines when the pass ends, a moment after the release.
-    let line = format!("released job {late} onto n1 GPU 0: held longer than {MAX_HOLD_S} s");
+    // The decider prints a pass's lines when the pass ends, a moment after the release. Beside
+    // the lead once the partner has left; if the partner is still there when max_hold expires
+    // (its end comes late on a loaded machine: seen at 20 000 jobs and 1 000 running), to Slurm
+    // unpinned: either way max_hold was kept.
+    let placed = format!("released job {late} onto n1 GPU 0: held longer than {MAX_HOLD_S} s");
+    let handed = format!(
+        "handed job {late} back to Slurm, unpinned and asking for a whole GPU: it was held \
+         longer than max_hold"
+    );
     let said = || std::fs::read_to_string(dir.join("dispatch-watch.out")).unwrap_or_default();
+    let told = || said().contains(&placed) || said().contains(&handed);
     let until = Instant::now() + Duration::from_secs(10);
-    while !said().contains(&line) && Instant::now() < until {
+    while !told() && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert!(said().contains(&line), "{}", said());
+    assert!(told(), "{}", said());
     let _ = watch.kill();
     let _ = watch.wait();
 
