@@ -3,9 +3,9 @@
 //! and the simulator): given the kace jobs on one GPU and the held candidates, which candidate's
 //! joining raises the GPU's predicted objective most, or none, with every candidate's reason.
 //!
-//! It adds to [`select`] what a GPU's state decides: the job limit per GPU, and who may
-//! share it (MPS time-slices clients of different users unless the control daemon runs in
-//! multi-user mode). Callers do not re-rank or re-word what it returns: [`Decision::ranked`] is
+//! It adds to [`select`](crate::selection::select) what a GPU's state decides: the job limit
+//! per GPU, and who may share it (MPS time-slices clients of different users unless the control
+//! daemon runs in multi-user mode). Callers do not re-rank or re-word what it returns: [`Decision::ranked`] is
 //! the order in which to try candidates when the first can no longer be released.
 
 use crate::features::Profile;
