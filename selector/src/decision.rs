@@ -1,6 +1,6 @@
-//! The one decision kace makes, wherever it is made (a lead's prolog, the epilog of a job that
-//! leaves a partner behind, dispatch offering new jobs to open GPUs, `kace select --dry-run`
-//! and the simulator): given the kace jobs on one GPU and the held candidates, which candidate's
+//! The one decision kace makes, wherever it is made (the decider, for a starting lead's partner,
+//! a GPU a job left and an open GPU; `kace select --dry-run`, `kace status` and the simulator):
+//! given the kace jobs on one GPU and the held candidates, which candidate's
 //! joining raises the GPU's predicted objective most, or none, with every candidate's reason.
 //!
 //! It adds to [`select`](crate::selection::select) what a GPU's state decides: the job limit
