@@ -30,7 +30,8 @@ const GPUS_PER_NODE: u32 = 4;
 /// an epilog's completion schedules at once: up to 1 s a start, plus the prolog, which plain jobs
 /// started at submission do not pay. With 8 s jobs 6–12 % of the GPU time
 /// went between jobs, most of it that (docs/measurements/2026-12-03-decider-scale.md); real GPU
-/// jobs run minutes.
+/// jobs run minutes. `KACE_SCALE_JOB_S` sets another length for a bench run (each start's fixed
+/// cost then weighs less; docs/measurements/2026-12-07-decider-16-nodes.md).
 const JOB_S: u32 = 12;
 
 /// The stand-in: a progress line a second, from bash builtins only (`read -t` on a pipe that
@@ -166,13 +167,14 @@ fn a_burst_on_many_nodes_pairs_without_racing_or_idling() {
         common::profiled_workloads(&db)
     };
     let stand_in = dir.join("stand-in.sh");
-    std::fs::write(&stand_in, script(JOB_S)).unwrap();
+    let job_s = env_usize("KACE_SCALE_JOB_S", JOB_S as usize).clamp(2, 3600) as u32;
+    std::fs::write(&stand_in, script(job_s)).unwrap();
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&stand_in, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let mut watch = setup::watch(&dir, c.conf()).unwrap();
-    let limit = Duration::from_secs(60 + (jobs as u64 * u64::from(JOB_S)) / gpus as u64 * 3);
+    let limit = Duration::from_secs(60 + (jobs as u64 * u64::from(job_s)) / gpus as u64 * 3);
     let script_path = stand_in.display().to_string();
 
     // The same jobs as plain ones (a GPU each), then as kace ones (a GPU's half each).
@@ -244,7 +246,7 @@ fn a_burst_on_many_nodes_pairs_without_racing_or_idling() {
         - plain.rpcs.saturating_sub(plain.polls) as f64)
         / jobs as f64;
     eprintln!(
-        "scale: {nodes} nodes × {GPUS_PER_NODE} GPUs, {jobs} jobs of {JOB_S} s | plain shard:2: \
+        "scale: {nodes} nodes × {GPUS_PER_NODE} GPUs, {jobs} jobs of {job_s} s | plain shard:2: \
          makespan {:.0} s, hold p50 {:.0} s p95 {:.0} s, {} RPCs | kace: makespan {:.0} s, hold \
          p50 {:.0} s p95 {:.0} s, {} RPCs, {paired} of {jobs} ran paired, occupancy while held \
          {:.1} % | kace RPCs per job beyond plain {extra_rpcs:.2} | idle {idle} RPCs in {idle_s} s",
