@@ -138,21 +138,28 @@ pub struct Settings<'a> {
     pub priority_window: usize,
 }
 
-/// slurm.conf's text (`SLURM_CONF`, else Debian's and SchedMD's packages' `/etc/slurm`),
-/// at most 1 MiB: root's configuration, read for its `ClusterName` only.
-fn slurm_conf_text() -> Option<String> {
-    use std::io::Read;
-    let path = std::env::var_os("SLURM_CONF")
-        .filter(|p| !p.is_empty())
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| "/etc/slurm/slurm.conf".into());
-    // A regular file only: a FIFO there would block the decider.
-    if !std::fs::metadata(&path).ok()?.is_file() {
-        return None;
-    }
-    let mut text = String::new();
-    std::fs::File::open(path).ok()?.take(1 << 20).read_to_string(&mut text).ok()?;
-    Some(text)
+/// This host's cluster name ([`crate::slurm::cluster_name`]), found once per process: slurm.conf
+/// is read at most once (its first 1 MiB, and only a regular file: a FIFO would block).
+fn this_cluster() -> String {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        use std::io::Read;
+        let conf = || {
+            let path =
+                crate::slurm::slurm_conf_path(&std::env::var("SLURM_CONF").unwrap_or_default());
+            if !std::fs::metadata(&path).ok()?.is_file() {
+                return None;
+            }
+            let mut text = String::new();
+            std::fs::File::open(path).ok()?.take(1 << 20).read_to_string(&mut text).ok()?;
+            Some(text)
+        };
+        let env = std::env::var("SLURM_CLUSTER_NAME").ok();
+        // slurm.conf only when Slurm's environment does not say.
+        let text = env.as_deref().is_none_or(|e| e.trim().is_empty()).then(conf).flatten();
+        crate::slurm::cluster_name(env.as_deref(), text.as_deref())
+    })
+    .clone()
 }
 
 impl<'a> Settings<'a> {
@@ -165,10 +172,7 @@ impl<'a> Settings<'a> {
             gpu_memory_gib: config.node.gpu_memory_gib,
             fill_open: config.selection.refill,
             spool: &config.spool.dir,
-            cluster: crate::slurm::cluster_name(
-                std::env::var("SLURM_CLUSTER_NAME").ok().as_deref(),
-                slurm_conf_text().as_deref(),
-            ),
+            cluster: this_cluster(),
             state_dir: &config.dispatch.state_dir,
             stuck_after_s: crate::slurm::stuck_after_s(&config.node),
             time_limit: config.selection.time_limit,
@@ -587,20 +591,13 @@ struct Chosen {
     model_version: Option<i64>,
     /// Each ranked candidate's group's predicted normalised progress, when the model tells it.
     progress: std::collections::BTreeMap<usize, f64>,
-    /// A candidate chosen to explore (`selection.explore_pairs`) → the group's new workloads,
-    /// whose counts its release adds one to ([`note_explored`]).
-    explores: std::collections::BTreeMap<usize, Vec<String>>,
 }
 
-/// Each workload's exploratory groups so far, as the decision takes them.
-fn explored_counts(state: &DeciderState) -> Vec<(String, u32)> {
-    state.explored.iter().map(|(w, &n)| (w.clone(), n)).collect()
-}
-
-/// Counts the release of held job `i` when it was chosen to explore: each of its group's new
-/// workloads has one exploratory group more, so that `selection.explore_pairs` bounds them.
-fn note_explored(state: &mut DeciderState, chosen: Option<&Chosen>, i: usize) {
-    for w in chosen.and_then(|c| c.explores.get(&i)).into_iter().flatten() {
+/// Counts a release in each new workload's exploratory groups (`selection.explore_pairs`
+/// bounds them): the ones the released job's record says its group was formed to explore.
+fn count_explored(state: &mut DeciderState, decision: &NewDecision, released: &str) {
+    let mine = decision.candidates.iter().find(|c| c.job.as_deref() == Some(released));
+    for w in mine.into_iter().flat_map(|c| &c.explores) {
         let n = state.explored.entry(w.clone()).or_default();
         *n = n.saturating_add(1);
     }
@@ -887,7 +884,7 @@ pub fn run(
     let choose = |slot: &Slot,
                   cands: &[usize],
                   policy: &Policy,
-                  explored: &[(String, u32)]|
+                  explored: &std::collections::BTreeMap<String, u32>|
      -> std::result::Result<Chosen, NoChoice> {
         let (Some(db), Some(mem)) = (db.as_ref(), s.gpu_memory_gib) else {
             return Ok(Chosen::default());
@@ -899,7 +896,7 @@ pub fn run(
         let running: Vec<JobSpec> = slot.jobs.iter().map(|m| spec(&m.workload, &m.user)).collect();
         let specs: Vec<JobSpec> =
             cands.iter().map(|&i| spec(&held[i].workload, &held[i].user)).collect();
-        let explored: Vec<(&str, u32)> = explored.iter().map(|(w, n)| (w.as_str(), *n)).collect();
+        let explored: Vec<(&str, u32)> = explored.iter().map(|(w, &n)| (w.as_str(), n)).collect();
         let d = decide_from_store(db, &running, &specs, policy, Some(mem), None, &explored)
             .map_err(|e| {
                 // A workload on the GPU that cannot be paired yet is no failure: no joiner.
@@ -933,14 +930,6 @@ pub fn run(
                 .enumerate()
                 .filter_map(|(k, &i)| Some((i, d.selection.verdicts.get(k)?.progress?)))
                 .collect(),
-            explores: cands
-                .iter()
-                .enumerate()
-                .filter_map(|(k, &i)| {
-                    let v = d.selection.verdicts.get(k)?;
-                    (!v.explores.is_empty()).then(|| (i, v.explores.clone()))
-                })
-                .collect(),
         })
     };
     // Whether held job `i` may go to slot `k` under the site's policies.
@@ -970,7 +959,7 @@ pub fn run(
                 .iter()
                 .enumerate()
                 .filter(|(_, x)| x.open(limit) && fits(i, x))
-                .find_map(|(k, x)| match choose(x, &[i], &fit_only, &explored_counts(state)) {
+                .find_map(|(k, x)| match choose(x, &[i], &fit_only, &state.explored) {
                     Ok(c) if c.ranked == [i] => {
                         let progress = c.progress.get(&i).copied();
                         let plan = time_plan(s, state, &nodes[x.node_at], x, j, progress, now);
@@ -1007,7 +996,6 @@ pub fn run(
                 report.problems.extend(p);
                 report.records.push(d);
                 report.expired.push((j.id, slots[k].at.node.clone(), slots[k].at.index.0));
-                note_explored(state, chosen.as_ref(), i);
                 usage.borrow_mut().add(counted_of(j));
                 slots[k].coming += 1;
                 if let Err(e) = lengthen(
@@ -1040,7 +1028,7 @@ pub fn run(
             continue;
         }
         let cands = within_window(&cands, &held, state, s.priority_window);
-        let chosen = match choose(slot, &cands, &s.policy, &explored_counts(state)) {
+        let chosen = match choose(slot, &cands, &s.policy, &state.explored) {
             Ok(c) => c,
             Err(Unpaired(why)) => {
                 let at = &slot.at;
@@ -1096,7 +1084,6 @@ pub fn run(
                     report.problems.extend(p);
                     report.records.push(d);
                     report.joiners.push((held[i].id, slot.at.node.clone(), slot.at.index.0));
-                    note_explored(state, Some(&chosen), i);
                     usage.borrow_mut().add(counted_of(held[i]));
                     // Jobs ahead of it in Slurm's order that this GPU could have taken.
                     let ahead: Vec<u32> = cands
@@ -1408,6 +1395,7 @@ fn release(
     match moved {
         Ok(()) => {
             stop_inversion(state, j.id, now);
+            count_explored(state, &d.decision, &released);
             // Its GPU is known without asking Slurm when it runs.
             if slot.sole_of_kind {
                 state.gpus.insert(j.id, (slot.at.node.clone(), vec![slot.at.index.0]));
@@ -1684,16 +1672,28 @@ mod tests {
     #[test]
     fn an_exploratory_release_counts_its_new_workloads_and_survives_a_restart() {
         let mut state = DeciderState::default();
-        let chosen = Chosen {
-            explores: [(3, vec!["fresh".to_string()])].into_iter().collect(),
-            ..Chosen::default()
+        let cand = |job: &str, explores: &[&str]| DecisionCandidate {
+            explores: explores.iter().map(|w| w.to_string()).collect(),
+            ..candidate_record(
+                &QueuedJob { id: job.parse().unwrap(), ..QueuedJob::default() },
+                0.0,
+                None,
+            )
         };
-        // Held job 3 explored; job 4 was chosen as any pair is, and counts nothing.
-        note_explored(&mut state, Some(&chosen), 3);
-        note_explored(&mut state, Some(&chosen), 4);
-        note_explored(&mut state, None, 3);
-        note_explored(&mut state, Some(&chosen), 3);
-        assert_eq!(explored_counts(&state), vec![("fresh".to_string(), 2)]);
+        let decision = NewDecision {
+            lead_job: Some("1".into()),
+            lead_workload: "bert".into(),
+            chosen_workload: Some("fresh".into()),
+            chosen_job: Some("3".into()),
+            model_version: Some(1),
+            candidates: vec![cand("3", &["fresh"]), cand("4", &[])],
+        };
+        // Job 3's release explored; job 4's would be any pair's and counts nothing.
+        count_explored(&mut state, &decision, "3");
+        count_explored(&mut state, &decision, "4");
+        count_explored(&mut state, &decision, "9");
+        count_explored(&mut state, &decision, "3");
+        assert_eq!(state.explored, [("fresh".to_string(), 2)].into_iter().collect());
         let text = serde_json::to_string(&state).unwrap();
         let back: DeciderState = serde_json::from_str(&text).unwrap();
         assert_eq!(back.explored, state.explored);

@@ -673,9 +673,7 @@ fn check_controller<'a>(
             ),
         });
     }
-    let conf = get("SLURM_CONF");
-    let gate = Path::new(if conf.is_empty() { "/etc/slurm/slurm.conf" } else { conf })
-        .with_file_name("job_submit.lua");
+    let gate = crate::slurm::slurm_conf_path(get("SLURM_CONF")).with_file_name("job_submit.lua");
     out.push(match std::fs::read_to_string(&gate) {
         Err(e) => Finding::fail(
             "gate",

@@ -1191,6 +1191,12 @@ pub fn state_takes_jobs(state: &str) -> bool {
         && parts.all(|f| matches!(f, "completing" | "planned"))
 }
 
+/// slurm.conf's path: `SLURM_CONF` (`env`, empty when unset) as every Slurm program takes it,
+/// else `/etc/slurm/slurm.conf` (Debian's and SchedMD's packages).
+pub fn slurm_conf_path(env: &str) -> std::path::PathBuf {
+    if env.is_empty() { "/etc/slurm/slurm.conf" } else { env }.into()
+}
+
 /// The cluster's name in the decision records' keys: `SLURM_CLUSTER_NAME` (`env`, which
 /// slurmctld and slurmd set for the programs they run), else `ClusterName` from slurm.conf's
 /// text (`conf`: the decider service runs with no Slurm environment), lowercased as slurmctld
