@@ -5,8 +5,9 @@
 //!
 //! It adds to [`select`](crate::selection::select) what a GPU's state decides: the job limit
 //! per GPU, and who may share it (MPS time-slices clients of different users unless the control
-//! daemon runs in multi-user mode). Callers do not re-rank or re-word what it returns: [`Decision::ranked`] is
-//! the order in which to try candidates when the first can no longer be released.
+//! daemon runs in multi-user mode). Callers do not re-rank or re-word what it returns:
+//! [`Decision::ranked`] is the order in which to try candidates when the first can no longer be
+//! released.
 
 use crate::features::Profile;
 use crate::selection::{
