@@ -163,7 +163,12 @@ fn init_import_train_select_agrees_with_the_selector_in_memory() {
         ]);
         let in_mem: Vec<Candidate<'_>> = cands
             .iter()
-            .map(|c| Candidate { profile: profiles.get(*c), workload: Some(c), same_user: true })
+            .map(|c| Candidate {
+                profile: profiles.get(*c),
+                workload: Some(c),
+                same_user: true,
+                may_explore: true,
+            })
             .collect();
         let running = [Member { profile: &profiles[*lead], workload: Some(lead.as_str()) }];
         let expect = select(&running, &in_mem, &stored, &rules);
@@ -279,7 +284,12 @@ fn default_slowdown_model_trains_stores_and_selects() {
     ]);
     let in_mem: Vec<Candidate<'_>> = cands
         .iter()
-        .map(|c| Candidate { profile: profiles.get(*c), workload: Some(c), same_user: true })
+        .map(|c| Candidate {
+            profile: profiles.get(*c),
+            workload: Some(c),
+            same_user: true,
+            may_explore: true,
+        })
         .collect();
     let running = [Member { profile: &profiles[lead], workload: Some(lead) }];
     let expect = select(&running, &in_mem, &stored, &rules);

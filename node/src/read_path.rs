@@ -157,12 +157,15 @@ pub fn decide_from_store(
         .iter()
         .map(|c| stored.get(&c.workload).map(missing_system_metrics).unwrap_or_default())
         .collect();
+    let vouched: Vec<&str> =
+        stored.iter().filter(|(_, p)| p.vouched()).map(|(w, _)| w.as_str()).collect();
     let db_time = started.elapsed();
     let gpu = GpuState {
         running: &on_gpu,
         memory_gib: gpu_memory_gib,
         failed_pairs: &failed_pairs,
         explored,
+        vouched: &vouched,
     };
     let d = kace_selector::decision::decide(&gpu, &joiners, &model, policy);
     let predict_time = started.elapsed().saturating_sub(db_time);

@@ -55,7 +55,12 @@ fn main() {
             let cands: Vec<Candidate<'_>> = (0..n)
                 .map(|i| {
                     let (p, w) = pool[i % pool.len()];
-                    Candidate { profile: Some(p), workload: Some(w), same_user: true }
+                    Candidate {
+                        profile: Some(p),
+                        workload: Some(w),
+                        same_user: true,
+                        may_explore: true,
+                    }
                 })
                 .collect();
             let runs = if n >= 10_000 { 101 } else { 1001 };

@@ -83,6 +83,12 @@ pub struct GpuState<'a> {
     /// none), which [`SelectionRules::explore_pairs`] bounds. The decider keeps the counts
     /// (`DeciderState::explored`), the simulator its own; a dry run passes none.
     pub explored: &'a [(&'a str, u32)],
+    /// Workloads whose profile an admin vouched for (imported or measured it: not only kace's
+    /// observations of users' own runs). A cold workload is explored beside another user's
+    /// job only when it is one of these; otherwise only beside its own user's jobs, so that a
+    /// user who names new workloads and runs them alone cannot have them tried beside other
+    /// users' jobs (issue 31). Matters only under `mps.multi_user`, where users share a GPU.
+    pub vouched: &'a [&'a str],
 }
 
 /// What the decision returns.
@@ -155,13 +161,21 @@ pub fn decide(
     };
     let blocked: Vec<Option<&str>> = candidates.iter().map(failed_with).collect();
     let open: Vec<usize> = (0..candidates.len()).filter(|&i| blocked[i].is_none()).collect();
+    // An exploratory group's cold members must be the same user's jobs or vouched for
+    // ([`GpuState::vouched`]); a known workload needs neither.
+    let settled = |w: &str| predictor.knows(Some(w)) || gpu.vouched.contains(&w);
+    let running_settled = gpu.running.iter().all(|r| settled(r.workload));
     let cands: Vec<Candidate<'_>> = open
         .iter()
         .map(|&i| &candidates[i])
-        .map(|c| Candidate {
-            profile: c.profile,
-            workload: Some(c.workload),
-            same_user: gpu.running.iter().all(|r| same_user(r.user, c.user)),
+        .map(|c| {
+            let same = gpu.running.iter().all(|r| same_user(r.user, c.user));
+            Candidate {
+                profile: c.profile,
+                workload: Some(c.workload),
+                same_user: same,
+                may_explore: same || (running_settled && settled(c.workload)),
+            }
         })
         .collect();
     let rules = SelectionRules {
@@ -203,7 +217,7 @@ pub fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::selection::tests::{prof, Toy};
+    use crate::selection::tests::{exploring_rules, prof, Cold, Toy};
 
     fn joiner<'a>(p: &'a Profile, w: &'a str, user: &'a str) -> Joiner<'a> {
         Joiner { profile: Some(p), workload: w, user: Some(user) }
@@ -226,6 +240,7 @@ mod tests {
             memory_gib: Some(32.0),
             failed_pairs: &[],
             explored: &[],
+            vouched: &[],
         };
         let d = decide(&gpu, &cands, &Toy, &Policy::default());
         assert_eq!(d.chosen(), Some(3));
@@ -239,6 +254,45 @@ mod tests {
     }
 
     #[test]
+    fn a_cold_workload_is_explored_beside_another_users_job_only_when_an_admin_vouched_for_it() {
+        // As in selection's exploration tests: "new" is cold, predicted at 1.3 with doubt 0.2
+        // beside the lead (explorable, not passing).
+        let lp = prof(10.0, 0.0);
+        let running = [OnGpu { profile: &lp, workload: "lead", user: Some("ann") }];
+        let a = prof(20.0, 1.3);
+        let policy = Policy { rules: exploring_rules(), multi_user: true, ..Policy::default() };
+        let gpu = GpuState {
+            running: &running,
+            memory_gib: None,
+            failed_pairs: &[],
+            explored: &[],
+            vouched: &[],
+        };
+        let chosen = |gpu: &GpuState<'_>, user: &str| {
+            let d = decide(gpu, &[joiner(&a, "new", user)], &Cold, &policy);
+            (d.chosen(), d.selection.verdicts[0].explores.clone())
+        };
+        // The GPU's own user: explored, vouched for or not.
+        assert_eq!(chosen(&gpu, "ann"), (Some(0), vec!["new".to_string()]));
+        // Another user's self-measured workload: not tried beside ann's job.
+        let (none, _) = chosen(&gpu, "bob");
+        assert_eq!(none, None);
+        // Vouched for by an admin: explored beside anyone's.
+        let vouched = GpuState { vouched: &["new"], ..gpu };
+        assert_eq!(chosen(&vouched, "bob"), (Some(0), vec!["new".to_string()]));
+        // A cold lead of ann's is not tried beside bob's known job unless vouched for.
+        let cold_lead = [OnGpu { profile: &lp, workload: "new", user: Some("ann") }];
+        let on_cold = GpuState { running: &cold_lead, ..gpu };
+        let known = |user| decide(&on_cold, &[joiner(&a, "x", user)], &Cold, &policy).chosen();
+        assert_eq!((known("ann"), known("bob")), (Some(0), None));
+        let on_vouched = GpuState { vouched: &["new"], ..on_cold };
+        assert_eq!(
+            decide(&on_vouched, &[joiner(&a, "x", "bob")], &Cold, &policy).chosen(),
+            Some(0)
+        );
+    }
+
+    #[test]
     fn a_pair_that_failed_together_is_refused_in_either_order_and_the_rest_keep_their_places() {
         let lead = prof(10.0, 4.0);
         let running = [OnGpu { profile: &lead, workload: "lead", user: Some("ann") }];
@@ -249,6 +303,7 @@ mod tests {
             memory_gib: Some(32.0),
             failed_pairs: &[],
             explored: &[],
+            vouched: &[],
         };
         let before = decide(&free, &cands, &Toy, &Policy::default());
         assert_eq!(before.chosen(), Some(1));
@@ -282,7 +337,13 @@ mod tests {
         ];
         let small = prof(3.0, 1.0);
         let cands = [Joiner { profile: Some(&small), workload: "s", user: None }];
-        let gpu = GpuState { running: &two, memory_gib: None, failed_pairs: &[], explored: &[] };
+        let gpu = GpuState {
+            running: &two,
+            memory_gib: None,
+            failed_pairs: &[],
+            explored: &[],
+            vouched: &[],
+        };
         let d = decide(&gpu, &cands, &Toy, &Policy::default());
         assert_eq!(d.chosen(), None);
         assert_eq!(

@@ -132,6 +132,11 @@ pub struct Candidate<'a> {
     pub workload: Option<&'a str>,
     /// Whether it belongs to the same user as the jobs on the GPU.
     pub same_user: bool,
+    /// Whether a group with it may be formed to explore a cold workload
+    /// ([`SelectionRules::explore_pairs`]): the caller says no where the group would put one
+    /// user's cold workload, profiled only by kace's measurements of that user's own runs,
+    /// beside another user's job ([`crate::decision::decide`]).
+    pub may_explore: bool,
 }
 
 /// Why a candidate was not chosen.
@@ -338,18 +343,18 @@ pub fn select_exploring(
             let new_gain = predictor.new_workload_gain(&group);
             let harm_gain = rules.refuse_likely_harm.then(|| predictor.required_gain(&group));
             // Exploration's budget: every cold member named and under its count.
-            let cold: Option<Vec<String>> = (rules.explore_pairs > 0 && new_gain.is_some())
-                .then(|| {
-                    group
-                        .iter()
-                        .filter(|m| !predictor.knows(m.workload))
-                        .map(|m| m.workload.map(str::to_string))
-                        .collect::<Option<Vec<String>>>()
-                })
-                .flatten()
-                .filter(|c| {
-                    !c.is_empty() && c.iter().all(|w| explored_count(w) < rules.explore_pairs)
-                });
+            let cold: Option<Vec<String>> = (rules.explore_pairs > 0
+                && c.may_explore
+                && new_gain.is_some())
+            .then(|| {
+                group
+                    .iter()
+                    .filter(|m| !predictor.knows(m.workload))
+                    .map(|m| m.workload.map(str::to_string))
+                    .collect::<Option<Vec<String>>>()
+            })
+            .flatten()
+            .filter(|c| !c.is_empty() && c.iter().all(|w| explored_count(w) < rules.explore_pairs));
             let doubt = cold.as_ref().map(|_| predictor.doubt(&group));
             group.pop();
             let below = |predicted, required, progress| Verdict {
@@ -511,8 +516,8 @@ pub(crate) mod tests {
         let lp = test_profile(5.0, 30.0);
         let (quiet, busy) = (test_profile(1.0, 30.0), test_profile(2.0, 90.0));
         let cands = [
-            Candidate { profile: Some(&quiet), workload: None, same_user: true },
-            Candidate { profile: Some(&busy), workload: None, same_user: true },
+            Candidate { profile: Some(&quiet), workload: None, same_user: true, may_explore: true },
+            Candidate { profile: Some(&busy), workload: None, same_user: true, may_explore: true },
         ];
         let rules = |objective| SelectionRules { objective, ..SelectionRules::default() };
         let by_progress = select(&lead(&lp), &cands, &Rates, &rules(Objective::NormalisedProgress));
@@ -538,11 +543,11 @@ pub(crate) mod tests {
         let lead = lead(&lp);
         let (a, b, c, d) = (prof(5.0, 2.0), prof(9.0, 3.0), prof(30.0, 40.0), prof(50.0, 1.0));
         let cands = [
-            Candidate { profile: None, workload: None, same_user: true },
-            Candidate { profile: Some(&a), workload: None, same_user: true },
-            Candidate { profile: Some(&b), workload: None, same_user: true },
-            Candidate { profile: Some(&c), workload: None, same_user: true },
-            Candidate { profile: Some(&d), workload: None, same_user: false },
+            Candidate { profile: None, workload: None, same_user: true, may_explore: true },
+            Candidate { profile: Some(&a), workload: None, same_user: true, may_explore: true },
+            Candidate { profile: Some(&b), workload: None, same_user: true, may_explore: true },
+            Candidate { profile: Some(&c), workload: None, same_user: true, may_explore: true },
+            Candidate { profile: Some(&d), workload: None, same_user: false, may_explore: true },
         ];
         let rules = SelectionRules { gpu_memory_gib: Some(32.0), ..SelectionRules::default() };
         let s = select(&lead, &cands, &Toy, &rules);
@@ -566,8 +571,8 @@ pub(crate) mod tests {
         let lead = lead(&lp);
         let a = prof(2.0, 0.0);
         let cands = [
-            Candidate { profile: Some(&a), workload: None, same_user: true },
-            Candidate { profile: Some(&a), workload: None, same_user: true },
+            Candidate { profile: Some(&a), workload: None, same_user: true, may_explore: true },
+            Candidate { profile: Some(&a), workload: None, same_user: true, may_explore: true },
         ];
         let loose = SelectionRules::default();
         assert_eq!(select(&lead, &cands, &Toy, &loose).chosen, Some(0));
@@ -604,7 +609,12 @@ pub(crate) mod tests {
         let (a, b, c) = (prof(30.0, 0.9), prof(20.0, 1.05), prof(5.0, 1.3));
         let cands: Vec<Candidate> = [&a, &b, &c]
             .into_iter()
-            .map(|p| Candidate { profile: Some(p), workload: None, same_user: true })
+            .map(|p| Candidate {
+                profile: Some(p),
+                workload: None,
+                same_user: true,
+                may_explore: true,
+            })
             .collect();
         let plain = SelectionRules::default();
         // The gain rule alone refuses the harmful one and takes the best throughput of the rest.
@@ -645,7 +655,12 @@ pub(crate) mod tests {
     fn the_gain_rule_asks_for_progress_not_steps_per_second() {
         let (fast, slow) = (prof(40.0, 0.0), prof(8.0, 0.0));
         let lead = lead(&fast);
-        let cands = [Candidate { profile: Some(&slow), workload: None, same_user: true }];
+        let cands = [Candidate {
+            profile: Some(&slow),
+            workload: None,
+            same_user: true,
+            may_explore: true,
+        }];
         let s = select(&lead, &cands, &FastBesideSlow, &SelectionRules::default());
         assert_eq!((s.chosen, s.baseline), (Some(0), 40.0));
         assert_eq!(s.verdicts[0].prediction, Some(34.4));
@@ -680,7 +695,12 @@ pub(crate) mod tests {
         let lead = lead(&lp);
         // Progress 1.3 and 1.6, both gains; the first is the better throughput.
         let (a, b) = (prof(30.0, 1.3), prof(5.0, 1.6));
-        let cand = |p, w| Candidate { profile: Some(p), workload: Some(w), same_user: true };
+        let cand = |p, w| Candidate {
+            profile: Some(p),
+            workload: Some(w),
+            same_user: true,
+            may_explore: true,
+        };
         let plain = SelectionRules::default();
         // Known workloads: no doubt rule unless asked.
         let s = select(&lead, &[cand(&a, "x"), cand(&b, "y")], &KnowsAllButNew, &plain);
@@ -703,7 +723,7 @@ pub(crate) mod tests {
 
     /// As [`KnowsAllButNew`], and it says which workload is new and how doubtful a group is:
     /// the candidate's exclusive throughput / 100, so tests can steer it.
-    struct Cold;
+    pub(crate) struct Cold;
     impl Predictor for Cold {
         fn predict(&self, m: &[Member<'_>], objective: Objective) -> f64 {
             Doubtful.predict(m, objective)
@@ -723,7 +743,7 @@ pub(crate) mod tests {
     }
 
     /// The rules of the exploration tests: the harm rule on, two exploratory groups a workload.
-    fn exploring_rules() -> SelectionRules {
+    pub(crate) fn exploring_rules() -> SelectionRules {
         SelectionRules {
             refuse_likely_harm: true,
             explore_pairs: 2,
@@ -734,7 +754,7 @@ pub(crate) mod tests {
 
     /// A candidate of the GPU's user.
     fn cand<'a>(p: &'a Profile, w: &'a str) -> Candidate<'a> {
-        Candidate { profile: Some(p), workload: Some(w), same_user: true }
+        Candidate { profile: Some(p), workload: Some(w), same_user: true, may_explore: true }
     }
 
     #[test]

@@ -447,6 +447,9 @@ pub fn run_history(
                 memory_gib: None,
                 failed_pairs: &[],
                 explored: &counts,
+                // No user reaches the decision (`user: None` matches anyone's), so exploration
+                // is never kept to one user's jobs and needs no vouching here.
+                vouched: &[],
             };
             let decision = decide(&gpu, &joiners, &model, &decision_policy);
             let choice = decision.chosen();

@@ -158,6 +158,7 @@ impl PairingPolicy {
                 memory_gib: rules.gpu_memory_gib,
                 failed_pairs: &[],
                 explored: &[],
+                vouched: &[],
             };
             let d = decide(&gpu, &cand, predictor, &policy);
             d.chosen().and(d.selection.verdicts[0].prediction)

@@ -221,9 +221,13 @@ impl Profile {
     /// the workload alone at least `min_alone_runs` times. Kernel metrics alone (an ncu import)
     /// do not lift the rule: the system part is then still kace's observation.
     pub fn usable(&self, min_alone_runs: u32) -> bool {
-        let admin_system =
-            self.sources[FIRST_SYSTEM_FEATURE..].iter().flatten().any(|s| !is_observed_source(s));
-        admin_system || self.observed_runs >= min_alone_runs
+        self.vouched() || self.observed_runs >= min_alone_runs
+    }
+
+    /// Whether an admin measured or imported any of its system features (`kace profile run`,
+    /// `import`, `import-ncu`): its profile is not only kace's observations of users' runs.
+    pub fn vouched(&self) -> bool {
+        self.sources[FIRST_SYSTEM_FEATURE..].iter().flatten().any(|s| !is_observed_source(s))
     }
 
     /// Names of the features that are still unknown.
