@@ -1,5 +1,6 @@
 //! Where kace's per-GPU MPS directories and per-job progress files live. Dependency-free and pure
-//! except for [`trusted_dir`], which checks that such a directory is root's,
+//! except for [`trusted_dir`] (whether such a directory is root's), [`memory_limit`] and
+//! [`release_ticket`] (the files handed from one hook to the next); its paths are
 //! shared so that the prolog (which starts the MPS control daemon) and the epilog (which reads
 //! progress) compute exactly the paths the SPANK plugin gives the job's tasks.
 //!
@@ -9,6 +10,7 @@
 //! /run/kace/mps/<gpu>/log             CUDA_MPS_LOG_DIRECTORY of that daemon
 //! /var/spool/kace/progress/<job>.progress   KACE_PROGRESS_FILE of job <job>
 //! /var/spool/kace/progress/<job>.memlimit   its memory limit, from the prolog ([`memory_limit`])
+//! <spool.dir>/released/<job>               the decider's word to its prolog ([`release_ticket`])
 //! ```
 //! It also holds the workload-name rule ([`workload_name`]), which every part of kace shares.
 //!
@@ -20,6 +22,7 @@
 use std::path::{Path, PathBuf};
 
 pub mod memory_limit;
+pub mod release_ticket;
 pub mod trusted_dir;
 pub mod workload_name;
 

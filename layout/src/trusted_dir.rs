@@ -1,7 +1,7 @@
 //! Whether a directory is safe for root to write into: kace's root hooks create, chown and
 //! rename files in `progress_root`, `mps_root`, `state_dir` and the spool directories, and if a
 //! user could replace an entry there (a symlink swapped in between two calls), root would act
-//! on a file the user chose. The one piece of I/O in this crate.
+//! on a file the user chose.
 
 use std::fmt;
 use std::fs;

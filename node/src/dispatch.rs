@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use crate::read_path::{decide_from_store, JobSpec};
 use kace_config::Config;
+use kace_layout::release_ticket::{self, Ticket};
 use kace_layout::GpuIndex;
 use kace_log::Logger;
 use kace_selector::decision::Policy;
@@ -1386,12 +1387,25 @@ fn release(
     if let Err(e) = state.save(s.state_dir) {
         problems.push(format!("couldn't note the release of job {} as begun: {e}", j.id));
     }
+    // The prolog's word that this is a kace job of this workload, so that it need not ask
+    // slurmctld (two RPCs on 22.05); without it the prolog asks, so a failure only costs that.
+    let ticket = Ticket { node: slot.at.node.clone(), at: now, workload: j.workload.clone() };
+    let ticketed = release_ticket::write(s.spool, j.id, &ticket)
+        .map_err(|e| {
+            problems.push(format!("couldn't write the release ticket of job {}: {e}", j.id))
+        })
+        .is_ok();
     let target = Target { node: slot.at.node.clone(), kind: slot.at.kind.clone() };
     let comment = partners_comment(j.id, j, slot);
     let moved = slurm
         .pin(j.id, &target, shards, None, comment.as_deref())
         .and_then(|()| slurm.release(j.id));
     state.begun.remove(&j.id);
+    if moved.is_err() && ticketed {
+        if let Err(e) = release_ticket::remove(s.spool, j.id) {
+            problems.push(format!("couldn't remove the release ticket of job {}: {e}", j.id));
+        }
+    }
     match moved {
         Ok(()) => {
             stop_inversion(state, j.id, now);

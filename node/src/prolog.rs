@@ -1,5 +1,6 @@
 //! `kace-prolog`'s logic. For a job the gate marked as a kace job (AdminComment `kace:<workload>`,
-//! read from Slurm: the job's environment is the user's and proves nothing): hand the job's
+//! from the decider's release ticket ([`kace_layout::release_ticket`]) when it released the job
+//! here, else read from Slurm: the job's environment is the user's and proves nothing): hand the job's
 //! memory limit to the SPANK plugin (the memory guard, [`kace_layout::memory_limit`]), create its
 //! progress file, record it on its GPU and make sure that GPU's MPS control daemon runs, under
 //! the GPU's lock. It lists no queue and moves no job: the decider ([`crate::dispatch`]) chooses
@@ -10,6 +11,7 @@
 use std::time::{Duration, Instant};
 
 use kace_layout::memory_limit::MemoryLimit;
+use kace_layout::release_ticket;
 use kace_layout::{mps_dirs, progress_file, GpuIndex};
 use kace_profiling::progress::CreateError as ProgressCreateError;
 
@@ -47,6 +49,39 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         return Outcome::NotKace;
     }
     let log = |m: &str| (n.log)(&format!("kace: prolog: job {}: {m}", env.job));
+    // The decider's ticket says what the gate's mark says, for a job it released onto this
+    // node: no Slurm read then (kace_layout::release_ticket). Used once.
+    let ticketed = match release_ticket::read(&n.config.spool.dir, env.job) {
+        Ok(Some(t)) => {
+            if let Err(e) = release_ticket::remove(&n.config.spool.dir, env.job) {
+                log(&format!("couldn't remove its release ticket: {e}"));
+            }
+            t.fits(&env.node, n.clock.now()).then_some(t.workload)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            log(&format!("couldn't use its release ticket: {e}; asking Slurm"));
+            None
+        }
+    };
+    let workload = match ticketed {
+        Some(w) => w,
+        None => match workload_from_slurm(n, env, started, &log) {
+            Some(w) => w,
+            None => return Outcome::NotKace,
+        },
+    };
+    set_up(n, env, started, &log, workload)
+}
+
+/// The job's workload from the gate's mark, as Slurm lists the job (`None`: it runs as a plain
+/// job, and why is logged).
+fn workload_from_slurm(
+    n: &Node,
+    env: &JobEnv,
+    started: Instant,
+    log: &dyn Fn(&str),
+) -> Option<String> {
     // slurmctld may be restarting (seconds) while a job it launched starts: a kace job whose mark
     // cannot be read runs as a plain one, and its partner's interval would then be stored as
     // alone. So the read is retried for up to half the budget, leaving the rest for recording the
@@ -72,17 +107,28 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         Ok(d) => d,
         Err(e) => {
             log(&format!("couldn't read the job from Slurm to check the gate's mark: {e}; it runs without kace"));
-            return Outcome::NotKace;
+            return None;
         }
     };
     let Some(workload) = listed.map(|j| j.workload).filter(|w| !w.is_empty()) else {
         log("has SPANK_KACE_COLOCATE but not the gate's AdminComment mark; it runs as a plain job");
-        return Outcome::NotKace;
+        return None;
     };
     if kace_sql::validate_workload_name(&workload).is_err() {
         log("couldn't use its workload name (AdminComment); it runs without kace");
-        return Outcome::NotKace;
+        return None;
     }
+    Some(workload)
+}
+
+/// The prolog once the job is known to be a kace job of `workload`.
+fn set_up(
+    n: &Node,
+    env: &JobEnv,
+    started: Instant,
+    log: &dyn Fn(&str),
+    workload: String,
+) -> Outcome {
     // A job slurmctld starts after its restart and before the nodes registered again (3–4 s)
     // has no GPU in its prolog's environment: slurmctld loads its GRES plugins (which build
     // that environment) only when a node registers (seen on 25.11 and 26.05). Its allocation,

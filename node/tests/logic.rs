@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kace_config::Config;
+use kace_layout::release_ticket::{self, Ticket};
 use kace_layout::{GpuIndex, MpsDirs};
 use kace_node::env::JobEnv;
 use kace_node::error::{Error, ExecError, Result};
@@ -598,6 +599,11 @@ fn the_decider_releases_the_predicted_best_beside_a_starting_lead_and_spools_eve
     // The pair's decision and job 15's hand-back.
     let spooled = kace_sql::spool::spooled_decisions(&w.config.spool.dir).unwrap();
     assert_eq!(spooled.len(), 2);
+    // The released job's prolog is told by ticket; the handed-back one asks Slurm.
+    let ticket = release_ticket::read(&w.config.spool.dir, expected).unwrap().unwrap();
+    assert_eq!((ticket.node.as_str(), ticket.at), ("n1", 1500.0));
+    assert_eq!(ticket.workload, by_job[&expected.to_string()].workload);
+    assert_eq!(release_ticket::read(&w.config.spool.dir, 15).unwrap(), None);
 
     // The next pass knows the lead's GPU: no read.
     let before = w.slurm.calls.borrow().len();
@@ -622,6 +628,33 @@ fn the_prolog_records_and_starts_mps_but_lists_and_moves_nothing() {
         "only single-job reads: {calls:?}"
     );
     assert_eq!(w.mps.calls.borrow().as_slice(), ["start 1 0"]);
+}
+
+/// A job the decider released onto this node is known by its ticket: its prolog asks
+/// slurmctld nothing about it, and uses the ticket once. A ticket for another node, or too old,
+/// is not believed: the prolog reads the job from Slurm, as without one.
+#[test]
+fn the_prolog_of_a_job_the_decider_released_here_reads_its_ticket_not_slurm() {
+    let w = World::new("ticket", lead_slurm(Some("g1")));
+    let spool = w.config.spool.dir.clone();
+    let ticket = |node: &str, at: f64| Ticket { node: node.into(), at, workload: "alpha".into() };
+    release_ticket::write(&spool, 10, &ticket("n1", 1990.0)).unwrap();
+    assert_eq!(w.with(|n| prolog::run(n, &job_env(10, 1))), prolog::Outcome::Led);
+    assert!(
+        !w.slurm.calls.borrow().iter().any(|c| c.starts_with("queued")),
+        "{:?}",
+        w.slurm.calls.borrow()
+    );
+    assert_eq!(release_ticket::read(&spool, 10).unwrap(), None, "used once");
+    for (job, t) in [(11, ticket("n2", 1990.0)), (12, ticket("n1", 2000.0 - 601.0))] {
+        w.slurm.details.borrow_mut().insert(job, running_detail(job, "beta", 1, Some("g1")));
+        w.slurm.on_node.borrow_mut().push(job);
+        release_ticket::write(&spool, job, &t).unwrap();
+        w.slurm.calls.borrow_mut().clear();
+        w.with(|n| prolog::run(n, &job_env(job, 1)));
+        let queued = format!("queued {job}");
+        assert!(w.slurm.calls.borrow().contains(&queued), "{:?}", w.slurm.calls.borrow());
+    }
 }
 
 /// Whether the GPU's other kace jobs still run is asked of the node's slurmstepd first (no

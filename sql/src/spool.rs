@@ -1058,7 +1058,8 @@ enum Keep {
 }
 
 /// Removes files older than `keep` (by modification time, relative to `now`) from `quarantine`
-/// and abandoned writes from `spool`, its `decisions/` and its `profiles/`. Quarantined
+/// and abandoned writes from `spool`, its `decisions/` and its `profiles/`, and old release
+/// tickets from its `released/` ([`kace_layout::release_ticket`]). Quarantined
 /// files (each with its `.reason`) are kept that long for the admin to look at; records waiting
 /// to be ingested are never touched. A missing directory has nothing to prune.
 pub fn prune(
@@ -1073,6 +1074,9 @@ pub fn prune(
     prune_dir(spool, Keep::RecordsAndLiveWrites, cutoff, &mut report);
     prune_dir(&spool.join(DECISIONS_DIR), Keep::RecordsAndLiveWrites, cutoff, &mut report);
     prune_dir(&spool.join(PROFILES_DIR), Keep::RecordsAndLiveWrites, cutoff, &mut report);
+    // The decider's release tickets its prologs did not use (a job cancelled before it started).
+    let tickets = spool.join(kace_layout::release_ticket::DIR);
+    prune_dir(&tickets, Keep::Nothing, cutoff, &mut report);
     report.removed.sort();
     report
 }
@@ -1142,11 +1146,21 @@ mod prune_tests {
         let old_decision_tmp = file(&spool.join(DECISIONS_DIR), ".tmp.14.f.json", 40 * DAY, now);
         // An old record not yet ingested is data, never pruned.
         let old_record = file(&spool, "e.json", 40 * DAY, now);
+        // A release ticket no prolog used goes; a recent one stays.
+        let tickets = spool.join(kace_layout::release_ticket::DIR);
+        fs::create_dir_all(&tickets).unwrap();
+        let old_ticket = file(&tickets, "17", 40 * DAY, now);
+        let new_ticket = file(&tickets, "18", DAY, now);
 
         let r = prune(&spool, &q, 30 * DAY, now);
         assert_eq!(r.failed, vec![]);
-        let mut want =
-            vec![old_q.clone(), old_reason.clone(), old_tmp.clone(), old_decision_tmp.clone()];
+        let mut want = vec![
+            old_q.clone(),
+            old_reason.clone(),
+            old_tmp.clone(),
+            old_decision_tmp.clone(),
+            old_ticket.clone(),
+        ];
         want.sort();
         let mut got = r.removed.clone();
         got.sort();
@@ -1154,7 +1168,7 @@ mod prune_tests {
         for p in [&old_q, &old_reason, &old_tmp] {
             assert!(!p.exists(), "{} should be gone", p.display());
         }
-        for p in [&new_q, &new_tmp, &old_record] {
+        for p in [&new_q, &new_tmp, &old_record, &new_ticket] {
             assert!(p.exists(), "{} should stay", p.display());
         }
         assert!(q.join("sub").is_dir());

@@ -1,7 +1,8 @@
 //! The node prolog and one decider pass on a real local cluster as slurmctld's queue grows:
 //! `KACE_BENCH_SIZES` jobs in slurmctld (default 10, 1 000, 5 000, 20 000; 200 of them held
 //! kace candidates, the rest plain held jobs, which cost slurmctld a record each), then per
-//! size: the whole kace-prolog of 5 leads (as it logs its own time: its Slurm read is of its
+//! size: the whole kace-prolog of `KACE_BENCH_LEADS` leads (default 5; 100 make a p99; as it
+//! logs its own time: its Slurm read is of its
 //! own job only, so it should not grow with the queue; MPS start is the fake's) and the wall
 //! time of 3 decider passes (`kace dispatch`, one process each: the listing of every job,
 //! client-side filtered by squeue, and the decision over every held kace candidate for the
@@ -59,7 +60,7 @@ fn main() {
         eprintln!("bench: {in_ctld} jobs in slurmctld (submitted in {:.1?})", t.elapsed());
         let mut prolog_ms = Vec::new();
         let mut pass_ms = Vec::new();
-        for rep in 0..LEADS {
+        for rep in 0..common::env_usize("KACE_BENCH_LEADS", LEADS) {
             let opt = format!("--kace-colocate={lead}");
             let id = c.sbatch(&[&opt, "-w", "n1", "--gres=shard:1", "--wrap", "sleep 2"]).unwrap();
             c.run_ok("scontrol", &["release", &id.to_string()]).unwrap();
@@ -103,10 +104,13 @@ fn main() {
         let pass = percentile(&mut pass_ms, 0.5);
         rows.push((in_ctld, p50, p99, pass));
     }
-    println!("kace-prolog and one decider pass on a local Slurm cluster ({CANDIDATES} held kace candidates)");
+    println!(
+        "kace-prolog of {} leads and one decider pass on a local Slurm cluster ({CANDIDATES} held kace candidates)",
+        common::env_usize("KACE_BENCH_LEADS", LEADS)
+    );
     println!(
         "{:>16}  {:>14}  {:>14}  {:>18}",
-        "jobs in ctld", "prolog p50 ms", "prolog max ms", "decider pass ms"
+        "jobs in ctld", "prolog p50 ms", "prolog p99 ms", "decider pass ms"
     );
     for (n, p50, p99, pass) in rows {
         println!("{n:>16}  {p50:>14.1}  {p99:>14.1}  {pass:>18.0}");

@@ -1,0 +1,217 @@
+//! The decider's hand-over to the prolog of a job it releases: before releasing a kace job onto
+//! a node, the decider writes `<spool>/released/<job>` (the node and the job's workload, as its
+//! listing read them from the gate's mark), so that the job's prolog learns that it is a kace
+//! job, and of which workload, without asking slurmctld again. On Slurm 22.05 that read cost
+//! two RPCs a job (`squeue -j` loads the partitions too): issue 28's budget of 8 RPCs per kace
+//! job beyond a plain job's is met only without it. A prolog that finds no ticket (a hand-back
+//! at `max_hold`, a spool the node does not share, an NFS client that does not see the file
+//! yet) reads its job from Slurm as before; the ticket is an optimisation, never the only path.
+//!
+//! Trust: the prolog runs as root and believes what the ticket says, so a ticket counts only
+//! when the `released` directory and the file belong to root or to the owner of the spool
+//! directory (the decider may run as SlurmUser), the directory is writable by nobody else, and
+//! the file is a plain file of the one form written here. A job's user can write none of that.
+//! A ticket older than [`MAX_AGE_S`] is not used (a job released and then cancelled before it
+//! started leaves one; job ids are reused only after a cluster's id space wraps).
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::workload_name::check;
+
+/// The spool's sub-directory of tickets.
+pub const DIR: &str = "released";
+
+/// Longest ticket file accepted.
+pub const MAX_FILE_BYTES: u64 = 512;
+
+/// Oldest ticket used, seconds: a pinned release starts within seconds (its GPU was free or
+/// open when the decider chose it); one that waits longer is read from Slurm.
+pub const MAX_AGE_S: f64 = 600.0;
+
+/// What the decider says of a job it released.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ticket {
+    /// The node it was pinned to.
+    pub node: String,
+    /// When it was released (unix seconds, the decider's clock).
+    pub at: f64,
+    /// Its workload (the gate's mark, as the decider's listing read it).
+    pub workload: String,
+}
+
+impl Ticket {
+    fn text(&self) -> String {
+        format!("kace-release-ticket 1 {} {:.3} {}\n", self.node, self.at, self.workload)
+    }
+
+    fn parse(text: &str) -> Option<Ticket> {
+        let line = text.strip_suffix('\n')?;
+        let mut words = line.split(' ');
+        if words.next()? != "kace-release-ticket" || words.next()? != "1" {
+            return None;
+        }
+        let node = words.next()?;
+        let at: f64 = words.next()?.parse().ok()?;
+        let workload = words.next()?;
+        let valid_node = !node.is_empty() && node.bytes().all(|b| b.is_ascii_graphic());
+        (words.next().is_none()
+            && valid_node
+            && at.is_finite()
+            && check(workload.as_bytes()).is_ok())
+        .then(|| Ticket { node: node.to_string(), at, workload: workload.to_string() })
+    }
+
+    /// Whether the prolog of a job on `node` may use it at `now` (unix seconds): the node it
+    /// was pinned to, and neither older than [`MAX_AGE_S`] nor more than 300 s ahead of the
+    /// node's clock (the clocks of a cluster agree within that; `MAX_CLOCK_AHEAD_S` elsewhere).
+    pub fn fits(&self, node: &str, now: f64) -> bool {
+        self.node == node && now - self.at <= MAX_AGE_S && self.at - now <= 300.0
+    }
+}
+
+/// The ticket file of job `job` under `spool`.
+pub fn file(spool: &Path, job: u32) -> PathBuf {
+    spool.join(DIR).join(job.to_string())
+}
+
+/// Writes job `job`'s ticket, replacing any earlier one atomically (a requeued job is released
+/// again). Creates the directory (0750) when missing.
+pub fn write(spool: &Path, job: u32, ticket: &Ticket) -> std::io::Result<()> {
+    if check(ticket.workload.as_bytes()).is_err()
+        || Ticket::parse(&ticket.text()).as_ref() != Some(ticket)
+    {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("job {job}: not a ticket the prolog could read: {:?}", ticket.text()),
+        ));
+    }
+    let dir = spool.join(DIR);
+    std::fs::DirBuilder::new().recursive(true).mode(0o750).create(&dir)?;
+    let tmp = dir.join(format!(".{job}.tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o640).open(&tmp)?;
+    let written = f.write_all(ticket.text().as_bytes()).and_then(|()| f.sync_all());
+    drop(f);
+    match written.and_then(|()| std::fs::rename(&tmp, file(spool, job))) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Removes job `job`'s ticket (none there is fine).
+pub fn remove(spool: &Path, job: u32) -> std::io::Result<()> {
+    match std::fs::remove_file(file(spool, job)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Job `job`'s ticket, if there is one kace wrote (see the module docs for what is trusted).
+/// `Ok(None)`: none; `Err`: one that is not trusted or not readable, with why.
+pub fn read(spool: &Path, job: u32) -> Result<Option<Ticket>, String> {
+    let path = file(spool, job);
+    let shown = path.display();
+    let link = match std::fs::symlink_metadata(&path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{shown}: {e}")),
+    };
+    let spool_owner = std::fs::metadata(spool).map_err(|e| format!("{}: {e}", spool.display()))?;
+    let dir = std::fs::symlink_metadata(spool.join(DIR)).map_err(|e| format!("{shown}: {e}"))?;
+    let trusted = |uid: u32| uid == 0 || uid == spool_owner.uid();
+    if !dir.file_type().is_dir() || !trusted(dir.uid()) || dir.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} is not a directory of root or the spool's owner writable by nobody else; ignored",
+            spool.join(DIR).display()
+        ));
+    }
+    if !link.file_type().is_file() || !trusted(link.uid()) || link.len() > MAX_FILE_BYTES {
+        return Err(format!(
+            "{shown} is not a small plain file of root or the spool's owner; ignored"
+        ));
+    }
+    let f = std::fs::File::open(&path).map_err(|e| format!("{shown}: {e}"))?;
+    // The file opened must be the one inspected (not swapped for another in between).
+    let opened = f.metadata().map_err(|e| format!("{shown}: {e}"))?;
+    if (opened.dev(), opened.ino()) != (link.dev(), link.ino()) {
+        return Err(format!("{shown} changed while it was opened; ignored"));
+    }
+    let mut text = String::new();
+    f.take(MAX_FILE_BYTES).read_to_string(&mut text).map_err(|e| format!("{shown}: {e}"))?;
+    Ticket::parse(&text)
+        .map(Some)
+        .ok_or_else(|| format!("{shown} is not a release ticket kace writes; ignored"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("kace-ticket-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn ticket() -> Ticket {
+        Ticket { node: "n1".into(), at: 1_700_000_000.25, workload: "resnet-50".into() }
+    }
+
+    #[test]
+    fn a_written_ticket_reads_back_and_fits_its_node_within_its_age() {
+        let spool = temp("roundtrip");
+        assert_eq!(read(&spool, 7).unwrap(), None);
+        write(&spool, 7, &ticket()).unwrap();
+        let t = read(&spool, 7).unwrap().unwrap();
+        assert_eq!(t, ticket());
+        assert!(t.fits("n1", t.at + 1.0));
+        assert!(!t.fits("n2", t.at + 1.0));
+        assert!(!t.fits("n1", t.at + MAX_AGE_S + 1.0));
+        assert!(!t.fits("n1", t.at - 301.0));
+        // Replaced atomically by a second release, removed by the prolog.
+        write(&spool, 7, &Ticket { node: "n2".into(), ..ticket() }).unwrap();
+        assert_eq!(read(&spool, 7).unwrap().unwrap().node, "n2");
+        remove(&spool, 7).unwrap();
+        remove(&spool, 7).unwrap();
+        assert_eq!(read(&spool, 7).unwrap(), None);
+        std::fs::remove_dir_all(&spool).unwrap();
+    }
+
+    #[test]
+    fn a_ticket_in_another_form_or_place_is_refused_with_why() {
+        let spool = temp("refused");
+        // What a job's name could smuggle is refused on write.
+        for workload in ["a b", "", "x\ny"] {
+            assert!(write(&spool, 1, &Ticket { workload: workload.into(), ..ticket() }).is_err());
+        }
+        assert!(write(&spool, 1, &Ticket { node: "n 1".into(), ..ticket() }).is_err());
+        write(&spool, 2, &ticket()).unwrap();
+        let dir = spool.join(DIR);
+        for text in [
+            "kace-release-ticket 1 n1 5.0 w\nmore\n",
+            "kace-release-ticket 2 n1 5.0 w\n",
+            "kace-release-ticket 1 n1 NaN w\n",
+            "kace-release-ticket 1 n1 5.0 w",
+            "kace-release-ticket 1 n1 5.0 w extra\n",
+        ] {
+            std::fs::write(dir.join("3"), text).unwrap();
+            let e = read(&spool, 3).unwrap_err();
+            assert!(e.contains("not a release ticket"), "{text:?}: {e}");
+        }
+        std::fs::write(dir.join("4"), "x".repeat(MAX_FILE_BYTES as usize + 1)).unwrap();
+        assert!(read(&spool, 4).unwrap_err().contains("small plain file"));
+        std::os::unix::fs::symlink(dir.join("2"), dir.join("5")).unwrap();
+        assert!(read(&spool, 5).unwrap_err().contains("small plain file"));
+        // A directory others may write into is not trusted, whatever it holds.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(read(&spool, 2).unwrap_err().contains("writable by nobody else"));
+        std::fs::remove_dir_all(&spool).unwrap();
+    }
+}
