@@ -43,7 +43,7 @@ pub struct Ticket {
 
 impl Ticket {
     fn text(&self) -> String {
-        format!("kace-release-ticket 1 {} {:.3} {}\n", self.node, self.at, self.workload)
+        format!("kace-release-ticket 1 {} {} {}\n", self.node, self.at, self.workload)
     }
 
     fn parse(text: &str) -> Option<Ticket> {
@@ -160,7 +160,7 @@ mod tests {
     }
 
     fn ticket() -> Ticket {
-        Ticket { node: "n1".into(), at: 1_700_000_000.25, workload: "resnet-50".into() }
+        Ticket { node: "n1".into(), at: 1_796_669_781.774_123_4, workload: "resnet-50".into() }
     }
 
     #[test]
