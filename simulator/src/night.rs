@@ -1,5 +1,5 @@
-//! One night's retraining as `kace retrain` runs it, for the site history ([`crate::history`]):
-//! the store of
+//! One night's retraining as `kace retrain` runs it, shared by the site history ([`crate::history`])
+//! and the cluster simulation's nightly retraining ([`crate::retraining`]): the store of
 //! observations with the store's per-user cap, the training through the selector's library
 //! against the active model under its activation rule, and an observation's measurement noise.
 //!
