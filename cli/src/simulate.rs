@@ -466,6 +466,13 @@ fn retraining_text(mode: Retrain, runs: &[PolicyRuns]) -> String {
     if mode == Retrain::Never {
         return "kace's model was not retrained during the runs (--retrain never)\n".into();
     }
+    if with.iter().all(|r| r.retrains.iter().all(|t| t.nights.is_empty())) {
+        // The default trace ends before its first night: say so, or the line reads as a
+        // retraining that failed.
+        return "kace retrained nightly: no run lasted until its first night (24 simulated \
+                hours with jobs waiting or to come), so no model was retrained\n"
+            .into();
+    }
     let parts: Vec<String> = with
         .iter()
         .map(|r| {

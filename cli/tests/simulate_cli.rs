@@ -247,6 +247,10 @@ fn kace_is_retrained_every_night_unless_never() {
     let text = kace(&[&["simulate", "--data", data, "--nodes", "4"][..], &long[..]].concat());
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("kace retrained nightly") && text.contains("activated"), "{text}");
+    // 300 jobs on 8 GPUs are done within a day: the table says no night came.
+    let short = kace(&[&["simulate", "--data", data][..], &SMALL[..]].concat());
+    let short = String::from_utf8_lossy(&short.stdout);
+    assert!(short.contains("no run lasted until its first night"), "{short}");
     let bad = kace(&["simulate", "--data", data, "--retrain", "weekly"]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("weekly"));
