@@ -112,10 +112,10 @@ pub struct SimulateArgs {
     first_jobs: usize,
     /// When kace's model is retrained during a run. `nightly` (the default, because production
     /// runs `kace retrain` every night): every 24 simulated hours, while jobs wait or are still
-    /// to come, on what the split and the day's pairs observed (the measured throughputs,
-    /// ±1.5 % noise), as `kace retrain` trains, and used from then on only if the activation
-    /// rule accepts it. `never`: the model trained before the run decides throughout. The
-    /// `--new-workload` comparison always runs without retraining.
+    /// to come, on the training split and every pair observed so far (its measured
+    /// throughputs, ±1.5 % noise), as `kace retrain` trains, and used from then on only if the
+    /// activation rule accepts it. `never`: the model trained before the run decides
+    /// throughout. The `--new-workload` comparison always runs without retraining.
     #[arg(long, default_value = "nightly",
           value_parser = keyed::parser(&["nightly", "never"], Retrain::from_key))]
     retrain: Retrain,
