@@ -1,7 +1,7 @@
 //! `kace simulate`: runs the cluster simulator on the artifact's measured pairs, for every
 //! policy over several seeds, and prints the metrics with their spread and their ratios to
 //! exclusive FIFO, and what MPS's same-user rule costs kace (deployed with it, against
-//! `mps.multi_user`).
+//! `mps.multi_user`). kace is retrained every simulated night unless `--retrain never`.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -14,6 +14,7 @@ use kace_selector::{Objective, SelectionRules};
 use kace_simulator::metrics::mean_std;
 use kace_simulator::onboarding::{new_workload_cost, NewWorkloadCost, Summary, Treatment};
 use kace_simulator::plot::comparison_svg;
+use kace_simulator::retraining::{simulate_kace, Retrain, RetrainReport};
 use kace_simulator::trace::write_trace;
 use kace_simulator::{
     generate, read_trace, simulate, train_kace, Job, Metrics, Outcome, PairingPolicy, PolicyKind,
@@ -109,6 +110,15 @@ pub struct SimulateArgs {
     /// How many of a new workload's first jobs `--new-workload` compares.
     #[arg(long, default_value_t = 10, value_name = "N")]
     first_jobs: usize,
+    /// When kace's model is retrained during a run. `nightly` (the default, because production
+    /// runs `kace retrain` every night): every 24 simulated hours, while jobs wait or are still
+    /// to come, on the training split and every pair observed so far (its measured
+    /// throughputs, ±1.5 % noise), as `kace retrain` trains, and used from then on only if the
+    /// activation rule accepts it. `never`: the model trained before the run decides
+    /// throughout. The `--new-workload` comparison always runs without retraining.
+    #[arg(long, default_value = "nightly",
+          value_parser = keyed::parser(&["nightly", "never"], Retrain::from_key))]
+    retrain: Retrain,
 }
 
 /// Every run of one policy.
@@ -116,6 +126,8 @@ struct PolicyRuns {
     kind: PolicyKind,
     metrics: Vec<Metrics>,
     ratios: Vec<Ratios>,
+    /// What retraining did in each run (kace's policies only).
+    retrains: Vec<RetrainReport>,
 }
 
 /// Runs `kace simulate`.
@@ -172,8 +184,10 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
         bail!("couldn't simulate: --first-jobs must be at least 1");
     }
     let mut onboarding: Vec<Vec<NewWorkloadCost>> = vec![Vec::new(); new_workloads.len()];
-    let mut runs: Vec<PolicyRuns> =
-        kinds.iter().map(|&kind| PolicyRuns { kind, metrics: vec![], ratios: vec![] }).collect();
+    let mut runs: Vec<PolicyRuns> = kinds
+        .iter()
+        .map(|&kind| PolicyRuns { kind, metrics: vec![], ratios: vec![], retrains: vec![] })
+        .collect();
     let mut first_outcomes: Vec<Outcome> = Vec::new();
     let mut jobs_per_run = 0;
     let mut distinct_users = 1;
@@ -245,36 +259,53 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
                 PolicyKind::Oracle => PairingPolicy::oracle(&world, &rules),
                 PolicyKind::Kace | PolicyKind::KaceAtStart => {
                     let k = trained.as_ref().context("couldn't simulate: no kace model")?;
-                    let p = if r.kind == PolicyKind::Kace {
-                        PairingPolicy::kace(&world, &k.model, &rules)
-                    } else {
-                        PairingPolicy::kace_at_start(&world, &k.model, &rules)
-                    };
-                    p.with_seen_pairs(&world, &k.fit_pairs)
+                    let (o, report) = simulate_kace(
+                        &world,
+                        &data,
+                        k,
+                        r.kind,
+                        &rules,
+                        args.multi_user,
+                        &jobs,
+                        gpus,
+                        args.window,
+                        args.retrain,
+                        seed,
+                    )
+                    .with_context(|| format!("couldn't simulate {}", r.kind.key()))?;
+                    r.retrains.push(report);
+                    record(r, o, &mut base, (i == 0).then_some(&mut first_outcomes));
+                    continue;
                 }
             }
             .multi_user(args.multi_user);
             let o = simulate(&world, &policy, &jobs, gpus, args.window)
                 .with_context(|| format!("couldn't simulate {}", r.kind.key()))?;
-            let m = Metrics::of(&o);
-            let b = *base.get_or_insert(m);
-            r.metrics.push(m);
-            r.ratios.push(Ratios::of(&m, &b));
-            if i == 0 {
-                first_outcomes.push(o);
-            }
+            record(r, o, &mut base, (i == 0).then_some(&mut first_outcomes));
         }
         // The same trace under kace with MPS's user setting the other way round.
         if let (true, Some(k)) = (kinds.contains(&PolicyKind::Kace), &trained) {
-            let policy = PairingPolicy::kace(&world, &k.model, &rules).multi_user(!args.multi_user);
-            let o = simulate(&world, &policy, &jobs, gpus, args.window)
-                .context("couldn't simulate kace with the other MPS user setting")?;
+            let (o, _) = simulate_kace(
+                &world,
+                &data,
+                k,
+                PolicyKind::Kace,
+                &rules,
+                !args.multi_user,
+                &jobs,
+                gpus,
+                args.window,
+                args.retrain,
+                seed,
+            )
+            .context("couldn't simulate kace with the other MPS user setting")?;
             let m = Metrics::of(&o);
             let b = base.unwrap_or(m);
             other_users.push((m, Ratios::of(&m, &b)));
         }
     }
     let setup = Setup {
+        retrain: args.retrain,
         gpus,
         nodes: args.nodes,
         gpus_per_node: args.gpus_per_node,
@@ -301,7 +332,26 @@ pub fn run(args: SimulateArgs, format: Format) -> Result<()> {
     Ok(())
 }
 
+/// Adds one run's outcome to its policy's runs (its ratios against `base`, the seed's
+/// exclusive run, which runs first), and keeps the first seed's outcomes for the plot.
+fn record(
+    r: &mut PolicyRuns,
+    o: Outcome,
+    base: &mut Option<Metrics>,
+    first_outcomes: Option<&mut Vec<Outcome>>,
+) {
+    let m = Metrics::of(&o);
+    let b = *base.get_or_insert(m);
+    r.metrics.push(m);
+    r.ratios.push(Ratios::of(&m, &b));
+    if let Some(keep) = first_outcomes {
+        keep.push(o);
+    }
+}
+
 struct Setup {
+    /// Whether kace was retrained during the runs.
+    retrain: Retrain,
     gpus: usize,
     nodes: usize,
     gpus_per_node: usize,
@@ -386,6 +436,63 @@ fn ratio(runs: &[PolicyRuns], a: PolicyKind, b: PolicyKind) -> Option<(f64, f64)
     ))
 }
 
+/// What retraining did in a policy's runs: per run, the nights held and how many of their
+/// models the activation rule accepted and refused (`None`: the policy has no model).
+fn retraining_json(r: &PolicyRuns) -> Option<Value> {
+    if r.retrains.is_empty() {
+        return None;
+    }
+    let per = |f: fn(&RetrainReport) -> usize| r.retrains.iter().map(f).collect::<Vec<_>>();
+    let refusals: Vec<Vec<String>> = r
+        .retrains
+        .iter()
+        .map(|t| t.nights.iter().filter_map(|n| n.refusal.clone()).collect())
+        .collect();
+    Some(json!({
+        "mode": r.retrains[0].mode.key(),
+        "nights": per(|t| t.nights.len()),
+        "activated": per(RetrainReport::activated),
+        "refused": per(RetrainReport::refused),
+        "refusals": refusals,
+    }))
+}
+
+/// The retraining line of the table's notes.
+fn retraining_text(mode: Retrain, runs: &[PolicyRuns]) -> String {
+    let with: Vec<&PolicyRuns> = runs.iter().filter(|r| !r.retrains.is_empty()).collect();
+    if with.is_empty() {
+        return String::new();
+    }
+    if mode == Retrain::Never {
+        return "kace's model was not retrained during the runs (--retrain never)\n".into();
+    }
+    if with.iter().all(|r| r.retrains.iter().all(|t| t.nights.is_empty())) {
+        // The default trace ends before its first night: say so, or the line reads as a
+        // retraining that failed.
+        return "kace retrained nightly: no run lasted until its first night (24 simulated \
+                hours with jobs waiting or to come), so no model was retrained\n"
+            .into();
+    }
+    let parts: Vec<String> = with
+        .iter()
+        .map(|r| {
+            let nights: usize = r.retrains.iter().map(|t| t.nights.len()).sum();
+            let activated: usize = r.retrains.iter().map(RetrainReport::activated).sum();
+            format!(
+                "{} {} night(s) over {} run(s), {activated} retrained model(s) activated, {} refused",
+                r.kind.key(),
+                nights,
+                r.retrains.len(),
+                nights - activated,
+            )
+        })
+        .collect();
+    format!(
+        "kace retrained nightly (every 24 simulated hours while jobs wait or are to come): {}\n",
+        parts.join("; ")
+    )
+}
+
 /// The new-workload comparison of one workload over seeds: each treatment's fields as mean and
 /// standard deviation, and the first jobs' completion time new over known.
 fn onboarding_json(costs: &[NewWorkloadCost]) -> Option<Value> {
@@ -458,9 +565,7 @@ fn render(
                         )
                     })
                     .collect();
-                policies.insert(
-                    r.kind.key().to_string(),
-                    json!({
+                let mut entry = json!({
                         "mean": mean,
                         "std": std,
                         "vs_exclusive": {
@@ -471,10 +576,14 @@ fn render(
                             "energy_per_work": ratio(|r| r.energy_per_work),
                         },
                         "runs": per_run,
-                    }),
-                );
+                });
+                if let (Some(rt), Some(obj)) = (retraining_json(r), entry.as_object_mut()) {
+                    obj.insert("retraining".into(), rt);
+                }
+                policies.insert(r.kind.key().to_string(), entry);
             }
             let doc = json!({
+                "retrain": setup.retrain.key(),
                 "gpus": setup.gpus,
                 "nodes": setup.nodes,
                 "gpus_per_node": setup.gpus_per_node,
@@ -625,6 +734,7 @@ fn render(
                     100.0 * c.ratio.1
                 ));
             }
+            s.push_str(&retraining_text(setup.retrain, runs));
             if let Some(k) = runs.iter().find(|r| r.kind == PolicyKind::Kace) {
                 let (m, sd) = stat(k.metrics.iter().map(|m| m.seen_share));
                 s.push_str(&format!(

@@ -206,3 +206,52 @@ fn a_new_workloads_cost_is_in_the_json() {
         assert!(err.contains(needle), "{err}");
     }
 }
+
+#[test]
+#[ignore = "needs ../shared/data/kace-artifact"]
+fn kace_is_retrained_every_night_unless_never() {
+    let dir = artifact();
+    let data = dir.to_str().unwrap();
+    // 8 GPUs, 1 000 jobs at load 2: arrivals over 31 h and a queue until about two days in.
+    let base = ["simulate", "--data", data, "--format", "json", "--nodes", "4"];
+    let long = ["--gpus-per-node", "2", "--jobs", "1000", "--seeds", "1,2"];
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let out = kace(&[&base[..], &long[..], extra].concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("valid JSON")
+    };
+    let nightly = run(&[]);
+    assert_eq!(nightly["retrain"], "nightly", "the default");
+    for p in ["kace", "kace-at-start"] {
+        let r = &nightly["policies"][p]["retraining"];
+        assert_eq!(r["mode"], "nightly");
+        let per = |k: &str| -> Vec<u64> {
+            r[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect()
+        };
+        let (nights, activated, refused) = (per("nights"), per("activated"), per("refused"));
+        assert_eq!(nights.len(), 2, "{r}");
+        for i in 0..2 {
+            assert!(nights[i] >= 1, "{p}: {r}");
+            assert_eq!(activated[i] + refused[i], nights[i], "{p}: {r}");
+        }
+        assert_eq!(r["refusals"][0].as_array().unwrap().len() as u64, refused[0]);
+    }
+    assert!(nightly["policies"]["oracle"].get("retraining").is_none(), "no model to retrain");
+    let never = run(&["--retrain", "never"]);
+    assert_eq!(never["retrain"], "never");
+    assert_eq!(never["policies"]["kace"]["retraining"]["nights"], serde_json::json!([0, 0]));
+    // Only kace's runs change.
+    for p in ["exclusive", "memcap", "oracle"] {
+        assert_eq!(never["policies"][p], nightly["policies"][p], "{p}");
+    }
+    let text = kace(&[&["simulate", "--data", data, "--nodes", "4"][..], &long[..]].concat());
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("kace retrained nightly") && text.contains("activated"), "{text}");
+    // 300 jobs on 8 GPUs are done within a day: the table says no night came.
+    let short = kace(&[&["simulate", "--data", data][..], &SMALL[..]].concat());
+    let short = String::from_utf8_lossy(&short.stdout);
+    assert!(short.contains("no run lasted until its first night"), "{short}");
+    let bad = kace(&["simulate", "--data", data, "--retrain", "weekly"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("weekly"));
+}

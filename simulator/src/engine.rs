@@ -25,11 +25,17 @@
 //!   its place in the queue and from then on only runs alone (its user resubmits it without
 //!   sharing). The failure costs no simulated time, which flatters queue order.
 //! - A pair never measured has no ground truth and no policy forms it.
+//! - Nights ([`simulate_with_nights`]): at every multiple of [`DAY_S`] while a decision is left
+//!   to make (jobs queued or still to arrive), a night hook gets the colocations that ended since
+//!   the last night (what the epilogs recorded) and may hand back a new policy of the same kind
+//!   (kace retrained, [`crate::retraining`]); from then on it decides, and every open GPU is
+//!   asked again under it, since a candidate the old table refused may now be accepted.
 //! - Users: under MPS's per-user servers only one user's jobs share a GPU, so a candidate of
 //!   another user than the job on the GPU is passed over (the policy's same-user rule; off for
 //!   `mps.multi_user` and for queue order). Open GPUs are indexed by their job's workload and,
 //!   under the rule, its user.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
@@ -45,6 +51,37 @@ const NONE: u32 = u32::MAX;
 /// The default candidate window: how many pending jobs, from the queue's head, a free slot
 /// considers (the prolog's candidate list is bounded the same way).
 pub const DEFAULT_WINDOW: usize = 32;
+
+/// A simulated day, in seconds: nights fall at its multiples.
+pub const DAY_S: f64 = 86_400.0;
+
+/// A colocation that ended: what a site observes of a pair (its epilog records the pair when
+/// a member ends).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Colocation {
+    /// The workload of the job that was on the GPU first.
+    pub first: WorkloadId,
+    /// The workload of the job that joined it.
+    pub second: WorkloadId,
+    /// Their users, in the same order.
+    pub users: [UserId; 2],
+    /// When the second joined (seconds).
+    pub start_s: f64,
+    /// When the first of the two ended (seconds).
+    pub end_s: f64,
+}
+
+/// What happens at each night of a run ([`simulate_with_nights`]).
+pub trait Nights {
+    /// Night `night` (1-based, at `night × DAY_S`): `ended` are the colocations that ended since
+    /// the night before. Returns the policy that decides from now on, or `None` to keep the
+    /// one deciding; it must be of the same kind, over the same world, with the same user rule.
+    fn night(
+        &mut self,
+        night: u32,
+        ended: &[Colocation],
+    ) -> Result<Option<PairingPolicy>, SimError>;
+}
 
 /// How much work was done by the time the last job started: the cluster's throughput while
 /// the queue still held jobs, free of the drain at the end.
@@ -96,6 +133,8 @@ pub struct Outcome {
     pub timeline: Timeline,
     /// Events processed (arrivals and completions, stale ones excluded).
     pub events: u64,
+    /// Nights that fell while a decision was left to make (0 without a night hook).
+    pub nights: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -136,7 +175,8 @@ struct JobState {
 
 struct Sim<'a> {
     world: &'a World,
-    policy: &'a PairingPolicy,
+    /// Borrowed until a night replaces it.
+    policy: Cow<'a, PairingPolicy>,
     jobs: &'a [Job],
     window: usize,
     now: f64,
@@ -171,16 +211,47 @@ struct Sim<'a> {
     sustained: Option<Sustained>,
     timeline: Timeline,
     events: u64,
+    /// Whether colocations are recorded (a night hook reads them).
+    observing: bool,
+    /// Colocations that ended since the last night.
+    ended: Vec<Colocation>,
+    nights: u32,
 }
 
 /// Runs `jobs` on `gpus` GPUs under `policy`, choosing partners among the first `window`
-/// pending jobs. Jobs need not be sorted by submission time.
+/// pending jobs. Jobs need not be sorted by submission time. The policy never changes: no
+/// night is held.
 pub fn simulate(
     world: &World,
     policy: &PairingPolicy,
     jobs: &[Job],
     gpus: usize,
     window: usize,
+) -> Result<Outcome, SimError> {
+    run(world, policy, jobs, gpus, window, None)
+}
+
+/// As [`simulate`], with a night at every multiple of [`DAY_S`] while a decision is left to
+/// make: `nights` gets the day's ended colocations and may replace the policy (see the module
+/// docs). Fails if a night's hook fails or hands back a policy that cannot replace `policy`.
+pub fn simulate_with_nights(
+    world: &World,
+    policy: &PairingPolicy,
+    jobs: &[Job],
+    gpus: usize,
+    window: usize,
+    nights: &mut dyn Nights,
+) -> Result<Outcome, SimError> {
+    run(world, policy, jobs, gpus, window, Some(nights))
+}
+
+fn run(
+    world: &World,
+    policy: &PairingPolicy,
+    jobs: &[Job],
+    gpus: usize,
+    window: usize,
+    mut nights: Option<&mut dyn Nights>,
 ) -> Result<Outcome, SimError> {
     if gpus == 0 {
         return Err(SimError::Config("the cluster has zero GPUs".into()));
@@ -209,7 +280,7 @@ pub fn simulate(
     order.sort_by(|&a, &b| jobs[a as usize].submit.total_cmp(&jobs[b as usize].submit));
     let mut sim = Sim {
         world,
-        policy,
+        policy: Cow::Borrowed(policy),
         jobs,
         window,
         now: 0.0,
@@ -251,16 +322,41 @@ pub fn simulate(
         sustained: None,
         timeline: Timeline::new(),
         events: 0,
+        observing: nights.is_some(),
+        ended: Vec::new(),
+        nights: 0,
     };
     let mut next = 0;
+    let mut next_night: u32 = 1;
     loop {
         let arrival = order.get(next).map(|&j| jobs[j as usize].submit);
+        if let Some(hook) = nights.as_deref_mut() {
+            // A stale finish event must not hold a night after the last real event.
+            while sim.heap.peek().is_some_and(|ev| sim.stale(ev)) {
+                sim.heap.pop();
+            }
+            let upcoming = match (sim.heap.peek().map(|ev| ev.t), arrival) {
+                (Some(e), Some(a)) => Some(e.min(a)),
+                (e, a) => e.or(a),
+            };
+            let at = f64::from(next_night) * DAY_S;
+            // Once nothing is queued or still to come, no decision is left that a new model
+            // could change.
+            let decisions_left = next < order.len() || !sim.queue.is_empty();
+            if decisions_left && upcoming.is_some_and(|t| t >= at) {
+                sim.advance(at);
+                sim.night(hook, next_night)?;
+                next_night += 1;
+                #[cfg(test)]
+                sim.check_invariants();
+                continue;
+            }
+        }
         let first = sim.heap.peek().copied();
         match (first, arrival) {
             (Some(ev), a) if a.is_none_or(|a| ev.t <= a) => {
                 sim.heap.pop();
-                let s = &sim.st[ev.job as usize];
-                if s.version != ev.version || !sim.finish[ev.job as usize].is_nan() {
+                if sim.stale(&ev) {
                     continue;
                 }
                 sim.advance(ev.t);
@@ -298,6 +394,7 @@ pub fn simulate(
         sustained,
         timeline: sim.timeline,
         events: sim.events,
+        nights: sim.nights,
     })
 }
 
@@ -353,6 +450,39 @@ impl Sim<'_> {
             self.power_sum
         );
         assert_eq!(self.running, busy + shared);
+    }
+
+    /// Whether a finish event was superseded (its job's rate changed) or its job is done.
+    fn stale(&self, ev: &Event) -> bool {
+        self.st[ev.job as usize].version != ev.version || !self.finish[ev.job as usize].is_nan()
+    }
+
+    /// A night: the hook reads the day's colocations and may replace the policy; every open
+    /// GPU is then asked again, since the new table may accept a candidate the old refused.
+    fn night(&mut self, hook: &mut dyn Nights, night: u32) -> Result<(), SimError> {
+        self.nights += 1;
+        let ended = std::mem::take(&mut self.ended);
+        let Some(next) = hook.night(night, &ended)? else { return Ok(()) };
+        if !self.policy.replaceable_by(&next) {
+            return Err(SimError::Config(format!(
+                "night {night}: a {} policy cannot replace {} mid-run",
+                next.kind().key(),
+                self.policy.kind().key()
+            )));
+        }
+        self.policy = Cow::Owned(next);
+        let mut open: Vec<u32> = self
+            .open
+            .iter_mut()
+            .flat_map(|by_user| std::mem::take(by_user).into_values().flatten())
+            .collect();
+        open.sort_unstable();
+        self.open_total = 0;
+        for g in open {
+            let first = self.slots[2 * g as usize];
+            self.fill(g, first);
+        }
+        Ok(())
     }
 
     fn workload(&self, j: u32) -> WorkloadId {
@@ -483,6 +613,16 @@ impl Sim<'_> {
         self.done_steps += steps;
         self.done_work += steps / self.world.exclusive(self.workload(j));
         if self.slots[base + 1] != NONE {
+            if self.observing {
+                let (a, b) = (self.slots[base], self.slots[base + 1]);
+                self.ended.push(Colocation {
+                    first: self.workload(a),
+                    second: self.workload(b),
+                    users: [self.user(a), self.user(b)],
+                    start_s: self.start[b as usize],
+                    end_s: self.now,
+                });
+            }
             if self.slots[base] == j {
                 self.slots[base] = self.slots[base + 1];
             }
@@ -728,6 +868,94 @@ mod tests {
         let o = simulate(&w, &at_start, &survivor, 1, 8).unwrap();
         assert!(o.start[2] >= o.finish[0] - 1e-9, "refilled: {o:?}");
         assert_eq!(o.pairings, 1);
+    }
+
+    /// Predicts every pair slower than one job alone: every pair is refused.
+    struct Pessimist;
+    impl kace_selector::Predictor for Pessimist {
+        fn predict(&self, _: &[kace_selector::Member<'_>], _: kace_selector::Objective) -> f64 {
+            0.0
+        }
+    }
+
+    /// A night hook that keeps what each night is given and hands `next` over at night `at`.
+    struct Swap {
+        at: u32,
+        next: Option<PairingPolicy>,
+        given: Vec<(u32, Vec<Colocation>)>,
+    }
+    impl Nights for Swap {
+        fn night(
+            &mut self,
+            n: u32,
+            ended: &[Colocation],
+        ) -> Result<Option<PairingPolicy>, SimError> {
+            self.given.push((n, ended.to_vec()));
+            Ok(if n == self.at { self.next.take() } else { None })
+        }
+    }
+
+    #[test]
+    fn a_policy_handed_over_at_night_is_asked_for_every_open_gpu() {
+        let w = tiny_world();
+        // a runs two days alone unless b joins; b waits from t = 1.
+        let jobs = [job(&w, 0.0, "a", 10.0 * 2.0 * DAY_S), job(&w, 1.0, "b", 20.0)];
+        let refusing = PairingPolicy::kace(&w, &Pessimist, &rules());
+        let o = simulate(&w, &refusing, &jobs, 1, 8).unwrap();
+        assert_times(&o.start, &[0.0, 2.0 * DAY_S]);
+        let accepting = PairingPolicy::kace(&w, &Optimist, &rules());
+        let mut hook = Swap { at: 1, next: Some(accepting), given: Vec::new() };
+        let o = simulate_with_nights(&w, &refusing, &jobs, 1, 8, &mut hook).unwrap();
+        // The open GPU takes b as soon as the night's table accepts it: 20 steps at 4/s.
+        assert_times(&o.start, &[0.0, DAY_S]);
+        assert_times(&o.finish[1..], &[DAY_S + 5.0]);
+        assert_eq!(o.pairings, 1);
+        // Once b has started, no decision is left: no second night while a runs on.
+        assert_eq!(o.nights, 1);
+        assert_eq!(hook.given, vec![(1, Vec::new())]);
+    }
+
+    #[test]
+    fn nights_that_keep_the_policy_change_no_decision_and_report_each_days_pairs() {
+        let w = tiny_world();
+        for seed in 1..=3 {
+            // About 11 days of arrivals.
+            let users = crate::trace::UserMix { users: 3, skew: 0.0, workloads_per_user: 0 };
+            let spec = TraceSpec { users, ..TraceSpec::new(2_000, 1.2, 3, seed) };
+            let jobs = generate(&w, &spec).unwrap();
+            for p in
+                [PairingPolicy::kace(&w, &Optimist, &rules()), PairingPolicy::oracle(&w, &rules())]
+            {
+                let plain = simulate(&w, &p, &jobs, 3, 4).unwrap();
+                let mut hook = Swap { at: 0, next: None, given: Vec::new() };
+                let o = simulate_with_nights(&w, &p, &jobs, 3, 4, &mut hook).unwrap();
+                assert_eq!((o.start.clone(), o.finish.clone()), (plain.start, plain.finish));
+                assert_eq!((o.pairings, o.events), (plain.pairings, plain.events));
+                assert!(o.nights >= 5, "{}", o.nights);
+                assert_eq!(hook.given.len(), o.nights as usize);
+                let mut reported = 0;
+                for (n, ended) in &hook.given {
+                    let (from, to) = (f64::from(n - 1) * DAY_S, f64::from(*n) * DAY_S);
+                    for c in ended {
+                        assert!(c.start_s <= c.end_s && c.end_s > from && c.end_s <= to, "{c:?}");
+                        assert!(w.pair(c.first, c.second) != PairKind::Unknown);
+                    }
+                    reported += ended.len();
+                }
+                assert!(reported > 0 && reported as u64 <= o.pairings, "{reported}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_policy_of_another_kind_cannot_take_over() {
+        let w = tiny_world();
+        let jobs = [job(&w, 0.0, "a", 10.0 * 2.0 * DAY_S), job(&w, 1.0, "b", 20.0)];
+        let refusing = PairingPolicy::kace(&w, &Pessimist, &rules());
+        let mut hook =
+            Swap { at: 1, next: Some(PairingPolicy::oracle(&w, &rules())), given: Vec::new() };
+        let e = simulate_with_nights(&w, &refusing, &jobs, 1, 8, &mut hook).unwrap_err();
+        assert!(matches!(&e, SimError::Config(m) if m.contains("night 1")), "{e}");
     }
 
     #[test]

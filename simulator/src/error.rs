@@ -5,8 +5,9 @@ use std::fmt;
 use kace_selector::training::TrainingError;
 use kace_selector::{DataError, SelectorError};
 
-/// Everything that can stop a simulation before it starts. A running simulation cannot fail:
-/// every input is checked here first.
+/// Everything that can stop a simulation. Inputs are checked before it starts; once running,
+/// only a night's retraining can fail it ([`SimError::Model`], or [`SimError::Config`] for a
+/// policy that cannot take over).
 #[derive(Debug, Clone, PartialEq)]
 pub enum SimError {
     /// A trace file is malformed: names the file, the line (header = 1) and the column.

@@ -25,35 +25,14 @@ use kace_selector::decision::{decide, GpuState, Joiner, OnGpu, Policy};
 use kace_selector::eval::colocations::n_occur_split;
 use kace_selector::selection::{EXPLORE_PAIRS, EXPLORE_WEIGHT};
 use kace_selector::slowdown::group_key;
-use kace_selector::training::{train, train_observed, Active, Evidence, TrainingPolicy};
+use kace_selector::training::TrainingPolicy;
 use kace_selector::{Model, ModelKind, Objective, Profile, SelectionRules};
 
 use crate::error::SimError;
+use crate::night::{first_model, measured, retrain, Store, Verdict, MEASUREMENT_NOISE};
 use crate::rng::{SplitMix64, Zipf};
 
-/// The store's cap on one user's untrusted groups per workload combination
-/// (`kace_sql::types::MAX_GROUPS_PER_LONE_USER`; kace-sql sits above this crate, so the value
-/// is repeated here and a test in `cli/tests` keeps the two equal).
-pub const MAX_GROUPS_PER_LONE_USER: usize = 5;
-
-/// Which nightly training a history runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Training {
-    /// Repeats merged, per-group corrections (`kace retrain` since issue 34).
-    Repeats,
-    /// Every observation an independent group of one global model (before issue 34).
-    Independent,
-}
-
-impl Training {
-    /// Stable name, for reports.
-    pub fn key(self) -> &'static str {
-        match self {
-            Training::Repeats => "repeats",
-            Training::Independent => "independent",
-        }
-    }
-}
+pub use crate::night::{Training, MAX_GROUPS_PER_LONE_USER};
 
 /// What the simulated site looks like. The defaults were set before any history was run, from
 /// what the issue describes (a site that runs the same workloads again and again; 1–2 %
@@ -97,7 +76,7 @@ impl Default for HistorySpec {
             window: 8,
             users: 4,
             popularity: 1.0,
-            noise: 0.015,
+            noise: MEASUREMENT_NOISE,
             import_n_occur: 3,
             explore_pairs: EXPLORE_PAIRS,
             explore_weight: EXPLORE_WEIGHT,
@@ -208,90 +187,6 @@ impl Truth {
     }
 }
 
-fn normal(rng: &mut SplitMix64) -> f64 {
-    // Box–Muller; 1 − u is in (0, 1], so the logarithm is finite.
-    let (u, v) = (1.0 - rng.next_f64(), rng.next_f64());
-    (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-}
-
-/// The store's per-user cap ([`MAX_GROUPS_PER_LONE_USER`]), in the store's order: which
-/// observations training keeps.
-/// `combination[i]` is observation i's workload combination ([`group_key`]).
-fn capped(evidence: &[Evidence], combination: &[String]) -> Vec<usize> {
-    let mut taken: HashMap<(String, String), usize> = HashMap::new();
-    let mut keep = Vec::new();
-    for (i, (e, combination)) in evidence.iter().zip(combination).enumerate() {
-        if e.trusted {
-            keep.push(i);
-            continue;
-        }
-        let users: BTreeSet<&String> = e.users.iter().collect();
-        let full = users.iter().any(|u| {
-            taken.get(&(combination.clone(), (*u).clone())).copied().unwrap_or(0)
-                >= MAX_GROUPS_PER_LONE_USER
-        });
-        if full {
-            continue;
-        }
-        for u in users {
-            *taken.entry((combination.clone(), u.clone())).or_default() += 1;
-        }
-        keep.push(i);
-    }
-    keep
-}
-
-/// What the site has observed, in the store's order.
-#[derive(Default)]
-struct Store {
-    groups: Vec<Group>,
-    evidence: Vec<Evidence>,
-    /// Per observation, its combination (sorted names), for the cap.
-    combination: Vec<String>,
-}
-
-impl Store {
-    fn push(&mut self, g: Group, users: Vec<String>, trusted: bool, day: i64) {
-        self.combination.push(group_key(g.workloads.iter().map(String::as_str)));
-        self.groups.push(g);
-        self.evidence.push(Evidence { users, trusted, day: Some(day) });
-    }
-
-    /// The training set after the cap: groups, evidence, and for each its store index.
-    fn training_set(&self) -> (Vec<Group>, Vec<Evidence>, Vec<usize>) {
-        let keep = capped(&self.evidence, &self.combination);
-        (
-            keep.iter().map(|&i| self.groups[i].clone()).collect(),
-            keep.iter().map(|&i| self.evidence[i].clone()).collect(),
-            keep,
-        )
-    }
-}
-
-/// The night's training: the store's training set, the active model as competitor, the
-/// selector's training code. Returns the new model if it is activated.
-fn retrain(
-    store: &Store,
-    active: &Model,
-    active_upto: usize,
-    training: Training,
-    policy: &TrainingPolicy,
-) -> Result<Result<Model, String>, SimError> {
-    let (groups, evidence, at) = store.training_set();
-    let seen: Vec<bool> = at.iter().map(|&i| i < active_upto).collect();
-    let trusted: Vec<bool> = evidence.iter().map(|e| e.trusted).collect();
-    let reference = trusted.iter().any(|&t| t).then_some(trusted.as_slice());
-    let competitor = Active { model: active, seen: Some(&seen), trusted: reference };
-    let t = match training {
-        Training::Repeats => train_observed(&groups, Some(&evidence), Some(competitor), policy)?,
-        Training::Independent => train(&groups, Some(competitor), policy)?,
-    };
-    Ok(match t.refusal {
-        None => Ok(t.model),
-        Some(r) => Err(r.to_string()),
-    })
-}
-
 /// Per-job absolute percentage errors of `model` on the measured pairs `keys` (ordered pairs
 /// as the data hold them).
 fn job_errors(model: &Model, truth: &Truth, pairs: &[(String, String)]) -> Vec<f64> {
@@ -371,17 +266,13 @@ pub fn run_history(
         store.push(sub.groups[i].clone(), Vec::new(), true, 0);
     }
     let policy = TrainingPolicy::new(ModelKind::Slowdown, Objective::NormalisedProgress);
-    let (groups, evidence, _) = store.training_set();
-    let mut model = match training {
-        Training::Repeats => train_observed(&groups, Some(&evidence), None, &policy)?.model,
-        Training::Independent => train(&groups, None, &policy)?.model,
-    };
-    let mut active_upto = store.groups.len();
+    let mut model = first_model(&store, training, &policy)?;
+    let mut active_upto = store.len();
     let mut activated = true;
     let mut refusal: Option<String> = None;
     // How often each combination was observed in what the model was trained on.
     let mut trained_counts: HashMap<String, usize> = HashMap::new();
-    for c in &store.combination {
+    for c in store.combinations() {
         *trained_counts.entry(c.clone()).or_default() += 1;
     }
     let decision_policy = Policy {
@@ -417,7 +308,7 @@ pub fn run_history(
         let mut d = Day {
             day,
             new_workloads,
-            observations: store.groups.len(),
+            observations: store.len(),
             activated,
             refusal: refusal.clone(),
             corrected: sm.corrections.len(),
@@ -491,8 +382,8 @@ pub fn run_history(
                     // The observation: the measured throughputs with measurement noise.
                     if let Some(&(ta, tb)) = truth.pairs.get(&(lead.clone(), partner.clone())) {
                         let noisy = (
-                            ta * (spec.noise * normal(&mut rng)).exp(),
-                            tb * (spec.noise * normal(&mut rng)).exp(),
+                            measured(ta, spec.noise, &mut rng),
+                            measured(tb, spec.noise, &mut rng),
                         );
                         if let Some(g) = truth.group(&lead, &partner, noisy) {
                             let mut users = vec![lead_user.clone(), partner_user];
@@ -537,18 +428,18 @@ pub fn run_history(
         // The night: retrain on everything observed so far.
         if day < spec.days {
             match retrain(&store, &model, active_upto, training, &policy)? {
-                Ok(m) => {
-                    model = m;
+                Verdict::Activated { model: m, .. } => {
+                    model = *m;
                     refusal = None;
-                    active_upto = store.groups.len();
+                    active_upto = store.len();
                     activated = true;
                     trained_counts.clear();
                     let (_, _, kept) = store.training_set();
                     for &i in &kept {
-                        *trained_counts.entry(store.combination[i].clone()).or_default() += 1;
+                        *trained_counts.entry(store.combinations()[i].clone()).or_default() += 1;
                     }
                 }
-                Err(why) => {
+                Verdict::Refused(why) => {
                     activated = false;
                     refusal = Some(why);
                 }
@@ -661,18 +552,5 @@ mod tests {
             .is_err());
         let triples = ColocationData { k: 3, groups: Vec::new() };
         assert!(run_history(&triples, &spec(), 1, Training::Repeats).is_err());
-    }
-
-    #[test]
-    fn the_cap_keeps_five_untrusted_groups_per_combination_and_user() {
-        let e =
-            |u: &str, trusted: bool| Evidence { users: vec![u.to_string()], trusted, day: None };
-        let mut ev: Vec<Evidence> = (0..7).map(|_| e("u", false)).collect();
-        ev.push(e("v", false));
-        ev.push(e("u", true));
-        ev.push(e("u", false));
-        let mut combination = vec!["a|b".to_string(); 9];
-        combination.push("a|c".to_string());
-        assert_eq!(capped(&ev, &combination), vec![0, 1, 2, 3, 4, 7, 8, 9]);
     }
 }

@@ -10,6 +10,9 @@
 //! - [`model`]: kace's model, trained as `kace train` does, on the paper's n_occur = 3 split only.
 //! - [`onboarding`]: what a new workload (no observations, system profile only) costs.
 //! - [`history`]: a site's days, retrained every night: what learning from repeats buys.
+//! - [`night`]: one night's retraining as `kace retrain` runs it, shared by [`history`] and
+//!   [`retraining`].
+//! - [`retraining`]: kace retrained every simulated night during a cluster run.
 //! - [`engine`]: the event loop and its model of a GPU shared in pairs.
 //! - [`metrics`]: makespan, completion times, throughput, ratios, the utilisation timeline.
 //! - [`plot`]: an SVG of completion-time CDFs and utilisation.
@@ -22,9 +25,11 @@ pub mod error;
 pub mod history;
 pub mod metrics;
 pub mod model;
+pub mod night;
 pub mod onboarding;
 pub mod plot;
 pub mod policy;
+pub mod retraining;
 pub mod rng;
 pub mod trace;
 pub mod world;

@@ -3,9 +3,12 @@
 //! group in training, only the system profile NVML samples), compared on the workload's first
 //! jobs and on the whole cluster.
 //!
-//! The model is not retrained during a run: a new workload stays new for the whole trace, so
-//! its first N jobs are exactly what it costs until the first retraining (`kace retrain`,
-//! nightly) learns from the pairs it was tried in.
+//! The model is not retrained during these runs (they run as `kace simulate --retrain never`
+//! whatever the option says): a new workload stays new for the whole trace, so its first N
+//! jobs are exactly what it costs until the first retraining (`kace retrain`, nightly) learns
+//! from the pairs it was tried in. Retrained nightly, a workload would stop being new after the
+//! first night that observed it, and the comparison would mix what it costs with what the
+//! nights learnt about every other workload.
 
 use kace_selector::dataset::{ColocationData, Group};
 use kace_selector::eval::colocations::n_occur_split;

@@ -140,8 +140,10 @@ impl PairingPolicy {
         rules: &SelectionRules,
     ) -> PairingPolicy {
         let policy = DecisionPolicy {
-            // The table is computed once and the model is not retrained during a run, so an
-            // exploratory group would teach nothing and be formed without bound: none.
+            // A table holds no per-workload state, so it cannot spend an exploration budget
+            // (`selection.explore_pairs` counts each workload's exploratory groups): an
+            // exploratory pair would be formed without bound. None; a nightly retraining
+            // (`crate::retraining`) learns only from the pairs the gain rule accepts.
             rules: SelectionRules { explore_pairs: 0, ..rules.clone() },
             max_jobs_per_gpu: 2,
             // Users are checked by the engine, so the table holds every user's pairs.
@@ -239,6 +241,12 @@ impl PairingPolicy {
     #[inline]
     pub fn score(&self, first: WorkloadId, candidate: WorkloadId) -> Option<f64> {
         self.score[usize::from(first) * self.n + usize::from(candidate)]
+    }
+
+    /// Whether `other` may take over from this policy mid-run: the same kind, over a world of
+    /// as many workloads, with the same user rule (the engine's open-GPU index depends on it).
+    pub fn replaceable_by(&self, other: &PairingPolicy) -> bool {
+        self.kind == other.kind && self.n == other.n && self.same_user == other.same_user
     }
 
     /// Whether the pair was among the policy's training pairs.
