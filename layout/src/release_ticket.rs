@@ -92,7 +92,9 @@ pub fn write(spool: &Path, job: u32, ticket: &Ticket) -> std::io::Result<()> {
     let tmp = dir.join(format!(".{job}.tmp"));
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o640).open(&tmp)?;
-    let written = f.write_all(ticket.text().as_bytes()).and_then(|()| f.sync_all());
+    // Not fsynced: a ticket lost to a crash only sends the prolog to Slurm, and the decider
+    // writes one per release.
+    let written = f.write_all(ticket.text().as_bytes());
     drop(f);
     match written.and_then(|()| std::fs::rename(&tmp, file(spool, job))) {
         Ok(()) => Ok(()),
