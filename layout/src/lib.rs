@@ -21,6 +21,7 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod handover;
 pub mod memory_limit;
 pub mod release_ticket;
 pub mod trusted_dir;

@@ -76,26 +76,13 @@ impl MemoryLimit {
 /// file owned by `owner` (root), not a link, at most a few bytes, in the one form the prolog
 /// writes. `None` when there is none.
 pub fn read(progress_root: &Path, job_id: u32, owner: u32) -> Result<Option<MemoryLimit>, String> {
-    use std::io::Read;
-    use std::os::unix::fs::MetadataExt;
     let path = file(progress_root, job_id);
-    let shown = path.display();
-    let link = match std::fs::symlink_metadata(&path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{shown}: {e}")),
+    let owners = format!("uid {owner}");
+    let Some(text) = crate::handover::read(&path, MAX_FILE_BYTES, |uid| uid == owner, &owners)?
+    else {
+        return Ok(None);
     };
-    if !link.file_type().is_file() || link.uid() != owner {
-        return Err(format!("{shown} is not a regular file of uid {owner}; ignored"));
-    }
-    let f = std::fs::File::open(&path).map_err(|e| format!("{shown}: {e}"))?;
-    // The file opened must be the one inspected (not swapped for another in between).
-    let opened = f.metadata().map_err(|e| format!("{shown}: {e}"))?;
-    if (opened.dev(), opened.ino()) != (link.dev(), link.ino()) {
-        return Err(format!("{shown} changed while it was opened; ignored"));
-    }
-    let mut text = String::new();
-    f.take(MAX_FILE_BYTES).read_to_string(&mut text).map_err(|e| format!("{shown}: {e}"))?;
+    let shown = path.display();
     MemoryLimit::parse(&text)
         .map(Some)
         .ok_or_else(|| format!("{shown} does not hold a limit of the form 0=<MiB>M; ignored"))

@@ -14,7 +14,7 @@
 //! A ticket older than [`MAX_AGE_S`] is not used (a job released and then cancelled before it
 //! started leaves one; job ids are reused only after a cluster's id space wraps).
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -118,33 +118,27 @@ pub fn remove(spool: &Path, job: u32) -> std::io::Result<()> {
 pub fn read(spool: &Path, job: u32) -> Result<Option<Ticket>, String> {
     let path = file(spool, job);
     let shown = path.display();
-    let link = match std::fs::symlink_metadata(&path) {
+    let spool_owner = match std::fs::metadata(spool) {
+        Ok(m) => m.uid(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", spool.display())),
+    };
+    let trusted = |uid: u32| uid == 0 || uid == spool_owner;
+    let owners = "root or the spool's owner";
+    let dir = match std::fs::symlink_metadata(spool.join(DIR)) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{shown}: {e}")),
     };
-    let spool_owner = std::fs::metadata(spool).map_err(|e| format!("{}: {e}", spool.display()))?;
-    let dir = std::fs::symlink_metadata(spool.join(DIR)).map_err(|e| format!("{shown}: {e}"))?;
-    let trusted = |uid: u32| uid == 0 || uid == spool_owner.uid();
     if !dir.file_type().is_dir() || !trusted(dir.uid()) || dir.mode() & 0o022 != 0 {
         return Err(format!(
-            "{} is not a directory of root or the spool's owner writable by nobody else; ignored",
+            "{} is not a directory of {owners} writable by nobody else; ignored",
             spool.join(DIR).display()
         ));
     }
-    if !link.file_type().is_file() || !trusted(link.uid()) || link.len() > MAX_FILE_BYTES {
-        return Err(format!(
-            "{shown} is not a small plain file of root or the spool's owner; ignored"
-        ));
-    }
-    let f = std::fs::File::open(&path).map_err(|e| format!("{shown}: {e}"))?;
-    // The file opened must be the one inspected (not swapped for another in between).
-    let opened = f.metadata().map_err(|e| format!("{shown}: {e}"))?;
-    if (opened.dev(), opened.ino()) != (link.dev(), link.ino()) {
-        return Err(format!("{shown} changed while it was opened; ignored"));
-    }
-    let mut text = String::new();
-    f.take(MAX_FILE_BYTES).read_to_string(&mut text).map_err(|e| format!("{shown}: {e}"))?;
+    let Some(text) = crate::handover::read(&path, MAX_FILE_BYTES, trusted, owners)? else {
+        return Ok(None);
+    };
     Ticket::parse(&text)
         .map(Some)
         .ok_or_else(|| format!("{shown} is not a release ticket kace writes; ignored"))
@@ -207,9 +201,9 @@ mod tests {
             assert!(e.contains("not a release ticket"), "{text:?}: {e}");
         }
         std::fs::write(dir.join("4"), "x".repeat(MAX_FILE_BYTES as usize + 1)).unwrap();
-        assert!(read(&spool, 4).unwrap_err().contains("small plain file"));
+        assert!(read(&spool, 4).unwrap_err().contains("plain file"));
         std::os::unix::fs::symlink(dir.join("2"), dir.join("5")).unwrap();
-        assert!(read(&spool, 5).unwrap_err().contains("small plain file"));
+        assert!(read(&spool, 5).unwrap_err().contains("plain file"));
         // A directory others may write into is not trusted, whatever it holds.
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();

@@ -452,33 +452,10 @@ pub fn run_history(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kace_selector::features::{Feature, FEATURE_COUNT};
 
     /// Eight workloads, every pair measured, each pair with its own interference.
     fn data() -> ColocationData {
-        let prof = |i: usize| {
-            let mut f = [1.0 + i as f64; FEATURE_COUNT];
-            f[Feature::ExclusiveThroughput.index()] = 10.0 + 3.0 * i as f64;
-            f[Feature::SmUtil.index()] = 20.0 + 9.0 * i as f64;
-            Profile::new(f)
-        };
-        let mut groups = Vec::new();
-        for a in 0..8 {
-            for b in a..8 {
-                let (pa, pb) = (prof(a), prof(b));
-                let effect = (((a * 5 + b * 3) % 7) as f64 - 3.0) * 0.12;
-                let slow = |p: &Profile| 0.75 - p.get(Feature::SmUtil) / 400.0;
-                groups.push(Group {
-                    workloads: vec![format!("w{a}"), format!("w{b}")],
-                    throughputs: vec![
-                        pa.exclusive_throughput() * slow(&pb) * effect.exp(),
-                        pb.exclusive_throughput() * slow(&pa) * effect.exp(),
-                    ],
-                    profiles: vec![pa, pb],
-                });
-            }
-        }
-        ColocationData { k: 2, groups }
+        crate::retraining::tests::data(1.0)
     }
 
     fn spec() -> HistorySpec {

@@ -274,7 +274,7 @@ pub fn simulate_kace(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::engine::DAY_S;
     use crate::metrics::Metrics;
@@ -286,7 +286,7 @@ mod tests {
     /// Eight workloads, every pair measured, each pair with its own interference (±36 %, which
     /// profiles alone cannot explain) times `sign`: −1 turns every effect the other way, 0
     /// leaves the profiles' share alone.
-    fn data(sign: f64) -> ColocationData {
+    pub(crate) fn data(sign: f64) -> ColocationData {
         let prof = |i: usize| {
             let mut f = [1.0 + i as f64; FEATURE_COUNT];
             f[Feature::ExclusiveThroughput.index()] = 10.0 + 3.0 * i as f64;
