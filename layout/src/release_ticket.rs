@@ -113,6 +113,32 @@ pub fn remove(spool: &Path, job: u32) -> std::io::Result<()> {
     }
 }
 
+/// Whether `spool`'s ticket directory may be believed: `Ok(false)` when there is none yet (the
+/// decider creates it at its first release), `Err` with why when it is not root's or the
+/// spool's owner's, or others may write into it (`kace doctor` says so once, the prologs at
+/// each job).
+pub fn dir_trusted(spool: &Path) -> Result<bool, String> {
+    let spool_owner = match std::fs::metadata(spool) {
+        Ok(m) => m.uid(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(format!("{}: {e}", spool.display())),
+    };
+    let path = spool.join(DIR);
+    let dir = match std::fs::symlink_metadata(&path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let owner_ok = dir.uid() == 0 || dir.uid() == spool_owner;
+    if !dir.file_type().is_dir() || !owner_ok || dir.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} is not a directory of root or the spool's owner writable by nobody else; ignored",
+            path.display()
+        ));
+    }
+    Ok(true)
+}
+
 /// Job `job`'s ticket, if there is one kace wrote (see the module docs for what is trusted).
 /// `Ok(None)`: none; `Err`: one that is not trusted or not readable, with why.
 pub fn read(spool: &Path, job: u32) -> Result<Option<Ticket>, String> {
@@ -124,18 +150,10 @@ pub fn read(spool: &Path, job: u32) -> Result<Option<Ticket>, String> {
         Err(e) => return Err(format!("{}: {e}", spool.display())),
     };
     let trusted = |uid: u32| uid == 0 || uid == spool_owner;
-    let owners = "root or the spool's owner";
-    let dir = match std::fs::symlink_metadata(spool.join(DIR)) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{shown}: {e}")),
-    };
-    if !dir.file_type().is_dir() || !trusted(dir.uid()) || dir.mode() & 0o022 != 0 {
-        return Err(format!(
-            "{} is not a directory of {owners} writable by nobody else; ignored",
-            spool.join(DIR).display()
-        ));
+    if !dir_trusted(spool)? {
+        return Ok(None);
     }
+    let owners = "root or the spool's owner";
     let Some(text) = crate::handover::read(&path, MAX_FILE_BYTES, trusted, owners)? else {
         return Ok(None);
     };

@@ -363,6 +363,29 @@ pub fn check_writable(check: &'static str, key: &str, dir: &Path) -> Finding {
     }
 }
 
+/// Whether this node's prologs can believe the decider's release tickets
+/// ([`kace_layout::release_ticket`]); without them each kace job's prolog asks slurmctld.
+pub fn check_release_tickets(spool: &Path) -> Finding {
+    let dir = spool.join(kace_layout::release_ticket::DIR);
+    match kace_layout::release_ticket::dir_trusted(spool) {
+        Ok(true) => Finding::ok("tickets", format!("{} is trusted", dir.display())),
+        Ok(false) => Finding::ok(
+            "tickets",
+            format!("{} is not there yet (the decider creates it)", dir.display()),
+        ),
+        Err(e) => Finding::warn(
+            "tickets",
+            format!("the prologs will not believe the decider's release tickets: {e}"),
+            format!(
+                "chown root (or the owner of {}) {} and chmod 0750 it; until then each kace \
+                 job's prolog reads its job from Slurm",
+                spool.display(),
+                dir.display()
+            ),
+        ),
+    }
+}
+
 /// The `plugin_version` a SPANK plugin exports, read from its ELF dynamic symbol table (not by
 /// loading it: Rust links with `-z now`, so the Slurm symbols it calls would have to resolve
 /// here, and loading runs code as root for a check).
@@ -506,6 +529,7 @@ pub fn run(config: &Config, setup: &Setup) -> Vec<Finding> {
     out.extend(check_database(config, setup.role));
     if setup.role.node() {
         out.push(check_writable("spool", "spool.dir", &config.spool.dir));
+        out.push(check_release_tickets(&config.spool.dir));
         out.push(check_writable("progress", "node.progress_root", &config.node.progress_root));
         out.push(check_mps(&config.node.mps_control));
         if config.mps.multi_user {
@@ -1022,6 +1046,27 @@ mod tests {
         let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
         assert_eq!(elf_u32_symbol(&me, "plugin_version"), None);
         assert!(plugin_version(Path::new("/nonexistent/libkace_spank.so")).is_err());
+    }
+
+    #[test]
+    fn release_tickets_are_believed_only_from_a_directory_nobody_else_writes() {
+        use std::os::unix::fs::PermissionsExt;
+        let spool =
+            std::env::temp_dir().join(format!("kace-doctor-tickets-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&spool);
+        std::fs::create_dir_all(&spool).unwrap();
+        let f = check_release_tickets(&spool);
+        assert_eq!(f.status, Status::Ok);
+        assert!(f.detail.contains("not there yet"), "{f:?}");
+        let dir = spool.join(kace_layout::release_ticket::DIR);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).unwrap();
+        assert_eq!(check_release_tickets(&spool).status, Status::Ok);
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let f = check_release_tickets(&spool);
+        assert_eq!(f.status, Status::Warn, "{f:?}");
+        assert!(f.detail.contains("writable by nobody else"), "{f:?}");
+        std::fs::remove_dir_all(&spool).unwrap();
     }
 
     #[test]
