@@ -56,7 +56,17 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
             if let Err(e) = release_ticket::remove(&n.config.spool.dir, env.job) {
                 log(&format!("couldn't remove its release ticket: {e}"));
             }
-            t.fits(&env.node, n.clock.now()).then_some(t.workload)
+            let now = n.clock.now();
+            if t.fits(&env.node, now) {
+                Some(t.workload)
+            } else {
+                log(&format!(
+                    "couldn't use its release ticket: it names node {} at {:.0} s from now; asking Slurm",
+                    t.node,
+                    t.at - now
+                ));
+                None
+            }
         }
         Ok(None) => None,
         Err(e) => {

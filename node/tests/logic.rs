@@ -654,6 +654,8 @@ fn the_prolog_of_a_job_the_decider_released_here_reads_its_ticket_not_slurm() {
         w.with(|n| prolog::run(n, &job_env(job, 1)));
         let queued = format!("queued {job}");
         assert!(w.slurm.calls.borrow().contains(&queued), "{:?}", w.slurm.calls.borrow());
+        let said = format!("job {job}: couldn't use its release ticket: it names node");
+        assert!(w.logs.borrow().iter().any(|l| l.contains(&said)), "{:?}", w.logs.borrow());
     }
 }
 
