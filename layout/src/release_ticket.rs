@@ -118,15 +118,20 @@ pub fn remove(spool: &Path, job: u32) -> std::io::Result<()> {
 /// spool's owner's, or others may write into it (`kace doctor` says so once, the prologs at
 /// each job).
 pub fn dir_trusted(spool: &Path) -> Result<bool, String> {
+    trusted_spool_owner(spool).map(|o| o.is_some())
+}
+
+/// The spool's owner when its ticket directory may be believed (see [`dir_trusted`]).
+fn trusted_spool_owner(spool: &Path) -> Result<Option<u32>, String> {
     let spool_owner = match std::fs::metadata(spool) {
         Ok(m) => m.uid(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{}: {e}", spool.display())),
     };
     let path = spool.join(DIR);
     let dir = match std::fs::symlink_metadata(&path) {
         Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
     let owner_ok = dir.uid() == 0 || dir.uid() == spool_owner;
@@ -136,30 +141,24 @@ pub fn dir_trusted(spool: &Path) -> Result<bool, String> {
             path.display()
         ));
     }
-    Ok(true)
+    Ok(Some(spool_owner))
 }
 
 /// Job `job`'s ticket, if there is one kace wrote (see the module docs for what is trusted).
 /// `Ok(None)`: none; `Err`: one that is not trusted or not readable, with why.
 pub fn read(spool: &Path, job: u32) -> Result<Option<Ticket>, String> {
-    let path = file(spool, job);
-    let shown = path.display();
-    let spool_owner = match std::fs::metadata(spool) {
-        Ok(m) => m.uid(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", spool.display())),
-    };
-    let trusted = |uid: u32| uid == 0 || uid == spool_owner;
-    if !dir_trusted(spool)? {
+    let Some(spool_owner) = trusted_spool_owner(spool)? else {
         return Ok(None);
-    }
+    };
+    let path = file(spool, job);
+    let trusted = |uid: u32| uid == 0 || uid == spool_owner;
     let owners = "root or the spool's owner";
     let Some(text) = crate::handover::read(&path, MAX_FILE_BYTES, trusted, owners)? else {
         return Ok(None);
     };
     Ticket::parse(&text)
         .map(Some)
-        .ok_or_else(|| format!("{shown} is not a release ticket kace writes; ignored"))
+        .ok_or_else(|| format!("{} is not a release ticket kace writes; ignored", path.display()))
 }
 
 #[cfg(test)]
