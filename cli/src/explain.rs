@@ -314,10 +314,15 @@ fn measurement(job: &str, p: &ObservedProfile) -> String {
 /// Why one candidate fared as it did in one decision.
 fn verdict(d: &NewDecision, c: &DecisionCandidate) -> String {
     if c.job.is_some() && c.job == d.chosen_job {
-        let chosen = match c.prediction {
+        let mut chosen = match c.prediction {
             Some(p) => format!("chosen (predicted {})", num(p)),
             None => "chosen".into(),
         };
+        if let Some(t) = c.thread_pct {
+            chosen.push_str(&format!(
+                ", with {t} % of the GPU's SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, mps.sm_split)"
+            ));
+        }
         if c.explores.is_empty() {
             return chosen;
         }

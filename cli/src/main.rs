@@ -24,6 +24,7 @@ mod report;
 mod retrain;
 mod select;
 mod simulate;
+mod splits;
 mod splits_eval;
 mod status;
 mod train;
@@ -93,6 +94,8 @@ enum Command {
     Report(report::ReportArgs),
     /// Pairs of workloads kace stops pairing after their jobs failed together on one GPU.
     Pairs(pairs::PairsArgs),
+    /// Train, list or turn off the chooser of a joiner's SM share (`mps.sm_split`).
+    Splits(splits::SplitsArgs),
     /// Write the man pages into DIR (used by packaging).
     #[command(hide = true)]
     GenerateMan(man::GenerateManArgs),
@@ -163,6 +166,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Metrics(args) => metrics::run(args, &ctx().context("config")?).context("metrics"),
         Command::Report(args) => report::run(args, &ctx().context("config")?).context("report"),
         Command::Pairs(args) => pairs::run(args, &ctx().context("config")?).context("pairs"),
+        Command::Splits(args) => splits::run(args, &ctx().context("config")?).context("splits"),
         Command::GenerateMan(args) => man::run(args),
     }
 }

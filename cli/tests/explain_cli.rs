@@ -24,6 +24,7 @@ fn cand(job: &str, w: &str, p: Option<f64>, r: Option<&str>) -> DecisionCandidat
         priority: None,
         time_limits: Vec::new(),
         explores: Vec::new(),
+        thread_pct: None,
     }
 }
 
@@ -46,7 +47,7 @@ fn explain_reads_the_spool_then_the_database() {
                     time_limits: Vec::new(),
                     ..cand("11", "lstm", Some(3.0), None)
                 },
-                cand("12", "vit", Some(4.5), None),
+                DecisionCandidate { thread_pct: Some(40), ..cand("12", "vit", Some(4.5), None) },
                 cand("13", "huge", None, Some("memory does not fit (40.0 GiB > 30.4 GiB)")),
             ],
         },
@@ -61,7 +62,7 @@ fn explain_reads_the_spool_then_the_database() {
         let out = e.ok(&["explain", "11"]);
         assert!(out.contains("not chosen: predicted 3.000, the chosen one 4.500"), "{out}");
         let out = e.ok(&["explain", "12"]);
-        assert!(out.contains("chosen (predicted 4.500)"), "{out}");
+        assert!(out.contains("chosen (predicted 4.500), with 40 % of the GPU's SMs"), "{out}");
         let out = e.ok(&["explain", "13"]);
         assert!(out.contains("rejected: memory does not fit"), "{out}");
     };
@@ -73,7 +74,10 @@ fn explain_reads_the_spool_then_the_database() {
     assert!(out.contains("appears in no kace decision"), "{out}");
     let v: serde_json::Value =
         serde_json::from_str(&e.ok(&["--format", "json", "explain", "12"])).unwrap();
-    assert_eq!(v["candidate_in"][0]["verdict"], "chosen (predicted 4.500)");
+    let verdict = v["candidate_in"][0]["verdict"].as_str().unwrap();
+    assert!(verdict.starts_with("chosen (predicted 4.500), with 40 %"), "{verdict}");
+    // The share survives the spool and the database.
+    assert_eq!(v["candidate_in"][0]["candidate"]["thread_pct"], 40);
 }
 
 /// A partner the decider released to explore a new workload (`selection.explore_pairs`) is

@@ -86,6 +86,7 @@ fn prepared(tag: &str) -> Env {
                     priority: None,
                     time_limits: Vec::new(),
                     explores: Vec::new(),
+                    thread_pct: None,
                 }],
             },
         },
@@ -113,6 +114,7 @@ fn prepared(tag: &str) -> Env {
                     priority: None,
                     time_limits: Vec::new(),
                     explores: Vec::new(),
+                    thread_pct: None,
                 }],
             },
         };

@@ -276,6 +276,11 @@ pub struct Mps {
     pub memory_limit: bool,
     /// The limit is memcap × (1 + this). Default 0.1; in [0, 10].
     pub memory_limit_margin: f64,
+    /// Give a job kace adds beside one running kace job the `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`
+    /// the active SM split chooser picks (`kace splits train`, trained on sweeps with the lead
+    /// at 100 %; the lead keeps its share, MPS cannot change a running client's). Default
+    /// false: off until a GPU run confirms the chooser's gains (docs/models.md, *The SM split*).
+    pub sm_split: bool,
 }
 
 /// Whether `name` is a user name as `useradd` makes them (so that it names one account).
@@ -293,6 +298,7 @@ impl Default for Mps {
             server_user: String::new(),
             memory_limit: true,
             memory_limit_margin: 0.1,
+            sm_split: false,
         }
     }
 }

@@ -1,6 +1,7 @@
-//! Reading a small file one of kace's root programs left for another ([`crate::memory_limit`],
-//! [`crate::release_ticket`]): the reader believes what it says, so it takes only a plain file
-//! (no link) of an owner it trusts, and the very file it inspected, not one swapped in between.
+//! A small file one of kace's root programs leaves for another ([`crate::memory_limit`],
+//! [`crate::thread_share`], [`crate::release_ticket`]): written whole or not at all, and read
+//! believing what it says, so the reader takes only a plain file (no link) of an owner it
+//! trusts, and the very file it inspected, not one swapped in between.
 
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
@@ -34,4 +35,38 @@ pub fn read(
     let mut text = String::new();
     f.take(max_bytes).read_to_string(&mut text).map_err(|e| format!("{shown}: {e}"))?;
     Ok(Some(text))
+}
+
+/// Writes `text` to `path` atomically (a temporary file beside it, created new so a link
+/// planted at its name is never followed, then renamed over `path`) with `mode`; with `None`,
+/// removes `path` (none there is fine). Not fsynced: each hand-over is an optimisation or is
+/// written again before it matters.
+pub fn write(path: &Path, text: Option<&str>, mode: u32) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Some(text) = text else {
+        return match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        };
+    };
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} names no file in a directory", path.display()),
+        ));
+    };
+    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+    let _ = std::fs::remove_file(&tmp);
+    let result = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
 }

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 pub mod handover;
 pub mod memory_limit;
 pub mod release_ticket;
+pub mod thread_share;
 pub mod trusted_dir;
 pub mod workload_name;
 

@@ -92,29 +92,8 @@ pub fn read(progress_root: &Path, job_id: u32, owner: u32) -> Result<Option<Memo
 /// own context), replacing any earlier one atomically; with `None`, removes it. The caller has
 /// checked that `progress_root` is root's.
 pub fn write(progress_root: &Path, job_id: u32, limit: Option<MemoryLimit>) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = file(progress_root, job_id);
-    let Some(limit) = limit else {
-        return match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        };
-    };
-    let tmp = progress_root.join(format!(".{job_id}.memlimit.tmp"));
-    let _ = std::fs::remove_file(&tmp);
-    // create_new (O_EXCL) never follows a link planted at the name.
-    let result = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .open(&tmp)
-        .and_then(|mut f| f.write_all(format!("{}\n", limit.env_value()).as_bytes()))
-        .and_then(|()| std::fs::rename(&tmp, &path));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    let text = limit.map(|l| format!("{}\n", l.env_value()));
+    crate::handover::write(&file(progress_root, job_id), text.as_deref(), 0o644)
 }
 
 #[cfg(test)]

@@ -14,8 +14,7 @@
 //! A ticket older than [`MAX_AGE_S`] is not used (a job released and then cancelled before it
 //! started leaves one; job ids are reused only after a cluster's id space wraps).
 
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::workload_name::check;
@@ -39,28 +38,47 @@ pub struct Ticket {
     pub at: f64,
     /// Its workload (the gate's mark, as the decider's listing read it).
     pub workload: String,
+    /// The SM share the decider chose for it beside the GPU's running job
+    /// (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, [`crate::thread_share`]), 1…99; `None`: none set.
+    pub threads: Option<u8>,
 }
 
 impl Ticket {
+    /// Form 1 without a share (what every prolog since the ticket reads), form 2 with one: a
+    /// prolog of a kace release before shares refuses form 2 and reads Slurm, so its job runs
+    /// with no share set, as before.
     fn text(&self) -> String {
-        format!("kace-release-ticket 1 {} {} {}\n", self.node, self.at, self.workload)
+        match self.threads {
+            None => format!("kace-release-ticket 1 {} {} {}\n", self.node, self.at, self.workload),
+            Some(t) => {
+                format!("kace-release-ticket 2 {} {} {} {t}\n", self.node, self.at, self.workload)
+            }
+        }
     }
 
     fn parse(text: &str) -> Option<Ticket> {
         let line = text.strip_suffix('\n')?;
         let mut words = line.split(' ');
-        if words.next()? != "kace-release-ticket" || words.next()? != "1" {
+        if words.next()? != "kace-release-ticket" {
+            return None;
+        }
+        let form = words.next()?;
+        if form != "1" && form != "2" {
             return None;
         }
         let node = words.next()?;
         let at: f64 = words.next()?.parse().ok()?;
         let workload = words.next()?;
+        let threads = match form {
+            "2" => Some(crate::thread_share::parse_percent(words.next()?)?),
+            _ => None,
+        };
         let valid_node = !node.is_empty() && node.bytes().all(|b| b.is_ascii_graphic());
         (words.next().is_none()
             && valid_node
             && at.is_finite()
             && check(workload.as_bytes()).is_ok())
-        .then(|| Ticket { node: node.to_string(), at, workload: workload.to_string() })
+        .then(|| Ticket { node: node.to_string(), at, workload: workload.to_string(), threads })
     }
 
     /// Whether the prolog of a job on `node` may use it at `now` (unix seconds): the node it
@@ -89,20 +107,7 @@ pub fn write(spool: &Path, job: u32, ticket: &Ticket) -> std::io::Result<()> {
     }
     let dir = spool.join(DIR);
     std::fs::DirBuilder::new().recursive(true).mode(0o750).create(&dir)?;
-    let tmp = dir.join(format!(".{job}.tmp"));
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o640).open(&tmp)?;
-    // Not fsynced: a ticket lost to a crash only sends the prolog to Slurm, and the decider
-    // writes one per release.
-    let written = f.write_all(ticket.text().as_bytes());
-    drop(f);
-    match written.and_then(|()| std::fs::rename(&tmp, file(spool, job))) {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
-    }
+    crate::handover::write(&file(spool, job), Some(&ticket.text()), 0o640)
 }
 
 /// Removes job `job`'s ticket (none there is fine).
@@ -173,7 +178,12 @@ mod tests {
     }
 
     fn ticket() -> Ticket {
-        Ticket { node: "n1".into(), at: 1_796_669_781.774_123_4, workload: "resnet-50".into() }
+        Ticket {
+            node: "n1".into(),
+            at: 1_796_669_781.774_123_4,
+            workload: "resnet-50".into(),
+            threads: None,
+        }
     }
 
     #[test]
@@ -187,6 +197,12 @@ mod tests {
         assert!(!t.fits("n2", t.at + 1.0));
         assert!(!t.fits("n1", t.at + MAX_AGE_S + 1.0));
         assert!(!t.fits("n1", t.at - 301.0));
+        // With a share, the second form; read back whole.
+        let shared = Ticket { threads: Some(40), ..ticket() };
+        write(&spool, 8, &shared).unwrap();
+        assert_eq!(read(&spool, 8).unwrap(), Some(shared));
+        let text = std::fs::read_to_string(file(&spool, 8)).unwrap();
+        assert!(text.starts_with("kace-release-ticket 2 n1 ") && text.ends_with(" resnet-50 40\n"));
         // Replaced atomically by a second release, removed by the prolog.
         write(&spool, 7, &Ticket { node: "n2".into(), ..ticket() }).unwrap();
         assert_eq!(read(&spool, 7).unwrap().unwrap().node, "n2");
@@ -209,6 +225,11 @@ mod tests {
         for text in [
             "kace-release-ticket 1 n1 5.0 w\nmore\n",
             "kace-release-ticket 2 n1 5.0 w\n",
+            "kace-release-ticket 2 n1 5.0 w 100\n",
+            "kace-release-ticket 2 n1 5.0 w 0\n",
+            "kace-release-ticket 2 n1 5.0 w +40\n",
+            "kace-release-ticket 1 n1 5.0 w 40\n",
+            "kace-release-ticket 3 n1 5.0 w 40\n",
             "kace-release-ticket 1 n1 NaN w\n",
             "kace-release-ticket 1 n1 5.0 w",
             "kace-release-ticket 1 n1 5.0 w extra\n",

@@ -105,6 +105,7 @@ pub fn candidate_record(j: &QueuedJob, now: f64, priority: Option<f64>) -> Decis
         priority,
         time_limits: Vec::new(),
         explores: Vec::new(),
+        thread_pct: None,
     }
 }
 
@@ -137,6 +138,9 @@ pub struct Settings<'a> {
     pub time_limit_cap: f64,
     /// `selection.priority_window`.
     pub priority_window: usize,
+    /// `mps.sm_split`: a joiner beside one running kace job gets the share the active split
+    /// chooser picks.
+    pub sm_split: bool,
 }
 
 /// This host's cluster name ([`crate::slurm::cluster_name`]), found once per process: slurm.conf
@@ -179,6 +183,7 @@ impl<'a> Settings<'a> {
             time_limit: config.selection.time_limit,
             time_limit_cap: config.selection.time_limit_cap,
             priority_window: config.selection.priority_window,
+            sm_split: config.mps.sm_split,
         }
     }
 }
@@ -641,6 +646,7 @@ pub fn run(
         .map(|j| j.id)
         .collect();
     state.gpus.retain(|id, _| on_a_gpu.contains(id));
+    state.threads.retain(|id, _| on_a_gpu.contains(id));
     let listed: BTreeSet<u32> = queue.iter().map(|j| j.id).collect();
     state.handed_back.retain(|id| listed.contains(id));
     state.requeues.retain(|id, _| listed.contains(id));
@@ -881,6 +887,32 @@ pub fn run(
                 .into(),
         );
     }
+    // The joiner's SM split (`mps.sm_split`): the active chooser, read once per pass.
+    let split_model = match (db.as_ref(), s.sm_split) {
+        (Some(db), true) => match db.active_split_model() {
+            Ok(m) => m.map(|r| r.model),
+            Err(e) => {
+                report.problems.push(format!(
+                    "couldn't read the SM split chooser ({e}); joiners get no share this pass"
+                ));
+                None
+            }
+        },
+        _ => None,
+    };
+    // The share job `j` gets joining `slot`: only beside one running job that has none (the
+    // chooser learnt splits with the lead at 100 %), from both workloads' system profiles.
+    let share_for = |slot: &Slot, j: &QueuedJob, state: &DeciderState| -> Option<u8> {
+        let (model, db) = (split_model.as_ref()?, db.as_ref()?);
+        let [lead] = slot.jobs.as_slice() else { return None };
+        if state.threads.contains_key(&lead.id) {
+            return None;
+        }
+        let names = [lead.workload.as_str(), j.workload.as_str()];
+        let profiles = db.profiles(&names, None).ok()?;
+        let profile = |w: &str| profiles.get(w).and_then(kace_sql::convert::selector_profile);
+        model.joiner_share(&profile(&lead.workload)?, &profile(&j.workload)?)
+    };
     // The decision for one open GPU among `cands` (indices into `held`).
     let choose = |slot: &Slot,
                   cands: &[usize],
@@ -963,7 +995,8 @@ pub fn run(
                 .find_map(|(k, x)| match choose(x, &[i], &fit_only, &state.explored) {
                     Ok(c) if c.ranked == [i] => {
                         let progress = c.progress.get(&i).copied();
-                        let plan = time_plan(s, state, &nodes[x.node_at], x, j, progress, now);
+                        let plan =
+                            time_plan(s, state, &nodes[x.node_at], x, j, progress, None, now);
                         plan.ok().map(|plan| (k, c, plan))
                     }
                     _ => None,
@@ -988,8 +1021,7 @@ pub fn run(
             j,
             &slots[k],
             ReleaseKind::MaxHold,
-            chosen.as_ref(),
-            &plan,
+            Joined { chosen: chosen.as_ref(), plan: &plan, threads: None },
             now,
         );
         match done {
@@ -1064,7 +1096,17 @@ pub fn run(
             }
             let node = &nodes[slot.node_at];
             let progress = chosen.progress.get(&i).copied();
-            let plan = match time_plan(s, state, node, slot, held[i], progress, now) {
+            // A share whose slower joiner would need a limit the cap refuses is dropped: the
+            // pair is formed unasked, as without `mps.sm_split`.
+            let mut share = share_for(slot, held[i], state);
+            let planned = match time_plan(s, state, node, slot, held[i], progress, share, now) {
+                Err(_) if share.is_some() => {
+                    share = None;
+                    time_plan(s, state, node, slot, held[i], progress, None, now)
+                }
+                p => p,
+            };
+            let plan = match planned {
                 Ok(p) => p,
                 Err(why) => {
                     report.time_refused.push((held[i].id, why));
@@ -1080,7 +1122,8 @@ pub fn run(
                 report.problems.push(e);
                 continue;
             }
-            match release(slurm, s, state, held[i], slot, kind, Some(&chosen), &plan, now) {
+            let joined = Joined { chosen: Some(&chosen), plan: &plan, threads: share };
+            match release(slurm, s, state, held[i], slot, kind, joined, now) {
                 Ok((d, p)) => {
                     report.problems.extend(p);
                     report.records.push(d);
@@ -1129,7 +1172,16 @@ pub fn run(
             continue;
         };
         taken.push(i);
-        match release(slurm, s, state, held[i], slot, ReleaseKind::LeadRelease, None, &[], now) {
+        match release(
+            slurm,
+            s,
+            state,
+            held[i],
+            slot,
+            ReleaseKind::LeadRelease,
+            Joined::default(),
+            now,
+        ) {
             Ok((d, p)) => {
                 report.problems.extend(p);
                 report.records.push(d);
@@ -1332,6 +1384,15 @@ fn finish_begun(
     }
 }
 
+/// How a job joins a slot: the decision that chose it (none for a lead or a hand-back), the
+/// time limits its group needs, and the SM share it gets.
+#[derive(Clone, Copy, Default)]
+struct Joined<'a> {
+    chosen: Option<&'a Chosen>,
+    plan: &'a [(u32, f64, f64)],
+    threads: Option<u8>,
+}
+
 /// Releases `j` into `slot`: records the decision, notes the release as begun, pins and
 /// releases, then forgets the note; a failed release withdraws the record. The record and any
 /// problem met on the way (a full spool) on success; the problem otherwise.
@@ -1343,10 +1404,10 @@ fn release(
     j: &QueuedJob,
     slot: &Slot,
     kind: ReleaseKind,
-    chosen: Option<&Chosen>,
-    plan: &[(u32, f64, f64)],
+    joined: Joined<'_>,
     now: f64,
 ) -> std::result::Result<(SpooledDecision, Option<String>), String> {
+    let Joined { chosen, plan, threads } = joined;
     let (lead_job, lead_workload) = match slot.jobs.first() {
         Some(m) => (m.id.to_string(), m.workload.clone()),
         None => (j.id.to_string(), j.workload.clone()),
@@ -1375,6 +1436,7 @@ fn release(
             .iter()
             .map(|&(job, from_s, to_s)| TimeLimitChange { job: job.to_string(), from_s, to_s })
             .collect();
+        c.thread_pct = threads;
     }
     let mut problems = Vec::new();
     // The job is released even when the record could be neither spooled nor parked: a broken
@@ -1389,7 +1451,10 @@ fn release(
     }
     // The prolog's word that this is a kace job of this workload, so that it need not ask
     // slurmctld (two RPCs on 22.05); without it the prolog asks, so a failure only costs that.
-    let ticket = Ticket { node: slot.at.node.clone(), at: now, workload: j.workload.clone() };
+    // It also carries the job's SM share, which only the decider chooses: a job without its
+    // ticket runs with none.
+    let ticket =
+        Ticket { node: slot.at.node.clone(), at: now, workload: j.workload.clone(), threads };
     let ticketed = release_ticket::write(s.spool, j.id, &ticket)
         .map_err(|e| {
             problems.push(format!("couldn't write the release ticket of job {}: {e}", j.id))
@@ -1410,6 +1475,9 @@ fn release(
         Ok(()) => {
             stop_inversion(state, j.id, now);
             count_explored(state, &d.decision, &released);
+            if let Some(t) = threads {
+                state.threads.insert(j.id, t);
+            }
             // Its GPU is known without asking Slurm when it runs.
             if slot.sole_of_kind {
                 state.gpus.insert(j.id, (slot.at.node.clone(), vec![slot.at.index.0]));
@@ -1580,7 +1648,9 @@ fn hold_again(
 /// at the group's predicted speed ([`placement::shared_limit`]). Each member runs at the
 /// group's predicted normalised progress shared out evenly (the model predicts the group, not
 /// each member); without that prediction, at 1 / members (time-slicing's share). `Err` says
-/// why the pair is not formed.
+/// why the pair is not formed. A joiner capped to `threads` % of the SMs is planned no faster
+/// than that share.
+#[allow(clippy::too_many_arguments)]
 fn time_plan(
     s: &Settings<'_>,
     state: &DeciderState,
@@ -1588,6 +1658,7 @@ fn time_plan(
     slot: &Slot,
     j: &QueuedJob,
     progress: Option<f64>,
+    threads: Option<u8>,
     now: f64,
 ) -> std::result::Result<Vec<(u32, f64, f64)>, String> {
     use kace_config::TimeLimit;
@@ -1612,6 +1683,12 @@ fn time_plan(
     let mut plan = Vec::new();
     for (id, limit, elapsed, partitions) in members {
         let Some(limit) = limit else { continue };
+        // A joiner kace caps to `threads` % of the SMs is assumed no faster than that share of
+        // its alone speed (a compute-bound job's worst case); the lead only gains SMs by it.
+        let speed = match threads {
+            Some(t) if id == j.id => speed.min(f64::from(t) / 100.0),
+            _ => speed,
+        };
         let own = state.own_limits.get(&id).copied().unwrap_or(limit);
         let max = placement::max_time(&partitions, node);
         match placement::shared_limit(limit, own, elapsed, speed, s.time_limit_cap, max) {

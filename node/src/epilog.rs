@@ -211,6 +211,9 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
     if let Err(e) = kace_layout::memory_limit::write(&n.config.node.progress_root, env.job, None) {
         log(&format!("couldn't remove the job's memory limit file: {e}"));
     }
+    if let Err(e) = kace_layout::thread_share::write(&n.config.node.progress_root, env.job, None) {
+        log(&format!("couldn't remove the job's SM share file: {e}"));
+    }
     if let Err(e) = progress::remove_for_job(&path) {
         log(&format!("couldn't remove the job's progress file: {e}"));
     }
@@ -303,6 +306,10 @@ fn measure_profile(
     let Ran { gpu, me, history, samples } = *ran;
     let log = |m: &str| (n.log)(&format!("kace: epilog: job {}: {m}", env.job));
     if kace_sql::validate_workload_name(&me.workload).is_err() {
+        return None;
+    }
+    if let Some(t) = me.threads {
+        log(&format!("ran with an SM share of {t} %; no profile measurement"));
         return None;
     }
     let end = me.end.unwrap_or(me.start);
@@ -630,10 +637,17 @@ fn observe(
     // interval carries its mean SM utilization, which ingest holds the claimed rate against,
     // and the GPU's energy over it.
     let readings: &[kace_sampler::Reading] = samples.as_deref().unwrap_or(&[]);
+    let mut split = 0;
     for (i, seg) in segments(me.start, end, history).iter().enumerate() {
         let Some((thr, steps)) = throughput_within(&prog.points, seg.start, seg.end, warmup) else {
             continue;
         };
+        // The interference model learns what groups do as MPS runs them unasked (100/100): an
+        // interval in which kace capped a member's SMs says something else.
+        if me.threads.is_some() || seg.partners.iter().any(|p| p.threads.is_some()) {
+            split += 1;
+            continue;
+        }
         if seg.partners.iter().any(|p| kace_sql::validate_workload_name(&p.workload).is_err()) {
             log("a partner's workload is unknown; that interval is not observed");
             continue;
@@ -675,6 +689,12 @@ fn observe(
             }
         }
     }
+    if split > 0 {
+        log(&format!(
+            "{split} interval(s) ran with an SM share kace set; not observed (the interference \
+             model learns groups as MPS runs them unasked)"
+        ));
+    }
     if unspooled > 0 {
         // A full spool must not also cost the raw data: keep the progress file, renamed so that
         // the caller's clean-up passes it by (a rename needs no free space).
@@ -708,7 +728,7 @@ mod tests {
     use super::*;
 
     fn rec(job: u32, start: f64, end: Option<f64>) -> JobRecord {
-        JobRecord { job, workload: format!("w{job}"), start, end, user: None }
+        JobRecord { job, workload: format!("w{job}"), start, end, user: None, threads: None }
     }
 
     #[test]

@@ -84,7 +84,14 @@ mod tests {
 
     fn seg(start: f64, end: f64, partner: bool) -> Segment {
         let partners = if partner {
-            vec![JobRecord { job: 9, workload: "p".into(), start, end: None, user: None }]
+            vec![JobRecord {
+                job: 9,
+                workload: "p".into(),
+                start,
+                end: None,
+                user: None,
+                threads: None,
+            }]
         } else {
             Vec::new()
         };

@@ -58,7 +58,7 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
             }
             let now = n.clock.now();
             if t.fits(&env.node, now) {
-                Some(t.workload)
+                Some((t.workload, t.threads))
             } else {
                 log(&format!(
                     "couldn't use its release ticket: it names node {} at {:.0} s from now; asking Slurm",
@@ -74,14 +74,15 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
             None
         }
     };
-    let workload = match ticketed {
-        Some(w) => w,
+    // Without a ticket the job gets no SM share: only the decider's choice sets one.
+    let (workload, threads) = match ticketed {
+        Some(t) => t,
         None => match workload_from_slurm(n, env, started, &log) {
-            Some(w) => w,
+            Some(w) => (w, None),
             None => return Outcome::NotKace,
         },
     };
-    set_up(n, env, started, &log, workload)
+    set_up(n, env, started, &log, workload, threads)
 }
 
 /// The job's workload from the gate's mark, as Slurm lists the job (`None`: it runs as a plain
@@ -138,6 +139,7 @@ fn set_up(
     started: Instant,
     log: &dyn Fn(&str),
     workload: String,
+    threads: Option<u8>,
 ) -> Outcome {
     // A job slurmctld starts after its restart and before the nodes registered again (3–4 s)
     // has no GPU in its prolog's environment: slurmctld loads its GRES plugins (which build
@@ -177,8 +179,23 @@ fn set_up(
         }
     }
 
+    let threads = match write_thread_share(n, env, threads) {
+        Ok(Some(p)) => {
+            log(&format!(
+                "SM share {}={p} for its tasks (the decider's split beside the GPU's running job)",
+                kace_layout::thread_share::VAR
+            ));
+            Some(p)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            log(&format!("couldn't hand over its SM share: {e}; its tasks run without one"));
+            None
+        }
+    };
+
     // The decider learns the job's start from PrologSlurmctld and chooses its partner there.
-    match register(n, env, gpu, &workload) {
+    match register(n, env, gpu, &workload, threads) {
         Ok(others) if others.is_empty() => {
             log(&format!("lead {workload} on GPU {} ({:.1} ms)", gpu.0, ms(started)));
             Outcome::Led
@@ -250,9 +267,35 @@ fn write_memory_limit(
     Ok(Some((limit, memcap)))
 }
 
+/// The decider's SM share for the job written where the SPANK plugin reads it
+/// ([`kace_layout::thread_share`]); any earlier file of the same job id is removed first, so a
+/// stale share never reaches a later job. Returns the share written.
+fn write_thread_share(
+    n: &Node,
+    env: &JobEnv,
+    threads: Option<u8>,
+) -> std::result::Result<Option<u8>, String> {
+    let root = &n.config.node.progress_root;
+    let shown = || kace_layout::thread_share::file(root, env.job).display().to_string();
+    if threads.is_none() && !kace_layout::thread_share::file(root, env.job).exists() {
+        return Ok(None);
+    }
+    kace_layout::trusted_dir::ensure_trusted_dir(root)
+        .map_err(|e| format!("couldn't use {}: {e}", root.display()))?;
+    kace_layout::thread_share::write(root, env.job, threads)
+        .map_err(|e| format!("couldn't write {}: {e}", shown()))?;
+    Ok(threads)
+}
+
 /// Records the job on its GPU, starts the GPU's MPS daemon when none runs, and returns the
 /// other kace jobs already there.
-fn register(n: &Node, env: &JobEnv, gpu: GpuIndex, workload: &str) -> Result<Vec<u32>> {
+fn register(
+    n: &Node,
+    env: &JobEnv,
+    gpu: GpuIndex,
+    workload: &str,
+    threads: Option<u8>,
+) -> Result<Vec<u32>> {
     let log = |m: &str| (n.log)(&format!("kace: prolog: job {}: {m}", env.job));
     let lock = state::lock_gpu(&n.config.node.state_dir, &env.node, gpu, n.deadline)?;
     let mut others: Vec<u32> =
@@ -277,8 +320,15 @@ fn register(n: &Node, env: &JobEnv, gpu: GpuIndex, workload: &str) -> Result<Vec
             }
         }
     }
-    let user = Some(env.user.as_str()).filter(|u| !u.is_empty());
-    lock.add(env.job, workload, n.clock.now(), user)?;
+    let user = Some(env.user.clone()).filter(|u| !u.is_empty());
+    lock.add_record(&state::JobRecord {
+        job: env.job,
+        workload: workload.to_string(),
+        start: n.clock.now(),
+        end: None,
+        user,
+        threads,
+    })?;
     let dirs = mps_dirs(&n.config.node.mps_root, gpu);
     if !n.mps.running(&dirs) {
         n.check_budget("starting the MPS daemon")?;

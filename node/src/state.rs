@@ -4,9 +4,11 @@
 //!
 //! ```text
 //! <state_dir>/<node>/gpu<N>/lock        flock(2) taken around every change below
-//! <state_dir>/<node>/gpu<N>/jobs/<job>  "<workload> <start> - <user>"     a kace job on GPU N
-//! <state_dir>/<node>/gpu<N>/ended/<job> "<workload> <start> <end> <user>" kept a day, for overlaps
+//! <state_dir>/<node>/gpu<N>/jobs/<job>  "<workload> <start> - <user>[ <share>]"     a kace job on GPU N
+//! <state_dir>/<node>/gpu<N>/ended/<job> "<workload> <start> <end> <user>[ <share>]" kept a day, for overlaps
 //! ```
+//! `<share>` is the SM percentage the decider gave the job (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`,
+//! 1–99), absent when none was set; readers before it ignore the fifth word.
 //! The node name is part of the path because several slurmd may share a host (Slurm's
 //! `MULTIPLE_SLURMD`, as in kace's own tests) and the same state directory.
 //! Files hold only what root wrote; they are still read with a size bound and parsed strictly.
@@ -46,6 +48,20 @@ pub struct JobRecord {
     pub end: Option<f64>,
     /// Its user (`None` in records written before kace kept users, or not a plain name).
     pub user: Option<String>,
+    /// The SM share it ran with (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, 1–99), when kace set one.
+    pub threads: Option<u8>,
+}
+
+impl JobRecord {
+    /// The record's text with `end` (`None`: running).
+    fn text(&self, end: Option<f64>) -> String {
+        let end = end.map_or("-".to_string(), |e| e.to_string());
+        let user = user_field(self.user.as_deref());
+        match self.threads {
+            Some(t) => format!("{} {} {end} {user} {t}\n", self.workload, self.start),
+            None => format!("{} {} {end} {user}\n", self.workload, self.start),
+        }
+    }
 }
 
 /// A user name as stored: Slurm's name when it is one plain word, else `-` (unknown).
@@ -131,7 +147,8 @@ fn parse_record(job: u32, text: &str) -> Option<JobRecord> {
         Some(e) => Some(e.parse().ok()?),
     };
     let user = it.next().filter(|u| *u != "-").map(str::to_string);
-    Some(JobRecord { job, workload, start, end, user })
+    let threads = it.next().and_then(kace_layout::thread_share::parse_percent);
+    Some(JobRecord { job, workload, start, end, user, threads })
 }
 
 fn records(dir: &Path) -> Vec<JobRecord> {
@@ -158,11 +175,17 @@ impl GpuLock {
         records(&self.dir.join("ended"))
     }
 
-    /// Records `job` of `user` as running since `start`.
+    /// Records `job` of `user` as running since `start`, with no SM share.
     pub fn add(&self, job: u32, workload: &str, start: f64, user: Option<&str>) -> Result<()> {
-        let p = self.dir.join("jobs").join(job.to_string());
-        fs::write(&p, format!("{workload} {start} - {}\n", user_field(user)))
-            .map_err(io("record job", &p))
+        let user = user.map(str::to_string);
+        let workload = workload.to_string();
+        self.add_record(&JobRecord { job, workload, start, end: None, user, threads: None })
+    }
+
+    /// Records `job` as running (its `end` is ignored).
+    pub fn add_record(&self, job: &JobRecord) -> Result<()> {
+        let p = self.dir.join("jobs").join(job.job.to_string());
+        fs::write(&p, job.text(None)).map_err(io("record job", &p))
     }
 
     /// Forgets a running job without recording an end (it is not there any more).
@@ -180,9 +203,8 @@ impl GpuLock {
     /// every later job's partner on the GPU.
     pub fn reend(&self, r: &JobRecord, end: f64) -> Result<()> {
         let p = self.dir.join("ended").join(r.job.to_string());
-        let user = user_field(r.user.as_deref());
-        fs::write(&p, format!("{} {} {end} {user}\n", r.workload, r.start.min(end)))
-            .map_err(io("record job end", &p))
+        let r = JobRecord { start: r.start.min(end), ..r.clone() };
+        fs::write(&p, r.text(Some(end))).map_err(io("record job end", &p))
     }
 
     /// Moves `job` from running to ended at `end`; returns its record, when it had one.
@@ -192,9 +214,7 @@ impl GpuLock {
         let rec = read_small(&running).and_then(|t| parse_record(job, &t));
         if let Some(r) = &rec {
             let p = self.dir.join("ended").join(job.to_string());
-            let user = user_field(r.user.as_deref());
-            fs::write(&p, format!("{} {} {end} {user}\n", r.workload, r.start))
-                .map_err(io("record job end", &p))?;
+            fs::write(&p, r.text(Some(end))).map_err(io("record job end", &p))?;
         }
         self.forget(job)?;
         for old in self.ended() {
@@ -261,8 +281,22 @@ mod tests {
         let d = tmp("rec");
         let deadline = Instant::now() + Duration::from_secs(5);
         let l = lock_gpu(&d, "n1", GpuIndex(1), deadline).unwrap();
+        let rec =
+            |job: u32, workload: &str, start: f64, user: &str, threads: Option<u8>| JobRecord {
+                job,
+                workload: workload.into(),
+                start,
+                end: None,
+                user: Some(user.into()),
+                threads,
+            };
         l.add(5, "bert", 100.0, Some("ann")).unwrap();
         l.add(6, "lstm", 101.5, Some("two words")).unwrap();
+        l.add_record(&rec(7, "vit", 102.0, "bob", Some(40))).unwrap();
+        assert_eq!(l.running().iter().find(|r| r.job == 7).unwrap().threads, Some(40));
+        assert_eq!(l.end(7, 109.0).unwrap().unwrap().threads, Some(40));
+        assert_eq!(l.ended().iter().find(|r| r.job == 7).unwrap().threads, Some(40));
+        fs::remove_file(d.join("n1/gpu1/ended/7")).unwrap();
         assert_eq!(l.running().iter().map(|r| r.job).collect::<Vec<_>>(), vec![5, 6]);
         assert_eq!(l.running()[1].user, None);
         assert_eq!(gpu_of(&d, "n1", 6), Some(GpuIndex(1)));

@@ -637,7 +637,12 @@ fn the_prolog_records_and_starts_mps_but_lists_and_moves_nothing() {
 fn the_prolog_of_a_job_the_decider_released_here_reads_its_ticket_not_slurm() {
     let w = World::new("ticket", lead_slurm(Some("g1")));
     let spool = w.config.spool.dir.clone();
-    let ticket = |node: &str, at: f64| Ticket { node: node.into(), at, workload: "alpha".into() };
+    let ticket = |node: &str, at: f64| Ticket {
+        node: node.into(),
+        at,
+        workload: "alpha".into(),
+        threads: None,
+    };
     release_ticket::write(&spool, 10, &ticket("n1", 1990.0)).unwrap();
     assert_eq!(w.with(|n| prolog::run(n, &job_env(10, 1))), prolog::Outcome::Led);
     assert!(
@@ -657,6 +662,132 @@ fn the_prolog_of_a_job_the_decider_released_here_reads_its_ticket_not_slurm() {
         let said = format!("job {job}: couldn't use its release ticket: it names node");
         assert!(w.logs.borrow().iter().any(|l| l.contains(&said)), "{:?}", w.logs.borrow());
     }
+}
+
+/// A split chooser that gives every joiner 40 % of the SMs beside a lead at 100 %: a predicted
+/// log gain of 0.5 at 100/40, no doubt, margin 0 (`kace_selector::splits` owns its form).
+fn joiner_at_40() -> kace_selector::splits::SplitModel {
+    use kace_selector::dataset::ThreadSplit;
+    use kace_selector::splits::{FeatureSet, SplitModel, SplitTerm, PAIR_FEATURES};
+    let term = SplitTerm {
+        scale: kace_selector::zscore::ZScore {
+            mean: vec![0.0; PAIR_FEATURES],
+            std: vec![1.0; PAIR_FEATURES],
+        },
+        intercept: 0.5,
+        coefficients: vec![0.0; PAIR_FEATURES],
+        sigma: 0.0,
+        inverse: vec![0.0; PAIR_FEATURES * PAIR_FEATURES],
+        n: 20,
+    };
+    SplitModel {
+        candidates: vec![ThreadSplit { first: 100, second: 40 }, ThreadSplit::DEFAULT],
+        features: FeatureSet::System,
+        terms: vec![Some(term), None],
+        alpha: 1.0,
+        margin: Some(0.0),
+        doubt_weight: 0.0,
+    }
+}
+
+/// Issue 33 item 3: with `mps.sm_split` and a split chooser stored, a joiner beside one running
+/// kace job gets the chooser's share: its release ticket carries it, its record says so, and
+/// the decider remembers it (no share is chosen beside a job that has one). Off, or without a
+/// chooser, nothing is set.
+#[test]
+fn with_sm_split_the_decider_gives_the_joiner_the_choosers_share_through_its_ticket() {
+    let setup = |tag: &str| {
+        let mut s = lead_slurm(Some("g1"));
+        s.nodes = node_n1(&["g1"]);
+        s.running.get_mut().push(RunningJob { gpus: vec![0], ..starting_lead(10, "alpha", 0) });
+        World::new(tag, s)
+    };
+    let released = |w: &World, settings: dispatch::Settings<'_>| {
+        let mut state = kace_node::decider_state::DeciderState::default();
+        let r = dispatch::run(&w.slurm, &settings, &mut state, 1500.0).unwrap();
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+        let [(joiner, _, _)] = r.joiners.as_slice() else { panic!("{r:?}") };
+        let ticket = release_ticket::read(&w.config.spool.dir, *joiner).unwrap().unwrap();
+        let record = r
+            .records
+            .iter()
+            .flat_map(|d| &d.decision.candidates)
+            .find(|c| c.job.as_deref() == Some(&joiner.to_string()))
+            .unwrap()
+            .thread_pct;
+        (ticket.threads, record, state.threads.get(joiner).copied())
+    };
+
+    // Off (the default), with a chooser stored: nothing set.
+    let w = setup("split-off");
+    Db::open(&w.config.database.path)
+        .unwrap()
+        .insert_split_model(&joiner_at_40(), &serde_json::json!({}))
+        .unwrap();
+    assert_eq!(released(&w, dispatch_settings(&w)), (None, None, None));
+
+    // On without a chooser: nothing set.
+    let w = setup("split-none");
+    let on = dispatch::Settings { sm_split: true, ..dispatch_settings(&w) };
+    assert_eq!(released(&w, on), (None, None, None));
+
+    // On with one: 40 %.
+    let w = setup("split-on");
+    Db::open(&w.config.database.path)
+        .unwrap()
+        .insert_split_model(&joiner_at_40(), &serde_json::json!({}))
+        .unwrap();
+    let on = dispatch::Settings { sm_split: true, ..dispatch_settings(&w) };
+    assert_eq!(released(&w, on), (Some(40), Some(40), Some(40)));
+}
+
+/// The prolog of a job whose ticket carries a share hands it to the SPANK plugin (a root file
+/// beside its progress file) and records it on the GPU; the epilogs then keep every interval
+/// the capped job ran in out of the observations (and it measures no profile), and remove the
+/// file.
+#[test]
+fn a_share_from_the_ticket_reaches_the_tasks_and_its_intervals_are_not_observed() {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    s.details.borrow_mut().insert(11, running_detail(11, "beta", 0, None));
+    *s.on_node.borrow_mut() = vec![10, 11];
+    let w = World::new("share", s);
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led));
+    *w.clock.0.borrow_mut() = 2010.0;
+    let ticket =
+        Ticket { node: "n1".into(), at: 2009.0, workload: "beta".into(), threads: Some(40) };
+    release_ticket::write(&w.config.spool.dir, 11, &ticket).unwrap();
+    assert!(matches!(w.with(|n| prolog::run(n, &job_env(11, 0))), prolog::Outcome::Joined { .. }));
+    let root = w.config.node.progress_root.clone();
+    let me = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&root).unwrap());
+    assert_eq!(kace_layout::thread_share::read(&root, 11, me), Ok(Some(40)));
+    assert_eq!(kace_layout::thread_share::read(&root, 10, me), Ok(None));
+    assert!(w
+        .logs
+        .borrow()
+        .iter()
+        .any(|l| l.contains("SM share CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40")));
+
+    let lines = |from: u32, to: u32, rate: f64| -> String {
+        (from..=to).map(|t| format!("{t} {}\n", (f64::from(t - from) * rate) as u64)).collect()
+    };
+    std::fs::write(root.join("10.progress"), lines(2000, 2030, 2.0)).unwrap();
+    std::fs::write(root.join("11.progress"), lines(2010, 2040, 2.0)).unwrap();
+    *w.clock.0.borrow_mut() = 2030.0;
+    let out = w.with(|n| epilog::run(n, &job_env(10, 0)));
+    let epilog::Outcome::Done { observations, .. } = out else { panic!("{out:?}") };
+    // The lead's alone interval only: the shared one ran beside a capped job.
+    assert_eq!(observations.len(), 1, "{observations:#?}");
+    assert!(observations[0].partners.is_empty());
+    *w.slurm.on_node.borrow_mut() = vec![11];
+    *w.clock.0.borrow_mut() = 2040.0;
+    let out = w.with(|n| epilog::run(n, &job_env(11, 0)));
+    let epilog::Outcome::Done { observations, profile, .. } = out else { panic!("{out:?}") };
+    assert!(observations.is_empty() && profile.is_none(), "{observations:?} {profile:?}");
+    let logs = w.logs.borrow().join("\n");
+    assert!(logs.contains("ran with an SM share kace set; not observed"), "{logs}");
+    assert!(logs.contains("ran with an SM share of 40 %; no profile measurement"), "{logs}");
+    assert_eq!(kace_layout::thread_share::read(&root, 11, me), Ok(None));
 }
 
 /// Whether the GPU's other kace jobs still run is asked of the node's slurmstepd first (no

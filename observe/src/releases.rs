@@ -142,6 +142,7 @@ mod tests {
                     priority: None,
                     time_limits: Vec::new(),
                     explores: Vec::new(),
+                    thread_pct: None,
                 })
                 .collect(),
         }

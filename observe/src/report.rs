@@ -584,6 +584,7 @@ mod tests {
                     priority: *priority,
                     time_limits: Vec::new(),
                     explores: Vec::new(),
+                    thread_pct: None,
                 })
                 .collect(),
         }

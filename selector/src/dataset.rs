@@ -356,7 +356,9 @@ pub fn read_unseen_splits<R: Read>(
 /// A `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` setting for the two members of a pair: the first
 /// (the artifact's "LS", latency-sensitive, slot `workload1`) and the second ("BE", best
 /// effort, `workload2`). The default, no percentage set, is 100/100.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct ThreadSplit {
     /// The first member's active-thread percentage (1…100).
     pub first: u8,

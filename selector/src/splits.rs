@@ -37,6 +37,7 @@ use crate::numpy_rng::permutation;
 use crate::tuning::{FOLD_SEED, GROUP_FOLDS};
 use crate::zscore::ZScore;
 use nalgebra::DMatrix;
+use serde::{Deserialize, Serialize};
 
 /// A job measured above this many times its exclusive throughput is a broken measurement, not
 /// interference: the same plausibility bound `kace_sql` applies to observations before
@@ -193,7 +194,7 @@ pub fn examples(
 }
 
 /// Which features the per-split regressions use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum FeatureSet {
     /// The eight [`pair_features`] of the system profiles.
     System,
@@ -225,7 +226,7 @@ impl FeatureSet {
 
 /// One candidate's regression: the normalisation of its feature rows, its ridge terms, and
 /// what its doubt is computed from.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SplitTerm {
     /// Normalisation of the feature rows, from the training pairs.
     pub scale: ZScore,
@@ -263,8 +264,9 @@ impl SplitTerm {
 }
 
 /// The split chooser: per-split ridge regressions of the log gain over 100/100, and the
-/// fallback margin (see the module's documentation for the form).
-#[derive(Debug, Clone, PartialEq)]
+/// fallback margin (see the module's documentation for the form). Stored as JSON
+/// (`kace splits train`, the store's `split_models`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SplitModel {
     /// The candidates, 100/100 among them.
     pub candidates: Vec<ThreadSplit>,
@@ -304,7 +306,7 @@ fn default_index(candidates: &[ThreadSplit]) -> Result<usize, SelectorError> {
 }
 
 /// The settings of one fit.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SplitSettings {
     /// The features.
     pub features: FeatureSet,
@@ -457,7 +459,7 @@ fn argmax(v: &[f64]) -> usize {
 }
 
 /// What [`tune`] chose, and how its choices fared out of fold.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SplitTuned {
     /// The settings chosen.
     pub settings: SplitSettings,
@@ -599,6 +601,75 @@ pub fn fit_tuned(
     Ok((SplitModel::fit(examples, candidates, t.settings)?, t))
 }
 
+/// The splits kace can set when it adds a joiner beside a running lead, among those `rows`
+/// measured: the lead keeps 100 % (none set), the joiner gets a percentage. MPS reads
+/// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` when a client creates its CUDA context, and the control
+/// daemon's `set_active_thread_percentage` applies to a server's later clients only (NVIDIA's
+/// MPS guide, "Environment Variables" and "mps-control"), so a running lead's share cannot
+/// change. 100/100 is always among them; sorted.
+pub fn joiner_candidates(rows: &[SweepRow]) -> Vec<ThreadSplit> {
+    let mut out: Vec<ThreadSplit> = rows
+        .iter()
+        .flat_map(|r| r.cells.iter().map(|(s, _)| *s))
+        .filter(|s| s.first == 100 && (1..=100).contains(&s.second))
+        .collect();
+    out.push(ThreadSplit::DEFAULT);
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The chooser kace deploys, as trained from sweeps ([`train_joiner_chooser`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JoinerTraining {
+    /// The chooser, fitted on every usable pair with the settings cross-validation chose.
+    pub model: SplitModel,
+    /// What cross-validation inside the pairs chose and measured.
+    pub tuned: SplitTuned,
+    /// Ordered pairs it was fitted on.
+    pub examples: usize,
+    /// Rows that could not be used, by reason.
+    pub dropped: Dropped,
+}
+
+/// Trains the joiner's split chooser on `rows` (sweeps with the lead at 100 %,
+/// [`joiner_candidates`]) and the workloads' system `profiles`: the system features only, the
+/// one form the decider can evaluate (it has no exclusive sweeps), tuned by [`tune`] with every
+/// doubt weight. Fails when the sweeps hold no joiner-only split, or too few usable pairs to
+/// cross-validate.
+pub fn train_joiner_chooser(
+    rows: &[SweepRow],
+    profiles: &HashMap<String, Profile>,
+) -> Result<JoinerTraining, SelectorError> {
+    let candidates = joiner_candidates(rows);
+    if candidates.len() < 2 {
+        return Err(SelectorError::Invalid(
+            "the sweeps hold no split with the lead at 100 % and the joiner below it (columns \
+             such as '(LS100, BE50)'): kace can set only a joiner's share, a running lead's \
+             cannot change"
+                .into(),
+        ));
+    }
+    let (ex, dropped) = examples(rows, profiles, None, &candidates);
+    let refs: Vec<&SplitExample> = ex.iter().collect();
+    let (model, tuned) = fit_tuned(&refs, &candidates, &DOUBT_WEIGHTS)?;
+    Ok(JoinerTraining { model, tuned, examples: ex.len(), dropped })
+}
+
+impl SplitModel {
+    /// The share the joiner `joiner` gets beside the running `lead`: `Some(p)` when the chosen
+    /// split leaves the lead at 100 % and gives the joiner `p` < 100; `None` (set nothing)
+    /// otherwise, also for a model with other candidates or a profile missing a feature.
+    pub fn joiner_share(&self, lead: &Profile, joiner: &Profile) -> Option<u8> {
+        if self.features != FeatureSet::System {
+            return None;
+        }
+        let input = PairInput { profiles: [*lead, *joiner], alone: None };
+        let chosen = *self.candidates.get(self.choose(&input))?;
+        (chosen.first == 100 && chosen.second < 100).then_some(chosen.second)
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -654,6 +725,82 @@ pub(crate) mod tests {
             }
         }
         (out, c)
+    }
+
+    /// Sweep rows of 12 workloads with the lead at 100 % and the joiner at 30, 50, 70 and 100,
+    /// plus a complementary column the joiner's chooser must ignore: the pair does best with
+    /// the joiner at `1 − its SM % / 150` of the SMs (a hungry joiner is worth capping).
+    fn joiner_rows() -> (Vec<SweepRow>, HashMap<String, Profile>) {
+        let ws: Vec<(String, Profile)> = (0..12)
+            .map(|i| (format!("w{i}"), profile(5.0 + 3.0 * i as f64, 10.0 + 7.5 * i as f64)))
+            .collect();
+        let mut rows = Vec::new();
+        for (i, a) in ws.iter().enumerate() {
+            for (j, b) in ws.iter().enumerate() {
+                if i == j {
+                    continue;
+                }
+                let target = 1.0 - b.1.get(Feature::SmUtil) / 150.0;
+                let (ea, eb) = (a.1.exclusive_throughput(), b.1.exclusive_throughput());
+                let cell = |p: u8| {
+                    let d = f64::from(p) / 100.0 - target;
+                    let n = 1.2 - 1.5 * d * d;
+                    Some([ea * n / 2.0, eb * n / 2.0])
+                };
+                let mut cells: Vec<(ThreadSplit, Option<[f64; 2]>)> = [30u8, 50, 70, 100]
+                    .iter()
+                    .map(|&p| (ThreadSplit { first: 100, second: p }, cell(p)))
+                    .collect();
+                cells.push((ThreadSplit { first: 30, second: 70 }, Some([ea, eb])));
+                rows.push(SweepRow { workloads: [a.0.clone(), b.0.clone()], cells });
+            }
+        }
+        (rows, ws.into_iter().collect())
+    }
+
+    #[test]
+    fn the_joiners_chooser_learns_from_lead_at_100_sweeps_and_caps_only_the_joiner() {
+        let (rows, profiles) = joiner_rows();
+        let cands = joiner_candidates(&rows);
+        assert!(cands.iter().all(|c| c.first == 100), "{cands:?}");
+        assert_eq!(cands.len(), 4);
+        let t = train_joiner_chooser(&rows, &profiles).unwrap();
+        assert_eq!(t.examples, rows.len());
+        assert!(t.tuned.cv_worst_vs_default >= 1.0 - MAX_LOSS_VS_DEFAULT, "{:?}", t.tuned);
+        // A hungry joiner (SM 92.5 %: best at 38 %) is capped; a light one (10 %: best at
+        // 93 %) runs unset.
+        let (lead, hungry, light) = (profiles["w0"], profiles["w11"], profiles["w1"]);
+        let share = t.model.joiner_share(&lead, &hungry);
+        assert!(share.is_some_and(|p| p <= 50), "{share:?}");
+        assert_eq!(t.model.joiner_share(&lead, &profiles["w0"]), None);
+        let light_share = t.model.joiner_share(&hungry, &light);
+        assert!(light_share.is_none_or(|p| p >= 70), "{light_share:?}");
+        // It survives the store's JSON.
+        let json = serde_json::to_string(&t.model).unwrap();
+        let back: SplitModel = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.joiner_share(&lead, &hungry), share);
+    }
+
+    #[test]
+    fn sweeps_without_a_joiner_only_split_train_no_chooser() {
+        let (ex, c) = synthetic(0.1, 0.0);
+        let rows: Vec<SweepRow> = ex
+            .iter()
+            .map(|e| SweepRow {
+                workloads: e.workloads.clone(),
+                cells: c.iter().zip(&e.normalised).map(|(s, n)| (*s, Some([*n, 0.0]))).collect(),
+            })
+            .collect();
+        let profiles: HashMap<String, Profile> =
+            ex.iter().map(|e| (e.workloads[0].clone(), e.input.profiles[0])).collect();
+        let e = train_joiner_chooser(&rows, &profiles).unwrap_err();
+        assert!(e.to_string().contains("lead at 100 %"), "{e}");
+        // An artifact-style model (complementary splits) never yields a joiner's share.
+        let refs: Vec<&SplitExample> = ex.iter().collect();
+        let (m, _) = fit_tuned(&refs, &c, &DOUBT_WEIGHTS).unwrap();
+        for e in &ex {
+            assert_eq!(m.joiner_share(&e.input.profiles[0], &e.input.profiles[1]), None);
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! slurmstepd (remote context): the environment a kace job's tasks get — the MPS directories of
-//! the job's GPU, the job's progress file, laid out by [`crate::layout`], and the memory guard's
-//! `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` that the prolog computed for the job.
+//! the job's GPU, the job's progress file, laid out by [`crate::layout`], the memory guard's
+//! `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` that the prolog computed for the job, and the SM share
+//! (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) the decider chose for it, when it chose one.
 
 use std::ffi::{c_int, CStr, CString};
 use std::os::unix::ffi::OsStrExt;
@@ -50,6 +51,7 @@ pub fn set_task_env(sp: Handle, args: &[&[u8]]) -> c_int {
             set(sp, c"CUDA_MPS_PIPE_DIRECTORY", &dirs.pipe);
             set(sp, c"CUDA_MPS_LOG_DIRECTORY", &dirs.log);
             set_memory_limit(sp, &config.progress_root, job_id);
+            set_thread_share(sp, &config.progress_root, job_id);
         }
         None => log(
             Level::Verbose,
@@ -103,6 +105,26 @@ fn set_memory_limit(sp: Handle, progress_root: &Path, job_id: u32) {
         Err(e) => {
             log(Level::Error, &format!("kace: user_init: couldn't read the memory limit: {e}"))
         }
+    }
+}
+
+/// Sets the job's `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` from the prolog's share file (the
+/// decider's SM split for a job it added beside a running one), the same for every task: the
+/// variable is a fraction of the SMs per client ([`crate::layout::thread_share`]). No file:
+/// nothing set, the job's own value (if any) stays.
+fn set_thread_share(sp: Handle, progress_root: &Path, job_id: u32) {
+    use crate::layout::thread_share::{read, VAR};
+    match read(progress_root, job_id, 0) {
+        Ok(Some(pct)) => {
+            // Digits only: no NUL can be inside.
+            let value = CString::new(pct.to_string()).unwrap_or_default();
+            let c_name = CString::new(VAR).unwrap_or_default();
+            if let Err(e) = sp.setenv(&c_name, &value) {
+                log(Level::Error, &format!("kace: user_init: couldn't set {VAR}: {e}"));
+            }
+        }
+        Ok(None) => {}
+        Err(e) => log(Level::Error, &format!("kace: user_init: couldn't read the SM share: {e}")),
     }
 }
 

@@ -28,6 +28,8 @@ mod failures;
 mod models;
 mod observations;
 mod profiles;
+mod split_models;
+pub use split_models::SplitModelRecord;
 
 /// Mode of a database file `kace db init` creates (before the umask): owner read-write, its
 /// group read, nobody else. SQLite gives its journal the same mode.

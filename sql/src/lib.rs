@@ -24,7 +24,7 @@ pub mod spool;
 pub mod training;
 pub mod types;
 
-pub use db::{CheckReport, Db, InsertCount, Migration, DB_MODE};
+pub use db::{CheckReport, Db, InsertCount, Migration, SplitModelRecord, DB_MODE};
 pub use error::{Error, Result};
 pub use schema::CURRENT_VERSION;
 pub use types::*;

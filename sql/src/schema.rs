@@ -154,4 +154,16 @@ CREATE TABLE pair_clearances (
 ALTER TABLE observations ADD COLUMN gpu_energy_j REAL;
 ALTER TABLE gpu_failures ADD COLUMN mps_fatal_at REAL;
 "#,
+    // 9: the SM split chooser for joiners (issue 33 item 3, `kace splits train`): the model as
+    // JSON, what cross-validation measured, and which one the decider uses (at most one).
+    r#"
+CREATE TABLE split_models (
+    version     INTEGER PRIMARY KEY AUTOINCREMENT,
+    body        TEXT NOT NULL,
+    metrics     TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    active      INTEGER NOT NULL DEFAULT 0 CHECK (active IN (0, 1))
+);
+CREATE UNIQUE INDEX split_models_one_active ON split_models(active) WHERE active = 1;
+"#,
 ];

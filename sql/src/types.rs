@@ -718,6 +718,11 @@ pub struct DecisionCandidate {
     /// records.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub explores: Vec<String>,
+    /// On the released job's own entry: the SM share kace gave it beside the GPU's running
+    /// job (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, `mps.sm_split`); `None` when none was set and
+    /// in older records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_pct: Option<u8>,
 }
 
 /// A time limit kace lengthened for sharing (`selection.time_limit = extend`).

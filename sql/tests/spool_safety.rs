@@ -54,6 +54,7 @@ fn decision(key: &str, lead: &str, at: f64, candidates: usize) -> SpooledDecisio
                     priority: None,
                     time_limits: Vec::new(),
                     explores: Vec::new(),
+                    thread_pct: None,
                 })
                 .collect(),
         },

@@ -328,6 +328,7 @@ fn decisions_round_trip() {
                 priority: None,
                 time_limits: Vec::new(),
                 explores: Vec::new(),
+                thread_pct: None,
             },
             DecisionCandidate {
                 job: None,
@@ -338,6 +339,7 @@ fn decisions_round_trip() {
                 priority: None,
                 time_limits: Vec::new(),
                 explores: Vec::new(),
+                thread_pct: None,
             },
         ],
     };
@@ -696,7 +698,7 @@ fn admin_imports_are_trusted_and_spooled_records_are_not() {
         "UPDATE observations SET node = 'imported' WHERE key LIKE 'import/%'; \
          ALTER TABLE observations DROP COLUMN trusted; ALTER TABLE observations DROP COLUMN user; \
          ALTER TABLE profiles DROP COLUMN user; ALTER TABLE observations DROP COLUMN account; \
-         DROP TABLE gpu_failures; DROP TABLE pair_clearances; \
+         DROP TABLE gpu_failures; DROP TABLE pair_clearances; DROP TABLE split_models; \
          ALTER TABLE observations DROP COLUMN gpu_energy_j; PRAGMA user_version = 3;",
     )
     .unwrap();
@@ -891,4 +893,38 @@ fn a_new_database_is_not_world_readable() {
     fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
     Db::create(&path).unwrap();
     assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+}
+
+/// Issue 33 item 3: a stored split chooser reads back whole; storing one makes it the only
+/// active one; `deactivate_split_models` leaves none.
+#[test]
+fn split_choosers_are_stored_one_active_at_a_time() {
+    use kace_selector::dataset::ThreadSplit;
+    use kace_selector::splits::{FeatureSet, SplitModel};
+    let t = TempDir::new("sql-split-models");
+    let (mut db, _) = Db::create(&t.path().join("kace.db")).unwrap();
+    assert_eq!(db.active_split_model().unwrap(), None);
+    let model = SplitModel {
+        candidates: vec![ThreadSplit { first: 100, second: 40 }, ThreadSplit::DEFAULT],
+        features: FeatureSet::System,
+        terms: vec![None, None],
+        alpha: 1.0,
+        margin: None,
+        doubt_weight: 0.5,
+    };
+    let v1 = db.insert_split_model(&model, &serde_json::json!({"pairs": 3})).unwrap();
+    let v2 = db
+        .insert_split_model(&SplitModel { alpha: 3.0, ..model.clone() }, &serde_json::json!({}))
+        .unwrap();
+    let all = db.split_models(false).unwrap();
+    assert_eq!(
+        all.iter().map(|m| (m.version, m.active)).collect::<Vec<_>>(),
+        [(v1, false), (v2, true)]
+    );
+    assert_eq!(all[0].model, model);
+    assert_eq!(all[0].metrics["pairs"], 3);
+    assert_eq!(db.active_split_model().unwrap().unwrap().model.alpha, 3.0);
+    assert!(db.deactivate_split_models().unwrap());
+    assert!(!db.deactivate_split_models().unwrap());
+    assert_eq!(db.active_split_model().unwrap(), None);
 }
