@@ -47,9 +47,10 @@ enum Step {
         /// Kill workloads still running after this many seconds.
         #[arg(long, default_value_t = 120)]
         timeout_s: u64,
-        /// The workloads.
-        #[arg(required = true)]
-        workloads: Vec<String>,
+        /// The workloads: `WORKLOAD`, or `WORKLOAD@PCT` to run that member with
+        /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=PCT (1..=100; the others run with it unset).
+        #[arg(required = true, value_parser = colocate::Member::parse)]
+        workloads: Vec<colocate::Member>,
     },
     /// The active model's prediction next to every observed group.
     Compare {
@@ -105,15 +106,19 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                         "key": o.key, "workload": o.workload,
                         "partners": o.partners.iter().map(|p| &p.workload).collect::<Vec<_>>(),
                         "seconds": o.end - o.start, "throughput": o.throughput,
-                        "gpu_energy_j": o.gpu_energy_j,
+                        "gpu_energy_j": o.gpu_energy_j, "mps_share": o.mps_share,
                     })
                 })
                 .collect();
             let failed: Vec<_> =
                 out.failed.iter().map(|(w, why)| json!({"workload": w, "why": why})).collect();
+            let names: Vec<_> = spec.workloads.iter().map(|m| &m.workload).collect();
+            let shares: Vec<_> = spec.workloads.iter().map(|m| m.share).collect();
+            // "together": each member's steps/s side by side, in the order given (the sweep's
+            // cells); "shares": null where the member ran with the percentage unset.
             let v = json!({
-                "workloads": spec.workloads, "observations": obs, "failed": failed,
-                "stopped_mps": out.stopped_mps,
+                "workloads": names, "shares": shares, "together": out.together,
+                "observations": obs, "failed": failed, "stopped_mps": out.stopped_mps,
             });
             println!("{}", serde_json::to_string(&v)?);
             if !out.failed.is_empty() {

@@ -5,6 +5,8 @@
   mps_probe.py partner SECONDS     matrix products until SECONDS pass or the first error (exit 4)
   mps_probe.py fault assert|illegal   end in a device-side assert or an illegal address
   mps_probe.py rate gemm|copy SECONDS   steps per second of a compute- or memory-bound loop
+  mps_probe.py ratelog gemm|copy SECONDS   the same, one line per half second (op "ratelog"),
+                                   so a change in mid-run (set_active_thread_percentage) shows
   mps_probe.py energy SECONDS      the NVML energy counter and power around a matrix loop
 
 The device is $KACE_PROBE_DEVICE (default cuda), so the script can be rehearsed on a CPU.
@@ -101,7 +103,10 @@ def fault(kind):
         return 5
 
 
-def rate(mode, seconds):
+def rate(mode, seconds, every=None):
+    """Steps per second over SECONDS; with EVERY, also one "ratelog" line per EVERY seconds
+    (its own interval's rate), for the setpct case: whether a running client's rate changes
+    when the control daemon sets its server's percentage."""
     seen = seen_limits()
     if mode == "gemm":
         a = torch.randn(8192, 8192, device=DEVICE, dtype=torch.bfloat16 if DEVICE == "cuda" else torch.float32)
@@ -114,11 +119,17 @@ def rate(mode, seconds):
         step()
     sync()
     steps, t0 = 0, time.time()
+    mark, mark_steps = t0, 0
     while time.time() - t0 < seconds:
         for _ in range(4):
             step()
         sync()
         steps += 4
+        now = time.time()
+        if every is not None and now - mark >= every:
+            emit(op="ratelog", mode=mode, since=round(mark, 3), t=round(now, 3),
+                 per_s=round((steps - mark_steps) / (now - mark), 3))
+            mark, mark_steps = now, steps
     elapsed = time.time() - t0
     emit(op="rate", mode=mode, steps=steps, per_s=round(steps / elapsed, 3), **seen)
     return 0
@@ -170,6 +181,8 @@ def main(argv):
         return fault(args[0])
     if op == "rate":
         return rate(args[0], float(args[1]))
+    if op == "ratelog":
+        return rate(args[0], float(args[1]), every=0.5)
     if op == "energy":
         return energy(float(args[0]))
     print("mps_probe.py: unknown operation %r" % op, file=sys.stderr)
