@@ -37,6 +37,25 @@ pub fn read(
     Ok(Some(text))
 }
 
+/// What `parse` makes of the text of `path`, read as [`read`] does from a file of uid `owner`
+/// only: `Ok(None)` when there is none; `Err` when it is not to be believed, or `parse` finds
+/// it not of the form `form` names.
+pub fn read_parsed<T>(
+    path: &Path,
+    max_bytes: u64,
+    owner: u32,
+    parse: impl Fn(&str) -> Option<T>,
+    form: &str,
+) -> Result<Option<T>, String> {
+    let owners = format!("uid {owner}");
+    let Some(text) = read(path, max_bytes, |uid| uid == owner, &owners)? else {
+        return Ok(None);
+    };
+    parse(&text)
+        .map(Some)
+        .ok_or_else(|| format!("{} does not hold {form}; ignored", path.display()))
+}
+
 /// Writes `text` to `path` atomically (a temporary file beside it, created new so a link
 /// planted at its name is never followed, then renamed over `path`) with `mode`; with `None`,
 /// removes `path` (none there is fine). Not fsynced: each hand-over is an optimisation or is

@@ -77,15 +77,8 @@ impl MemoryLimit {
 /// writes. `None` when there is none.
 pub fn read(progress_root: &Path, job_id: u32, owner: u32) -> Result<Option<MemoryLimit>, String> {
     let path = file(progress_root, job_id);
-    let owners = format!("uid {owner}");
-    let Some(text) = crate::handover::read(&path, MAX_FILE_BYTES, |uid| uid == owner, &owners)?
-    else {
-        return Ok(None);
-    };
-    let shown = path.display();
-    MemoryLimit::parse(&text)
-        .map(Some)
-        .ok_or_else(|| format!("{shown} does not hold a limit of the form 0=<MiB>M; ignored"))
+    let form = "a limit of the form 0=<MiB>M";
+    crate::handover::read_parsed(&path, MAX_FILE_BYTES, owner, MemoryLimit::parse, form)
 }
 
 /// Writes `limit` as job `job_id`'s limit file (mode 0644: the plugin reads it in the job's

@@ -36,17 +36,9 @@ pub fn file(progress_root: &Path, job_id: u32) -> PathBuf {
 /// The share the prolog wrote for `job_id`: only a regular file owned by `owner` (root), not a
 /// link, in the one form written here. `None` when there is none.
 pub fn read(progress_root: &Path, job_id: u32, owner: u32) -> Result<Option<u8>, String> {
+    let parse = |text: &str| text.strip_suffix('\n').and_then(parse_percent);
     let path = file(progress_root, job_id);
-    let owners = format!("uid {owner}");
-    let Some(text) = crate::handover::read(&path, MAX_FILE_BYTES, |uid| uid == owner, &owners)?
-    else {
-        return Ok(None);
-    };
-    let shown = path.display();
-    text.strip_suffix('\n')
-        .and_then(parse_percent)
-        .map(Some)
-        .ok_or_else(|| format!("{shown} does not hold a percentage of 1-99; ignored"))
+    crate::handover::read_parsed(&path, MAX_FILE_BYTES, owner, parse, "a percentage of 1-99")
 }
 
 /// Writes `share` as job `job_id`'s share file (mode 0644: the plugin reads it in the job's own

@@ -240,30 +240,54 @@ fn released_kace_job_gets_prolog_and_task_environment() {
 
 /// The memory guard's limit is the job's: the batch step (one task) gets the whole limit the
 /// prolog wrote, a step of two tasks half each, so two processes on the GPU stay within it
-/// (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` bounds each process; layout::memory_limit). Here the
-/// test writes the limit file itself, as kace's prolog would (this suite's prolog records only).
+/// (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` bounds each process; layout::memory_limit). The SM share
+/// the decider chose (`mps.sm_split`) reaches every task unchanged (a fraction per client, not
+/// divided; layout::thread_share); another job's malformed share file is refused and that job
+/// runs without one. Here the test writes the files itself, as kace's prolog would (this
+/// suite's prolog records only).
 #[test]
 #[ignore = "needs root and Slurm"]
-fn the_memory_limit_is_shared_by_the_tasks_of_a_step() {
-    let c = cluster("the_memory_limit_is_shared_by_the_tasks_of_a_step");
-    let script = "echo BATCH=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT\n\
-                  srun -n 2 bash -c 'echo TASK$SLURM_LOCALID=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'\n\
+fn the_memory_limit_and_the_sm_share_reach_the_tasks_of_a_step() {
+    let c = cluster("the_memory_limit_and_the_sm_share_reach_the_tasks_of_a_step");
+    let script = "echo BATCH=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT SM=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE\n\
+                  srun -n 2 bash -c 'echo TASK$SLURM_LOCALID=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT SM=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'\n\
                   srun -n 1 bash -c 'echo ONE=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'";
     let args = ["--kace-colocate=bert", "-n", "2", "--gres=shard:1", "-w", "n1", "--wrap", script];
     let id = c.sbatch(&args).unwrap();
     let file = c.dir().join(format!("progress/{id}.memlimit"));
     std::fs::write(&file, "0=3381M\n").unwrap();
-    c.run_ok("scontrol", &["release", &id.to_string()]).unwrap();
+    let share = c.dir().join(format!("progress/{id}.threads"));
+    std::fs::write(&share, "40\n").unwrap();
+    let unshared_script = "echo SM=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
+    let args = ["--kace-colocate=bert", "--gres=shard:1", "-w", "n1", "--wrap", unshared_script];
+    let unshared = c.sbatch(&args).unwrap();
+    let bad = c.dir().join(format!("progress/{unshared}.threads"));
+    std::fs::write(&bad, "100\n").unwrap();
+    for j in [id, unshared] {
+        c.run_ok("scontrol", &["release", &j.to_string()]).unwrap();
+    }
     let job = c.wait_done(id, WAIT).unwrap();
     let out = c.job_output(id);
     assert_eq!(field(&job, "JobState"), "COMPLETED", "{job:?}\n{out}");
     // 3381 / 2 = 1690.5, rounded down: the two shares add up to no more than the job's limit.
-    for line in ["BATCH=0=3381M\n", "TASK0=0=1690M\n", "TASK1=0=1690M\n", "ONE=0=3381M\n"] {
+    for line in
+        ["BATCH=0=3381M SM=40\n", "TASK0=0=1690M SM=40\n", "TASK1=0=1690M SM=40\n", "ONE=0=3381M\n"]
+    {
         assert!(out.contains(line), "no {line:?} in the job's output:\n{out}");
     }
-    let _ = std::fs::remove_file(&file);
+    let job = c.wait_done(unshared, WAIT).unwrap();
+    let out = c.job_output(unshared);
+    assert_eq!(field(&job, "JobState"), "COMPLETED", "{job:?}\n{out}");
+    assert!(out.contains("SM=\n"), "{out}");
+    assert!(out.contains("couldn't read the SM share"), "{out}");
+    for f in [&file, &share, &bad] {
+        let _ = std::fs::remove_file(f);
+    }
     assert_daemons_up(&c);
-    let errors = kace_errors_on_n1(&c);
+    let errors: Vec<String> = kace_errors_on_n1(&c)
+        .into_iter()
+        .filter(|e| !e.contains("couldn't read the SM share"))
+        .collect();
     assert!(errors.is_empty(), "kace errors in n1's slurmd log: {errors:#?}");
 }
 
