@@ -2552,6 +2552,52 @@ fn dispatch_lengthens_time_limits_of_a_group_or_does_not_pair() {
     assert_eq!(r.handed_back.iter().map(|(j, _)| *j).collect::<Vec<_>>(), vec![11], "{r:?}");
 }
 
+/// A joiner given an SM share (`mps.sm_split`) is planned no faster than its share: its limit
+/// is lengthened to at least limit / share. Where the cap refuses that, the share is dropped
+/// and the pair formed as MPS runs it unasked.
+#[test]
+fn a_joiner_with_an_sm_share_gets_the_time_its_share_needs_or_no_share() {
+    let run = |tag: &str, cap: f64| {
+        let s = FakeSlurm::default();
+        let mut j = held(11, "beta", "alice", "gres:shard:1");
+        j.time_limit_s = Some(1000.0);
+        *s.pending.borrow_mut() = vec![j];
+        let s = FakeSlurm { nodes: node_n1(&["g1"]), ..s };
+        *s.running.borrow_mut() = vec![RunningJob {
+            id: 10,
+            node: "n1".into(),
+            gpus: vec![0],
+            state: "R".into(),
+            workload: "alpha".into(),
+            user: "alice".into(),
+            started: Some(1000.0),
+        }];
+        let w = World::new(tag, s);
+        Db::open(&w.config.database.path)
+            .unwrap()
+            .insert_split_model(&joiner_at_40(), &serde_json::json!({}))
+            .unwrap();
+        let settings = dispatch::Settings {
+            sm_split: true,
+            time_limit_cap: cap,
+            time_limit: kace_config::TimeLimit::Extend,
+            ..dispatch_settings(&w)
+        };
+        let mut state = kace_node::decider_state::DeciderState::default();
+        let r = dispatch::run(&w.slurm, &settings, &mut state, 1100.0).unwrap();
+        assert_eq!(r.joiners.iter().map(|j| j.0).collect::<Vec<_>>(), [11], "{r:?}");
+        let ticket = release_ticket::read(&w.config.spool.dir, 11).unwrap().unwrap();
+        let new = r.lengthened.iter().find(|l| l.0 == 11).map(|l| l.2);
+        (ticket.threads, new)
+    };
+    let (share, new) = run("share-time", 10.0);
+    assert_eq!(share, Some(40));
+    assert!(new.is_some_and(|n| n >= 1000.0 / 0.4), "{new:?}");
+    let (share, new) = run("share-time-cap", 2.0);
+    assert_eq!(share, None);
+    assert!(new.is_some_and(|n| n <= 2000.0), "{new:?}");
+}
+
 /// Multifactor inputs where alice (account `light`) has three times bob's (`heavy`) share.
 fn fair_share_inputs() -> kace_node::priority::PriorityInputs {
     kace_node::priority::PriorityInputs {
