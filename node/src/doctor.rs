@@ -787,9 +787,31 @@ fn check_database(config: &Config, role: Role) -> Vec<Finding> {
                 ),
                 Err(e) => Finding::fail("model", e.to_string(), "kace db check"),
             });
+            out.extend(check_split_chooser(&db, config.mps.sm_split));
             out
         }
     }
+}
+
+/// With `mps.sm_split` on, whether the decider has a chooser to give joiners their share;
+/// nothing to say when it is off.
+pub fn check_split_chooser(db: &kace_sql::Db, sm_split: bool) -> Option<Finding> {
+    if !sm_split {
+        return None;
+    }
+    Some(match db.active_split_model() {
+        Ok(Some(m)) => Finding::ok(
+            "sm split",
+            format!("joiners get SM shares from split chooser {}", m.version),
+        ),
+        Ok(None) => Finding::warn(
+            "sm split",
+            "mps.sm_split is on but no split chooser is active: joiners get no SM share",
+            "kace splits train --sweeps share-sweeps.csv (bench/gpu/run measures it on a GPU), \
+             or set mps.sm_split = false",
+        ),
+        Err(e) => Finding::fail("sm split", e.to_string(), "kace db check"),
+    })
 }
 
 fn check_mps(program: &Path) -> Finding {
@@ -1067,6 +1089,31 @@ mod tests {
         assert_eq!(f.status, Status::Warn, "{f:?}");
         assert!(f.detail.contains("writable by nobody else"), "{f:?}");
         std::fs::remove_dir_all(&spool).unwrap();
+    }
+
+    #[test]
+    fn sm_split_on_without_a_chooser_is_a_warning() {
+        let dir = std::env::temp_dir().join(format!("kace-doctor-split-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (mut db, _) = kace_sql::Db::create(&dir.join("kace.db")).unwrap();
+        assert_eq!(check_split_chooser(&db, false), None);
+        let f = check_split_chooser(&db, true).unwrap();
+        assert_eq!(f.status, Status::Warn, "{f:?}");
+        assert!(f.fix.contains("kace splits train"), "{f:?}");
+        let model = kace_selector::splits::SplitModel {
+            candidates: vec![kace_selector::dataset::ThreadSplit::DEFAULT],
+            features: kace_selector::splits::FeatureSet::System,
+            terms: vec![None],
+            alpha: 1.0,
+            margin: None,
+            doubt_weight: 0.0,
+        };
+        let v = db.insert_split_model(&model, &serde_json::json!({})).unwrap();
+        let f = check_split_chooser(&db, true).unwrap();
+        assert_eq!(f.status, Status::Ok, "{f:?}");
+        assert!(f.detail.contains(&format!("chooser {v}")), "{f:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
