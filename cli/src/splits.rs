@@ -32,7 +32,7 @@ enum SplitsCommand {
     /// and make it the active one.
     Train {
         /// A 2-way sweep: columns workload1 (the lead), workload2 (the joiner) and one
-        /// "(LS100, BE<p>)" column per joiner share, cells "(lead steps/s, joiner steps/s)".
+        /// "(LS100, BEn)" column per joiner share n %, cells "(lead steps/s, joiner steps/s)".
         #[arg(long, value_name = "FILE.csv")]
         sweeps: PathBuf,
         /// The workloads' system profiles as a CSV (the artifact's baseline_labels.csv form);
