@@ -664,6 +664,33 @@ fn the_prolog_of_a_job_the_decider_released_here_reads_its_ticket_not_slurm() {
     }
 }
 
+/// Job 10 (alice's alpha) running on n1's GPU 0 since 1000.
+fn alpha_running_since_1000() -> RunningJob {
+    RunningJob {
+        id: 10,
+        node: "n1".into(),
+        gpus: vec![0],
+        state: "R".into(),
+        workload: "alpha".into(),
+        user: "alice".into(),
+        started: Some(1000.0),
+    }
+}
+
+/// Jobs 10 (alpha) and 11 (beta) on GPU 0 of n1, as their prologs and epilogs read them.
+fn alpha_and_beta_on_gpu0(tag: &str) -> World {
+    let s = FakeSlurm::default();
+    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
+    s.details.borrow_mut().insert(11, running_detail(11, "beta", 0, None));
+    *s.on_node.borrow_mut() = vec![10, 11];
+    World::new(tag, s)
+}
+
+/// Progress lines a second apart from `from` to `to` at `rate` steps a second.
+fn lines(from: u32, to: u32, rate: f64) -> String {
+    (from..=to).map(|t| format!("{t} {}\n", (f64::from(t - from) * rate) as u64)).collect()
+}
+
 /// A split chooser that gives every joiner 40 % of the SMs beside a lead at 100 %: a predicted
 /// log gain of 0.5 at 100/40, no doubt, margin 0 (`kace_selector::splits` owns its form).
 fn joiner_at_40() -> kace_selector::splits::SplitModel {
@@ -747,11 +774,7 @@ fn with_sm_split_the_decider_gives_the_joiner_the_choosers_share_through_its_tic
 /// file.
 #[test]
 fn a_share_from_the_ticket_reaches_the_tasks_and_its_intervals_are_not_observed() {
-    let s = FakeSlurm::default();
-    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
-    s.details.borrow_mut().insert(11, running_detail(11, "beta", 0, None));
-    *s.on_node.borrow_mut() = vec![10, 11];
-    let w = World::new("share", s);
+    let w = alpha_and_beta_on_gpu0("share");
     assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led));
     *w.clock.0.borrow_mut() = 2010.0;
     let ticket =
@@ -768,9 +791,6 @@ fn a_share_from_the_ticket_reaches_the_tasks_and_its_intervals_are_not_observed(
         .iter()
         .any(|l| l.contains("SM share CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40")));
 
-    let lines = |from: u32, to: u32, rate: f64| -> String {
-        (from..=to).map(|t| format!("{t} {}\n", (f64::from(t - from) * rate) as u64)).collect()
-    };
     std::fs::write(root.join("10.progress"), lines(2000, 2030, 2.0)).unwrap();
     std::fs::write(root.join("11.progress"), lines(2010, 2040, 2.0)).unwrap();
     *w.clock.0.borrow_mut() = 2030.0;
@@ -917,18 +937,11 @@ fn only_the_gates_mark_makes_a_kace_job() {
 
 #[test]
 fn epilogs_observe_each_interval_and_the_last_one_stops_mps() {
-    let s = FakeSlurm::default();
-    s.details.borrow_mut().insert(10, running_detail(10, "alpha", 0, None));
-    s.details.borrow_mut().insert(11, running_detail(11, "beta", 0, None));
-    *s.on_node.borrow_mut() = vec![10, 11];
-    let w = World::new("epi", s);
+    let w = alpha_and_beta_on_gpu0("epi");
     // Lead 10 starts at 2000, partner 11 at 2010; 10 ends at 2030, 11 at 2040.
     assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led));
     *w.clock.0.borrow_mut() = 2010.0;
     assert!(matches!(w.with(|n| prolog::run(n, &job_env(11, 0))), prolog::Outcome::Joined { .. }));
-    let lines = |from: u32, to: u32, rate: f64| -> String {
-        (from..=to).map(|t| format!("{t} {}\n", (f64::from(t - from) * rate) as u64)).collect()
-    };
     // 4 steps/s alone, 2 steps/s shared (alpha's exclusive throughput is 2; ingest refuses
     // more than 4 times that as implausible).
     let mut p10 = lines(2000, 2010, 4.0);
@@ -2511,15 +2524,7 @@ fn dispatch_lengthens_time_limits_of_a_group_or_does_not_pair() {
             }],
             ..s
         };
-        *s.running.borrow_mut() = vec![RunningJob {
-            id: 10,
-            node: "n1".into(),
-            gpus: vec![0],
-            state: "R".into(),
-            workload: "alpha".into(),
-            user: "alice".into(),
-            started: Some(1000.0),
-        }];
+        *s.running.borrow_mut() = vec![alpha_running_since_1000()];
         s
     };
     let s = setup(3600.0);
@@ -2563,15 +2568,7 @@ fn a_joiner_with_an_sm_share_gets_the_time_its_share_needs_or_no_share() {
         j.time_limit_s = Some(1000.0);
         *s.pending.borrow_mut() = vec![j];
         let s = FakeSlurm { nodes: node_n1(&["g1"]), ..s };
-        *s.running.borrow_mut() = vec![RunningJob {
-            id: 10,
-            node: "n1".into(),
-            gpus: vec![0],
-            state: "R".into(),
-            workload: "alpha".into(),
-            user: "alice".into(),
-            started: Some(1000.0),
-        }];
+        *s.running.borrow_mut() = vec![alpha_running_since_1000()];
         let w = World::new(tag, s);
         Db::open(&w.config.database.path)
             .unwrap()

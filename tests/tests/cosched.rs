@@ -103,17 +103,24 @@ fn jobs_per_gpu(c: &Cluster) -> BTreeMap<(String, u32), Vec<u32>> {
     per
 }
 
+/// One node with one GPU, the kace hooks and the demo's database, model and kace.conf; with
+/// the number of groups the first model was trained on.
+fn one_gpu_cluster() -> (Cluster, u64) {
+    let c = setup::with_hooks(Cluster::builder().nodes(vec![NodeSpec::new("n1", 1)]))
+        .unwrap()
+        .start()
+        .unwrap();
+    let first_size = common::prepare(&c, MAX_HOLD_S);
+    (c, first_size)
+}
+
 #[test]
 #[ignore = "needs root and Slurm"]
 fn kace_pairs_the_best_candidate_and_learns_from_the_pair() {
     let test = "kace_pairs_the_best_candidate_and_learns_from_the_pair";
     kace_e2e::require_e2e(test);
-    let c = setup::with_hooks(Cluster::builder().nodes(vec![NodeSpec::new("n1", 1)]))
-        .unwrap()
-        .start()
-        .unwrap();
+    let (c, first_size) = one_gpu_cluster();
     let dir = c.dir().to_path_buf();
-    let first_size = common::prepare(&c, MAX_HOLD_S);
 
     let s = {
         let db = Db::open_read_only(&dir.join("kace.db")).unwrap();
@@ -258,15 +265,10 @@ fn kace_pairs_the_best_candidate_and_learns_from_the_pair() {
 fn the_partner_gets_the_sm_share_the_chooser_picks() {
     let test = "the_partner_gets_the_sm_share_the_chooser_picks";
     kace_e2e::require_e2e(test);
-    let c = setup::with_hooks(Cluster::builder().nodes(vec![NodeSpec::new("n1", 1)]))
-        .unwrap()
-        .start()
-        .unwrap();
+    let (c, _) = one_gpu_cluster();
     let dir = c.dir().to_path_buf();
-    common::prepare(&c, MAX_HOLD_S);
     let conf = dir.join("etc/kace.conf");
-    let mut text = std::fs::read_to_string(&conf).unwrap();
-    text.push_str("[mps]\nsm_split = true\n");
+    let text = std::fs::read_to_string(&conf).unwrap() + "[mps]\nsm_split = true\n";
     std::fs::write(&conf, text).unwrap();
 
     // The sweep: every ordered pair of the demo workloads, the joiner at 40, 70 and 100 %.
