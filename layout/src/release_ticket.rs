@@ -40,7 +40,7 @@ pub struct Ticket {
     pub workload: String,
     /// The SM share the decider chose for it beside the GPU's running job
     /// (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, [`crate::thread_share`]), 1…99; `None`: none set.
-    pub threads: Option<u8>,
+    pub thread_pct: Option<u8>,
 }
 
 impl Ticket {
@@ -48,7 +48,7 @@ impl Ticket {
     /// prolog of a kace release before shares refuses form 2 and reads Slurm, so its job runs
     /// with no share set, as before.
     fn text(&self) -> String {
-        match self.threads {
+        match self.thread_pct {
             None => format!("kace-release-ticket 1 {} {} {}\n", self.node, self.at, self.workload),
             Some(t) => {
                 format!("kace-release-ticket 2 {} {} {} {t}\n", self.node, self.at, self.workload)
@@ -69,7 +69,7 @@ impl Ticket {
         let node = words.next()?;
         let at: f64 = words.next()?.parse().ok()?;
         let workload = words.next()?;
-        let threads = match form {
+        let thread_pct = match form {
             "2" => Some(crate::thread_share::parse_percent(words.next()?)?),
             _ => None,
         };
@@ -78,7 +78,7 @@ impl Ticket {
             && valid_node
             && at.is_finite()
             && check(workload.as_bytes()).is_ok())
-        .then(|| Ticket { node: node.to_string(), at, workload: workload.to_string(), threads })
+        .then(|| Ticket { node: node.to_string(), at, workload: workload.to_string(), thread_pct })
     }
 
     /// Whether the prolog of a job on `node` may use it at `now` (unix seconds): the node it
@@ -182,7 +182,7 @@ mod tests {
             node: "n1".into(),
             at: 1_796_669_781.774_123_4,
             workload: "resnet-50".into(),
-            threads: None,
+            thread_pct: None,
         }
     }
 
@@ -198,7 +198,7 @@ mod tests {
         assert!(!t.fits("n1", t.at + MAX_AGE_S + 1.0));
         assert!(!t.fits("n1", t.at - 301.0));
         // With a share, the second form; read back whole.
-        let shared = Ticket { threads: Some(40), ..ticket() };
+        let shared = Ticket { thread_pct: Some(40), ..ticket() };
         write(&spool, 8, &shared).unwrap();
         assert_eq!(read(&spool, 8).unwrap(), Some(shared));
         let text = std::fs::read_to_string(file(&spool, 8)).unwrap();

@@ -30,7 +30,7 @@ pub fn parse_percent(text: &str) -> Option<u8> {
 
 /// The share file of job `job_id` under `progress_root`.
 pub fn file(progress_root: &Path, job_id: u32) -> PathBuf {
-    progress_root.join(format!("{job_id}.threads"))
+    progress_root.join(format!("{job_id}.smshare"))
 }
 
 /// The share the prolog wrote for `job_id`: only a regular file owned by `owner` (root), not a

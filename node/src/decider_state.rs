@@ -128,7 +128,7 @@ pub struct DeciderState {
     /// Jobs released with an SM share (`mps.sm_split`) → that share, while on a GPU: the
     /// joiner's split chooser assumes the running job has none, so none is chosen beside one.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub threads: BTreeMap<u32, u8>,
+    pub thread_pcts: BTreeMap<u32, u8>,
 }
 
 impl DeciderState {

@@ -646,7 +646,7 @@ pub fn run(
         .map(|j| j.id)
         .collect();
     state.gpus.retain(|id, _| on_a_gpu.contains(id));
-    state.threads.retain(|id, _| on_a_gpu.contains(id));
+    state.thread_pcts.retain(|id, _| on_a_gpu.contains(id));
     let listed: BTreeSet<u32> = queue.iter().map(|j| j.id).collect();
     state.handed_back.retain(|id| listed.contains(id));
     state.requeues.retain(|id, _| listed.contains(id));
@@ -905,7 +905,7 @@ pub fn run(
     let share_for = |slot: &Slot, j: &QueuedJob, state: &DeciderState| -> Option<u8> {
         let (model, db) = (split_model.as_ref()?, db.as_ref()?);
         let [lead] = slot.jobs.as_slice() else { return None };
-        if state.threads.contains_key(&lead.id) {
+        if state.thread_pcts.contains_key(&lead.id) {
             return None;
         }
         let names = [lead.workload.as_str(), j.workload.as_str()];
@@ -1021,7 +1021,7 @@ pub fn run(
             j,
             &slots[k],
             ReleaseKind::MaxHold,
-            Joined { chosen: chosen.as_ref(), plan: &plan, threads: None },
+            Joined { chosen: chosen.as_ref(), plan: &plan, thread_pct: None },
             now,
         );
         match done {
@@ -1122,7 +1122,7 @@ pub fn run(
                 report.problems.push(e);
                 continue;
             }
-            let joined = Joined { chosen: Some(&chosen), plan: &plan, threads: share };
+            let joined = Joined { chosen: Some(&chosen), plan: &plan, thread_pct: share };
             match release(slurm, s, state, held[i], slot, kind, joined, now) {
                 Ok((d, p)) => {
                     report.problems.extend(p);
@@ -1390,7 +1390,7 @@ fn finish_begun(
 struct Joined<'a> {
     chosen: Option<&'a Chosen>,
     plan: &'a [(u32, f64, f64)],
-    threads: Option<u8>,
+    thread_pct: Option<u8>,
 }
 
 /// Releases `j` into `slot`: records the decision, notes the release as begun, pins and
@@ -1407,7 +1407,7 @@ fn release(
     joined: Joined<'_>,
     now: f64,
 ) -> std::result::Result<(SpooledDecision, Option<String>), String> {
-    let Joined { chosen, plan, threads } = joined;
+    let Joined { chosen, plan, thread_pct } = joined;
     let (lead_job, lead_workload) = match slot.jobs.first() {
         Some(m) => (m.id.to_string(), m.workload.clone()),
         None => (j.id.to_string(), j.workload.clone()),
@@ -1436,7 +1436,7 @@ fn release(
             .iter()
             .map(|&(job, from_s, to_s)| TimeLimitChange { job: job.to_string(), from_s, to_s })
             .collect();
-        c.thread_pct = threads;
+        c.thread_pct = thread_pct;
     }
     let mut problems = Vec::new();
     // The job is released even when the record could be neither spooled nor parked: a broken
@@ -1454,7 +1454,7 @@ fn release(
     // It also carries the job's SM share, which only the decider chooses: a job without its
     // ticket runs with none.
     let ticket =
-        Ticket { node: slot.at.node.clone(), at: now, workload: j.workload.clone(), threads };
+        Ticket { node: slot.at.node.clone(), at: now, workload: j.workload.clone(), thread_pct };
     let ticketed = release_ticket::write(s.spool, j.id, &ticket)
         .map_err(|e| {
             problems.push(format!("couldn't write the release ticket of job {}: {e}", j.id))
@@ -1475,8 +1475,8 @@ fn release(
         Ok(()) => {
             stop_inversion(state, j.id, now);
             count_explored(state, &d.decision, &released);
-            if let Some(t) = threads {
-                state.threads.insert(j.id, t);
+            if let Some(t) = thread_pct {
+                state.thread_pcts.insert(j.id, t);
             }
             // Its GPU is known without asking Slurm when it runs.
             if slot.sole_of_kind {
@@ -1648,7 +1648,7 @@ fn hold_again(
 /// at the group's predicted speed ([`placement::shared_limit`]). Each member runs at the
 /// group's predicted normalised progress shared out evenly (the model predicts the group, not
 /// each member); without that prediction, at 1 / members (time-slicing's share). `Err` says
-/// why the pair is not formed. A joiner capped to `threads` % of the SMs is planned no faster
+/// why the pair is not formed. A joiner capped to `thread_pct` % of the SMs is planned no faster
 /// than that share.
 #[allow(clippy::too_many_arguments)]
 fn time_plan(
@@ -1658,7 +1658,7 @@ fn time_plan(
     slot: &Slot,
     j: &QueuedJob,
     progress: Option<f64>,
-    threads: Option<u8>,
+    thread_pct: Option<u8>,
     now: f64,
 ) -> std::result::Result<Vec<(u32, f64, f64)>, String> {
     use kace_config::TimeLimit;
@@ -1683,9 +1683,9 @@ fn time_plan(
     let mut plan = Vec::new();
     for (id, limit, elapsed, partitions) in members {
         let Some(limit) = limit else { continue };
-        // A joiner kace caps to `threads` % of the SMs is assumed no faster than that share of
+        // A joiner kace caps to `thread_pct` % of the SMs is assumed no faster than that share of
         // its alone speed (a compute-bound job's worst case); the lead only gains SMs by it.
-        let speed = match threads {
+        let speed = match thread_pct {
             Some(t) if id == j.id => speed.min(f64::from(t) / 100.0),
             _ => speed,
         };

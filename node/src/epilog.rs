@@ -308,7 +308,7 @@ fn measure_profile(
     if kace_sql::validate_workload_name(&me.workload).is_err() {
         return None;
     }
-    if let Some(t) = me.threads {
+    if let Some(t) = me.thread_pct {
         log(&format!("ran with an SM share of {t} %; no profile measurement"));
         return None;
     }
@@ -644,7 +644,7 @@ fn observe(
         };
         // The interference model learns what groups do as MPS runs them unasked (100/100): an
         // interval in which kace capped a member's SMs says something else.
-        if me.threads.is_some() || seg.partners.iter().any(|p| p.threads.is_some()) {
+        if me.thread_pct.is_some() || seg.partners.iter().any(|p| p.thread_pct.is_some()) {
             split += 1;
             continue;
         }
@@ -728,7 +728,7 @@ mod tests {
     use super::*;
 
     fn rec(job: u32, start: f64, end: Option<f64>) -> JobRecord {
-        JobRecord { job, workload: format!("w{job}"), start, end, user: None, threads: None }
+        JobRecord { job, workload: format!("w{job}"), start, end, user: None, thread_pct: None }
     }
 
     #[test]

@@ -90,7 +90,7 @@ mod tests {
                 start,
                 end: None,
                 user: None,
-                threads: None,
+                thread_pct: None,
             }]
         } else {
             Vec::new()

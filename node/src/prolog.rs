@@ -58,7 +58,7 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
             }
             let now = n.clock.now();
             if t.fits(&env.node, now) {
-                Some((t.workload, t.threads))
+                Some((t.workload, t.thread_pct))
             } else {
                 log(&format!(
                     "couldn't use its release ticket: it names node {} at {:.0} s from now; asking Slurm",
@@ -75,14 +75,14 @@ pub fn run(n: &Node, env: &JobEnv) -> Outcome {
         }
     };
     // Without a ticket the job gets no SM share: only the decider's choice sets one.
-    let (workload, threads) = match ticketed {
+    let (workload, thread_pct) = match ticketed {
         Some(t) => t,
         None => match workload_from_slurm(n, env, started, &log) {
             Some(w) => (w, None),
             None => return Outcome::NotKace,
         },
     };
-    set_up(n, env, started, &log, workload, threads)
+    set_up(n, env, started, &log, workload, thread_pct)
 }
 
 /// The job's workload from the gate's mark, as Slurm lists the job (`None`: it runs as a plain
@@ -139,7 +139,7 @@ fn set_up(
     started: Instant,
     log: &dyn Fn(&str),
     workload: String,
-    threads: Option<u8>,
+    thread_pct: Option<u8>,
 ) -> Outcome {
     // A job slurmctld starts after its restart and before the nodes registered again (3–4 s)
     // has no GPU in its prolog's environment: slurmctld loads its GRES plugins (which build
@@ -179,7 +179,7 @@ fn set_up(
         }
     }
 
-    let threads = match write_thread_share(n, env, threads) {
+    let thread_pct = match write_thread_share(n, env, thread_pct) {
         Ok(Some(p)) => {
             log(&format!(
                 "SM share {}={p} for its tasks (the decider's split beside the GPU's running job)",
@@ -195,7 +195,7 @@ fn set_up(
     };
 
     // The decider learns the job's start from PrologSlurmctld and chooses its partner there.
-    match register(n, env, gpu, &workload, threads) {
+    match register(n, env, gpu, &workload, thread_pct) {
         Ok(others) if others.is_empty() => {
             log(&format!("lead {workload} on GPU {} ({:.1} ms)", gpu.0, ms(started)));
             Outcome::Led
@@ -273,18 +273,18 @@ fn write_memory_limit(
 fn write_thread_share(
     n: &Node,
     env: &JobEnv,
-    threads: Option<u8>,
+    thread_pct: Option<u8>,
 ) -> std::result::Result<Option<u8>, String> {
     let root = &n.config.node.progress_root;
     let shown = || kace_layout::thread_share::file(root, env.job).display().to_string();
-    if threads.is_none() && !kace_layout::thread_share::file(root, env.job).exists() {
+    if thread_pct.is_none() && !kace_layout::thread_share::file(root, env.job).exists() {
         return Ok(None);
     }
     kace_layout::trusted_dir::ensure_trusted_dir(root)
         .map_err(|e| format!("couldn't use {}: {e}", root.display()))?;
-    kace_layout::thread_share::write(root, env.job, threads)
+    kace_layout::thread_share::write(root, env.job, thread_pct)
         .map_err(|e| format!("couldn't write {}: {e}", shown()))?;
-    Ok(threads)
+    Ok(thread_pct)
 }
 
 /// Records the job on its GPU, starts the GPU's MPS daemon when none runs, and returns the
@@ -294,7 +294,7 @@ fn register(
     env: &JobEnv,
     gpu: GpuIndex,
     workload: &str,
-    threads: Option<u8>,
+    thread_pct: Option<u8>,
 ) -> Result<Vec<u32>> {
     let log = |m: &str| (n.log)(&format!("kace: prolog: job {}: {m}", env.job));
     let lock = state::lock_gpu(&n.config.node.state_dir, &env.node, gpu, n.deadline)?;
@@ -327,7 +327,7 @@ fn register(
         start: n.clock.now(),
         end: None,
         user,
-        threads,
+        thread_pct,
     })?;
     let dirs = mps_dirs(&n.config.node.mps_root, gpu);
     if !n.mps.running(&dirs) {

@@ -49,7 +49,7 @@ pub struct JobRecord {
     /// Its user (`None` in records written before kace kept users, or not a plain name).
     pub user: Option<String>,
     /// The SM share it ran with (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, 1–99), when kace set one.
-    pub threads: Option<u8>,
+    pub thread_pct: Option<u8>,
 }
 
 impl JobRecord {
@@ -57,7 +57,7 @@ impl JobRecord {
     fn text(&self, end: Option<f64>) -> String {
         let end = end.map_or("-".to_string(), |e| e.to_string());
         let user = user_field(self.user.as_deref());
-        match self.threads {
+        match self.thread_pct {
             Some(t) => format!("{} {} {end} {user} {t}\n", self.workload, self.start),
             None => format!("{} {} {end} {user}\n", self.workload, self.start),
         }
@@ -147,8 +147,8 @@ fn parse_record(job: u32, text: &str) -> Option<JobRecord> {
         Some(e) => Some(e.parse().ok()?),
     };
     let user = it.next().filter(|u| *u != "-").map(str::to_string);
-    let threads = it.next().and_then(kace_layout::thread_share::parse_percent);
-    Some(JobRecord { job, workload, start, end, user, threads })
+    let thread_pct = it.next().and_then(kace_layout::thread_share::parse_percent);
+    Some(JobRecord { job, workload, start, end, user, thread_pct })
 }
 
 fn records(dir: &Path) -> Vec<JobRecord> {
@@ -179,7 +179,7 @@ impl GpuLock {
     pub fn add(&self, job: u32, workload: &str, start: f64, user: Option<&str>) -> Result<()> {
         let user = user.map(str::to_string);
         let workload = workload.to_string();
-        self.add_record(&JobRecord { job, workload, start, end: None, user, threads: None })
+        self.add_record(&JobRecord { job, workload, start, end: None, user, thread_pct: None })
     }
 
     /// Records `job` as running (its `end` is ignored).
@@ -282,20 +282,20 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(5);
         let l = lock_gpu(&d, "n1", GpuIndex(1), deadline).unwrap();
         let rec =
-            |job: u32, workload: &str, start: f64, user: &str, threads: Option<u8>| JobRecord {
+            |job: u32, workload: &str, start: f64, user: &str, thread_pct: Option<u8>| JobRecord {
                 job,
                 workload: workload.into(),
                 start,
                 end: None,
                 user: Some(user.into()),
-                threads,
+                thread_pct,
             };
         l.add(5, "bert", 100.0, Some("ann")).unwrap();
         l.add(6, "lstm", 101.5, Some("two words")).unwrap();
         l.add_record(&rec(7, "vit", 102.0, "bob", Some(40))).unwrap();
-        assert_eq!(l.running().iter().find(|r| r.job == 7).unwrap().threads, Some(40));
-        assert_eq!(l.end(7, 109.0).unwrap().unwrap().threads, Some(40));
-        assert_eq!(l.ended().iter().find(|r| r.job == 7).unwrap().threads, Some(40));
+        assert_eq!(l.running().iter().find(|r| r.job == 7).unwrap().thread_pct, Some(40));
+        assert_eq!(l.end(7, 109.0).unwrap().unwrap().thread_pct, Some(40));
+        assert_eq!(l.ended().iter().find(|r| r.job == 7).unwrap().thread_pct, Some(40));
         fs::remove_file(d.join("n1/gpu1/ended/7")).unwrap();
         assert_eq!(l.running().iter().map(|r| r.job).collect::<Vec<_>>(), vec![5, 6]);
         assert_eq!(l.running()[1].user, None);

@@ -641,7 +641,7 @@ fn the_prolog_of_a_job_the_decider_released_here_reads_its_ticket_not_slurm() {
         node: node.into(),
         at,
         workload: "alpha".into(),
-        threads: None,
+        thread_pct: None,
     };
     release_ticket::write(&spool, 10, &ticket("n1", 1990.0)).unwrap();
     assert_eq!(w.with(|n| prolog::run(n, &job_env(10, 1))), prolog::Outcome::Led);
@@ -742,7 +742,7 @@ fn with_sm_split_the_decider_gives_the_joiner_the_choosers_share_through_its_tic
             .find(|c| c.job.as_deref() == Some(&joiner.to_string()))
             .unwrap()
             .thread_pct;
-        (ticket.threads, record, state.threads.get(joiner).copied())
+        (ticket.thread_pct, record, state.thread_pcts.get(joiner).copied())
     };
 
     // Off (the default), with a chooser stored: nothing set.
@@ -778,7 +778,7 @@ fn a_share_from_the_ticket_reaches_the_tasks_and_its_intervals_are_not_observed(
     assert!(matches!(w.with(|n| prolog::run(n, &job_env(10, 0))), prolog::Outcome::Led));
     *w.clock.0.borrow_mut() = 2010.0;
     let ticket =
-        Ticket { node: "n1".into(), at: 2009.0, workload: "beta".into(), threads: Some(40) };
+        Ticket { node: "n1".into(), at: 2009.0, workload: "beta".into(), thread_pct: Some(40) };
     release_ticket::write(&w.config.spool.dir, 11, &ticket).unwrap();
     assert!(matches!(w.with(|n| prolog::run(n, &job_env(11, 0))), prolog::Outcome::Joined { .. }));
     let root = w.config.node.progress_root.clone();
@@ -2585,7 +2585,7 @@ fn a_joiner_with_an_sm_share_gets_the_time_its_share_needs_or_no_share() {
         assert_eq!(r.joiners.iter().map(|j| j.0).collect::<Vec<_>>(), [11], "{r:?}");
         let ticket = release_ticket::read(&w.config.spool.dir, 11).unwrap().unwrap();
         let new = r.lengthened.iter().find(|l| l.0 == 11).map(|l| l.2);
-        (ticket.threads, new)
+        (ticket.thread_pct, new)
     };
     let (share, new) = run("share-time", 10.0);
     assert_eq!(share, Some(40));

@@ -256,12 +256,12 @@ fn the_memory_limit_and_the_sm_share_reach_the_tasks_of_a_step() {
     let id = c.sbatch(&args).unwrap();
     let file = c.dir().join(format!("progress/{id}.memlimit"));
     std::fs::write(&file, "0=3381M\n").unwrap();
-    let share = c.dir().join(format!("progress/{id}.threads"));
+    let share = c.dir().join(format!("progress/{id}.smshare"));
     std::fs::write(&share, "40\n").unwrap();
     let unshared_script = "echo SM=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
     let args = ["--kace-colocate=bert", "--gres=shard:1", "-w", "n1", "--wrap", unshared_script];
     let unshared = c.sbatch(&args).unwrap();
-    let bad = c.dir().join(format!("progress/{unshared}.threads"));
+    let bad = c.dir().join(format!("progress/{unshared}.smshare"));
     std::fs::write(&bad, "100\n").unwrap();
     for j in [id, unshared] {
         c.run_ok("scontrol", &["release", &j.to_string()]).unwrap();
