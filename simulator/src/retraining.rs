@@ -369,6 +369,30 @@ pub(crate) mod tests {
     }
 
     /// Half the pairs, as the world measures them.
+    /// kace on `trace` over 4 GPUs with a window of 8, the tests' rules, one user.
+    fn run_kace(
+        world: &World,
+        import: &ColocationData,
+        t: &TrainedKace,
+        trace: &[Job],
+        retrain: Retrain,
+        seed: u64,
+    ) -> Result<(Outcome, RetrainReport), SimError> {
+        simulate_kace(
+            world,
+            import,
+            t,
+            PolicyKind::Kace,
+            &rules(),
+            false,
+            trace,
+            4,
+            8,
+            retrain,
+            seed,
+        )
+    }
+
     fn half_import() -> (ColocationData, TrainedKace) {
         let import = data(1.0);
         let t = trained(&import, (0..36).step_by(2).collect());
@@ -400,20 +424,8 @@ pub(crate) mod tests {
             }
             assert!(nights.iter().map(|n| n.observed).sum::<usize>() > 0, "{nights:?}");
             // The library's run is the same run, and counts the same nights.
-            let (o2, report) = simulate_kace(
-                &world,
-                &import,
-                &t,
-                PolicyKind::Kace,
-                &rules(),
-                false,
-                &trace,
-                4,
-                8,
-                Retrain::Nightly,
-                seed,
-            )
-            .unwrap();
+            let (o2, report) =
+                run_kace(&world, &import, &t, &trace, Retrain::Nightly, seed).unwrap();
             assert_eq!(o2, o);
             assert_eq!(report.nights, nights);
             assert_eq!(report.activated() + report.refused(), expected);
@@ -490,20 +502,7 @@ pub(crate) mod tests {
         let world = World::from_colocations(&data(1.0), 32.0).unwrap();
         let (import, t) = half_import();
         let trace = jobs(&world, 1);
-        let (o, report) = simulate_kace(
-            &world,
-            &import,
-            &t,
-            PolicyKind::Kace,
-            &rules(),
-            false,
-            &trace,
-            4,
-            8,
-            Retrain::Never,
-            1,
-        )
-        .unwrap();
+        let (o, report) = run_kace(&world, &import, &t, &trace, Retrain::Never, 1).unwrap();
         let table = PairingPolicy::kace(&world, &t.model, &rules())
             .multi_user(false)
             .with_seen_pairs(&world, &t.fit_pairs);
@@ -519,20 +518,7 @@ pub(crate) mod tests {
         let world = World::from_colocations(&data(0.0), 32.0).unwrap();
         let import = data(0.0);
         let t = trained(&import, (0..36).collect());
-        let (o, _) = simulate_kace(
-            &world,
-            &import,
-            &t,
-            PolicyKind::Kace,
-            &rules(),
-            false,
-            &jobs(&world, 1),
-            4,
-            8,
-            Retrain::Never,
-            1,
-        )
-        .unwrap();
+        let (o, _) = run_kace(&world, &import, &t, &jobs(&world, 1), Retrain::Never, 1).unwrap();
         // `Metrics::of(&simulate(..))` on the same world, model, table and trace at commit
         // 5a867ea, before the engine held nights.
         let before = Metrics {
