@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use kace_selector::dataset::{read_mps_sweeps, read_system_profiles};
 use kace_selector::splits::train_joiner_chooser;
@@ -88,9 +88,6 @@ fn train(ctx: &Ctx, sweeps: &Path, profiles: Option<&Path>) -> Result<()> {
         }
     };
     let t = train_joiner_chooser(&rows, &profiles).context("couldn't train a split chooser")?;
-    if t.examples == 0 {
-        bail!("couldn't train a split chooser: no usable pair in {}", sweeps.display());
-    }
     let shares: Vec<u8> =
         t.model.candidates.iter().filter(|c| !c.is_default()).map(|c| c.second).collect();
     let metrics = json!({
