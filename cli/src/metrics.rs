@@ -41,6 +41,11 @@ pub fn run(args: MetricsArgs, ctx: &Ctx) -> Result<()> {
             live.decider_rpcs_last_minute = state.rpcs_last_minute(now).or(Some(0));
             live.priority_inversions =
                 Some((state.inversions_total, state.inversion_seconds_total));
+            live.decider_passes = Some((
+                state.passes_total,
+                state.pass_seconds_total,
+                state.slowest_pass_last_minute(now),
+            ));
             live.decider_commands = Some(state.commands_total);
         }
         Ok(None) => {}

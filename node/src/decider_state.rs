@@ -38,8 +38,8 @@ pub struct Begun {
     pub shards: u32,
 }
 
-/// Slurm commands of each kind run in one minute.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Slurm commands of each kind run in one minute, and its slowest pass.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Minute {
     /// Unix minute (seconds / 60).
     pub minute: u64,
@@ -47,6 +47,9 @@ pub struct Minute {
     pub commands: BTreeMap<String, u64>,
     /// The RPCs those commands made.
     pub rpcs: u64,
+    /// The slowest pass that began in this minute, seconds.
+    #[serde(default)]
+    pub slowest_pass_s: f64,
 }
 
 /// The decider's memory.
@@ -129,6 +132,13 @@ pub struct DeciderState {
     /// joiner's split chooser assumes the running job has none, so none is chosen beside one.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub thread_pcts: BTreeMap<u32, u8>,
+    /// Passes since the state began, and the seconds they took together (`kace metrics`: how
+    /// long a nudge waits for its pass grows with it).
+    #[serde(default)]
+    pub passes_total: u64,
+    /// See [`DeciderState::passes_total`].
+    #[serde(default)]
+    pub pass_seconds_total: f64,
 }
 
 impl DeciderState {
@@ -228,6 +238,28 @@ impl DeciderState {
         }
     }
 
+    /// Counts a pass that began at `now` and took `seconds`.
+    pub fn count_pass(&mut self, now: f64, seconds: f64) {
+        let seconds = seconds.max(0.0);
+        self.passes_total = self.passes_total.saturating_add(1);
+        self.pass_seconds_total += seconds;
+        let minute = (now.max(0.0) / 60.0) as u64;
+        if self.minutes.last().is_none_or(|m| m.minute != minute) {
+            self.minutes.push(Minute { minute, ..Minute::default() });
+            let excess = self.minutes.len().saturating_sub(MINUTES_KEPT);
+            self.minutes.drain(..excess);
+        }
+        if let Some(m) = self.minutes.last_mut() {
+            m.slowest_pass_s = m.slowest_pass_s.max(seconds);
+        }
+    }
+
+    /// The slowest pass of the last full minute before `now`, seconds (`None`: not counted).
+    pub fn slowest_pass_last_minute(&self, now: f64) -> Option<f64> {
+        let last = ((now.max(0.0) / 60.0) as u64).checked_sub(1)?;
+        self.minutes.iter().find(|m| m.minute == last).map(|m| m.slowest_pass_s)
+    }
+
     /// The RPCs of the last full minute before `now` (`None` when it was not counted).
     pub fn rpcs_last_minute(&self, now: f64) -> Option<u64> {
         let minute = (now.max(0.0) / 60.0) as u64;
@@ -276,6 +308,12 @@ mod tests {
         assert_eq!(s.minutes[0].rpcs, 8, "a listing and sinfo are two RPCs each");
         assert_eq!(s.rpcs_last_minute(185.0), Some(8));
         assert_eq!(s.rpcs_last_minute(250.0), None);
+        s.count_pass(121.0, 0.25);
+        s.count_pass(150.0, 0.5);
+        s.count_pass(190.0, 0.125);
+        assert_eq!((s.passes_total, s.pass_seconds_total), (3, 0.875));
+        assert_eq!(s.slowest_pass_last_minute(185.0), Some(0.5), "the slowest of minute 2");
+        assert_eq!(s.slowest_pass_last_minute(130.0), None, "minute 1 had no pass");
         s.save(&dir).unwrap();
         assert_eq!(DeciderState::load(&dir), (s, None));
         std::fs::write(dir.join(FILE), "{not json").unwrap();

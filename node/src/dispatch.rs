@@ -224,7 +224,9 @@ impl Decider {
         slurm.counts = self.counts.clone();
         let before = self.counts.snapshot();
         let settings = Settings::of(config);
+        let began = Instant::now();
         let r = run(&slurm, &settings, &mut self.state, now);
+        self.state.count_pass(now, began.elapsed().as_secs_f64());
         self.state.count(now, &before, &self.counts.snapshot());
         if let Err(e) = self.state.save(settings.state_dir) {
             logger.line(&format!("kace: dispatch: couldn't save the decider's state: {e}"));

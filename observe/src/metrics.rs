@@ -50,6 +50,9 @@ pub struct Live {
     /// The decider's priority inversions since its state began: releases that passed over a
     /// held job of higher priority, and the seconds such jobs waited after it.
     pub priority_inversions: Option<(u64, f64)>,
+    /// The decider's passes since its state began and the seconds they took together, and its
+    /// slowest pass in the last full minute (`None` there: none counted).
+    pub decider_passes: Option<(u64, f64, Option<f64>)>,
 }
 
 /// Counts the `.json` records directly in `dir`: none when it does not exist yet, `None` when
@@ -375,6 +378,24 @@ pub fn render(db: &Db, objective: Objective, live: &Live, now: f64) -> Result<St
             seconds,
         );
     }
+    if let Some((n, seconds, slowest)) = live.decider_passes {
+        o.family(
+            "kace_decider_pass_seconds",
+            "summary",
+            "How long the decider's passes took (listing, decisions, releases): a nudge waits \
+             for the pass running when it arrives, then for its own.",
+        );
+        o.sample("kace_decider_pass_seconds_sum", &[], seconds);
+        o.sample("kace_decider_pass_seconds_count", &[], n as f64);
+        if let Some(s) = slowest {
+            o.one(
+                "kace_decider_slowest_pass_seconds",
+                "gauge",
+                "The decider's slowest pass in the last full minute.",
+                s,
+            );
+        }
+    }
     if let Some(n) = live.decider_rpcs_last_minute {
         o.one(
             "kace_slurm_rpcs_last_minute",
@@ -439,6 +460,30 @@ mod tests {
         assert!(text.contains("\nkace_priority_inversion_seconds_total 42.5\n"), "{text}");
         let none = render(&db, Objective::ThroughputSum, &Live::default(), 1000.0).unwrap();
         assert!(!none.contains("kace_priority_inversion"), "no decider here: {none}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn the_deciders_pass_times_are_a_summary_and_its_slowest_pass_a_gauge() {
+        let d = std::env::temp_dir().join(format!("kace-prom-pass-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let _ = std::fs::remove_file(d.join("kace.db"));
+        let (db, _) = Db::create(&d.join("kace.db")).unwrap();
+        let live = Live { decider_passes: Some((40, 6.5, Some(0.75))), ..Live::default() };
+        let text = render(&db, Objective::ThroughputSum, &live, 1000.0).unwrap();
+        assert!(
+            text.contains(
+                "# TYPE kace_decider_pass_seconds summary
+"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("\nkace_decider_pass_seconds_sum 6.5\n"), "{text}");
+        assert!(text.contains("\nkace_decider_pass_seconds_count 40\n"), "{text}");
+        assert!(text.contains("\nkace_decider_slowest_pass_seconds 0.75\n"), "{text}");
+        let quiet = Live { decider_passes: Some((40, 6.5, None)), ..Live::default() };
+        let text = render(&db, Objective::ThroughputSum, &quiet, 1000.0).unwrap();
+        assert!(!text.contains("kace_decider_slowest_pass"), "no pass last minute: {text}");
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -213,7 +213,26 @@ fn a_burst_on_many_nodes_pairs_without_racing_or_idling() {
             ]
         })
         .collect();
+    let decider_dir = dir.join("run/decider");
+    let passes = || {
+        kace_node::decider_state::DeciderState::peek(&decider_dir)
+            .ok()
+            .flatten()
+            .map(|s| (s.passes_total, s.pass_seconds_total, s.minutes))
+            .unwrap_or_default()
+    };
+    let (passes_before, seconds_before, _) = passes();
     let (k, ids) = phase(&c, &kace_jobs, limit);
+    let (passes_after, seconds_after, minutes) = passes();
+    let kace_passes = passes_after.saturating_sub(passes_before);
+    let mean_pass_ms = 1e3 * (seconds_after - seconds_before) / kace_passes.max(1) as f64;
+    let first_minute = (k.first_submit / 60.0) as u64;
+    let slowest_pass_ms = 1e3
+        * minutes
+            .iter()
+            .filter(|m| m.minute >= first_minute)
+            .map(|m| m.slowest_pass_s)
+            .fold(0.0, f64::max);
 
     // With nothing held: the decider's backstop only.
     std::thread::sleep(Duration::from_secs(3));
@@ -296,6 +315,10 @@ fn a_burst_on_many_nodes_pairs_without_racing_or_idling() {
     eprintln!(
         "scale: RPCs per kace job beyond plain, by type: {}",
         kinds_beyond(&k.kinds, &plain.kinds, jobs)
+    );
+    eprintln!(
+        "scale: the decider's passes while kace jobs ran: {kace_passes}, {mean_pass_ms:.0} ms \
+         on average, the slowest {slowest_pass_ms:.0} ms"
     );
 
     c.run_ok("scontrol", &["ping"]).unwrap();
