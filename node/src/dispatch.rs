@@ -23,7 +23,7 @@
 //! next pass finishes a begun one).
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::read_path::{decide_from_store, JobSpec};
@@ -42,7 +42,7 @@ use crate::error::{io, Result};
 use crate::limits::{Counted, Limits, Usage};
 use crate::placement::{self, HandBack, Wants};
 use crate::priority::{self, PriorityInputs};
-use crate::slurm::{Commands, NodeGpus, QueuedJob, Slurm, Target};
+use crate::slurm::{Commands, Move, Moved, NodeGpus, QueuedJob, Slurm, Target};
 
 /// How long one pass may take in all, so that a hanging Slurm command cannot pile up passes.
 pub const BUDGET: Duration = Duration::from_secs(60);
@@ -601,6 +601,17 @@ struct Chosen {
     progress: std::collections::BTreeMap<usize, f64>,
 }
 
+/// Undoes [`count_explored`] for a release whose move failed.
+fn uncount_explored(state: &mut DeciderState, decision: &NewDecision, released: &str) {
+    let mine = decision.candidates.iter().find(|c| c.job.as_deref() == Some(released));
+    for w in mine.into_iter().flat_map(|c| &c.explores) {
+        if let Some(n) = state.explored.get_mut(w) {
+            *n = n.saturating_sub(1);
+        }
+    }
+    state.explored.retain(|_, n| *n > 0);
+}
+
 /// Counts a release in each new workload's exploratory groups (`selection.explore_pairs`
 /// bounds them): the ones the released job's record says its group was formed to explore.
 fn count_explored(state: &mut DeciderState, decision: &NewDecision, released: &str) {
@@ -975,8 +986,7 @@ pub fn run(
             && limited(held[i]).is_none()
     };
     let mut expired_left: Vec<usize> = Vec::new();
-
-    // 1. Nothing waits forever, and nothing expired is crowded onto a full GPU.
+    let expired: Vec<usize> = expired.into_iter().filter(|i| !taken.contains(i)).collect();
     // Fitting is all that counts for a job that waited this long: no gain threshold.
     let fit_only = Policy {
         rules: kace_selector::SelectionRules {
@@ -985,214 +995,197 @@ pub fn run(
         },
         ..s.policy.clone()
     };
-    let expired: Vec<usize> = expired.into_iter().filter(|i| !taken.contains(i)).collect();
-    for &i in &expired {
-        let j = held[i];
-        let place = match slots.iter().position(|x| x.free() && fits(i, x)) {
-            Some(k) => Some((k, None)),
-            None => slots
-                .iter()
-                .enumerate()
-                .filter(|(_, x)| x.open(limit) && fits(i, x))
-                .find_map(|(k, x)| match choose(x, &[i], &fit_only, &state.explored) {
-                    Ok(c) if c.ranked == [i] => {
-                        let progress = c.progress.get(&i).copied();
-                        let plan =
-                            time_plan(s, state, &nodes[x.node_at], x, j, progress, None, now);
-                        plan.ok().map(|plan| (k, c, plan))
-                    }
-                    _ => None,
-                })
-                .map(|(k, c, plan)| (k, Some((c, plan)))),
-        };
-        let Some((k, chosen)) = place else {
-            expired_left.push(i);
-            continue;
-        };
-        taken.push(i);
-        let plan = chosen.as_ref().map(|c| c.1.clone()).unwrap_or_default();
-        if let Err(e) = lengthen(slurm, state, &plan, |id| id == j.id, |_| None, &mut report) {
-            report.problems.push(e);
-            continue;
-        }
-        let chosen = chosen.map(|c| c.0);
-        let done = release(
-            slurm,
-            s,
-            state,
-            j,
-            &slots[k],
-            ReleaseKind::MaxHold,
-            Joined { chosen: chosen.as_ref(), plan: &plan, thread_pct: None },
-            now,
-        );
-        match done {
-            Ok((d, p)) => {
-                report.problems.extend(p);
-                report.records.push(d);
-                report.expired.push((j.id, slots[k].at.node.clone(), slots[k].at.index.0));
-                usage.borrow_mut().add(counted_of(j));
-                slots[k].coming += 1;
-                if let Err(e) = lengthen(
-                    slurm,
-                    state,
-                    &plan,
-                    |id| id != j.id,
-                    |id| partners_comment(id, j, &slots[k]),
-                    &mut report,
-                ) {
-                    report.problems.push(e);
-                }
-            }
-            Err(e) => report.problems.push(e),
-        }
-    }
 
-    // 2. Open GPUs first: a GPU already running kace jobs gains most from a joiner.
-    for slot in slots.iter_mut() {
-        // `selection.refill = false` keeps a starting lead's first partner, nothing more.
-        if !slot.open(limit) || (!s.fill_open && slot.join_kind() != ReleaseKind::Lead) {
-            continue;
-        }
-        if (0..held.len()).all(|i| taken.contains(&i)) {
-            break;
-        }
-        let cands: Vec<usize> =
-            (0..held.len()).filter(|i| !taken.contains(i) && fits(*i, slot)).collect();
-        if cands.is_empty() {
-            continue;
-        }
-        let cands = within_window(&cands, &held, state, s.priority_window);
-        let chosen = match choose(slot, &cands, &s.policy, &state.explored) {
-            Ok(c) => c,
-            Err(Unpaired(why)) => {
-                let at = &slot.at;
-                let new: Vec<u32> = slot
-                    .jobs
+    // Steps 1 to 3 decide every place first and stage each release (its record, its begun
+    // note, its ticket); the moves are then made together (`Slurm::moves`). A move that fails
+    // gives its GPU back to the next round, which decides again without that job.
+    for _round in 0..RELEASE_TRIES {
+        let mut staged: Vec<Staged> = Vec::new();
+        let mut moves: Vec<Move> = Vec::new();
+
+        // 1. Nothing waits forever, and nothing expired is crowded onto a full GPU.
+        for &i in &expired {
+            if taken.contains(&i) {
+                continue;
+            }
+            let j = held[i];
+            let place = match slots.iter().position(|x| x.free() && fits(i, x)) {
+                Some(k) => Some((k, None)),
+                None => slots
                     .iter()
-                    .map(|m| m.id)
-                    .filter(|j| state.unpaired_said.insert(*j))
-                    .collect();
-                if !new.is_empty() {
-                    report.notes.push(format!(
-                        "{} GPU {} takes no joiner while it runs job(s) {new:?}: {why}",
-                        at.node, at.index.0
-                    ));
+                    .enumerate()
+                    .filter(|(_, x)| x.open(limit) && fits(i, x))
+                    .find_map(|(k, x)| match choose(x, &[i], &fit_only, &state.explored) {
+                        Ok(c) if c.ranked == [i] => {
+                            let progress = c.progress.get(&i).copied();
+                            let plan =
+                                time_plan(s, state, &nodes[x.node_at], x, j, progress, None, now);
+                            plan.ok().map(|plan| (k, c, plan))
+                        }
+                        _ => None,
+                    })
+                    .map(|(k, c, plan)| (k, Some((c, plan)))),
+            };
+            let Some((k, chosen)) = place else {
+                if !expired_left.contains(&i) {
+                    expired_left.push(i);
                 }
                 continue;
-            }
-            Err(Failed(e)) => {
-                let at = &slot.at;
-                report.problems.push(format!(
-                    "couldn't choose a joiner for {} GPU {}: {e}",
-                    at.node, at.index.0
-                ));
-                continue;
-            }
-        };
-        let kind = slot.join_kind();
-        let mut tries = 0;
-        for &i in &chosen.ranked {
-            if tries == RELEASE_TRIES {
-                break;
-            }
-            let node = &nodes[slot.node_at];
-            let progress = chosen.progress.get(&i).copied();
-            // A share whose slower joiner would need a limit the cap refuses is dropped: the
-            // pair is formed unasked, as without `mps.sm_split`.
-            let mut share = share_for(slot, held[i], state);
-            let planned = match time_plan(s, state, node, slot, held[i], progress, share, now) {
-                Err(_) if share.is_some() => {
-                    share = None;
-                    time_plan(s, state, node, slot, held[i], progress, None, now)
-                }
-                p => p,
             };
-            let plan = match planned {
-                Ok(p) => p,
-                Err(why) => {
-                    report.time_refused.push((held[i].id, why));
-                    continue;
-                }
-            };
-            tries += 1;
+            expired_left.retain(|x| *x != i);
             taken.push(i);
-            // The joiner's own limit first, while it is held: it never runs short.
-            if let Err(e) =
-                lengthen(slurm, state, &plan, |id| id == held[i].id, |_| None, &mut report)
-            {
+            let plan = chosen.as_ref().map(|c| c.1.clone()).unwrap_or_default();
+            if let Err(e) = lengthen(slurm, state, &plan, |id| id == j.id, |_| None, &mut report) {
                 report.problems.push(e);
                 continue;
             }
-            let joined = Joined { chosen: Some(&chosen), plan: &plan, thread_pct: share };
-            match release(slurm, s, state, held[i], slot, kind, joined, now) {
-                Ok((d, p)) => {
-                    report.problems.extend(p);
-                    report.records.push(d);
-                    report.joiners.push((held[i].id, slot.at.node.clone(), slot.at.index.0));
-                    usage.borrow_mut().add(counted_of(held[i]));
-                    // Jobs ahead of it in Slurm's order that this GPU could have taken.
-                    let ahead: Vec<u32> = cands
+            let chosen = chosen.map(|c| c.0);
+            let joined = Joined { chosen: chosen.as_ref(), plan: &plan, thread_pct: None };
+            let how = (ReleaseKind::MaxHold, Placed::Expired);
+            let (st, mv) = stage(s, state, (i, j), (k, &slots[k]), how, joined, now);
+            usage.borrow_mut().add(counted_of(j));
+            slots[k].coming += 1;
+            staged.push(st);
+            moves.push(mv);
+        }
+
+        // 2. Open GPUs first: a GPU already running kace jobs gains most from a joiner.
+        for (k, slot) in slots.iter_mut().enumerate() {
+            // `selection.refill = false` keeps a starting lead's first partner, nothing more.
+            if !slot.open(limit) || (!s.fill_open && slot.join_kind() != ReleaseKind::Lead) {
+                continue;
+            }
+            if (0..held.len()).all(|i| taken.contains(&i)) {
+                break;
+            }
+            let cands: Vec<usize> =
+                (0..held.len()).filter(|i| !taken.contains(i) && fits(*i, slot)).collect();
+            if cands.is_empty() {
+                continue;
+            }
+            let cands = within_window(&cands, &held, state, s.priority_window);
+            let chosen = match choose(slot, &cands, &s.policy, &state.explored) {
+                Ok(c) => c,
+                Err(Unpaired(why)) => {
+                    let at = &slot.at;
+                    let new: Vec<u32> = slot
+                        .jobs
                         .iter()
-                        .take_while(|&&k| k != i)
-                        .filter(|&&k| !taken.contains(&k))
-                        .map(|&k| held[k].id)
+                        .map(|m| m.id)
+                        .filter(|j| state.unpaired_said.insert(*j))
                         .collect();
-                    if !ahead.is_empty() {
-                        for id in &ahead {
-                            *state.overtaken.entry(*id).or_default() += 1;
-                            state.passed_over_since.entry(*id).or_insert(now);
-                        }
-                        state.inversions_total += 1;
-                        report.passed_over.push((held[i].id, ahead));
+                    if !new.is_empty() {
+                        report.notes.push(format!(
+                            "{} GPU {} takes no joiner while it runs job(s) {new:?}: {why}",
+                            at.node, at.index.0
+                        ));
                     }
-                    slot.coming += 1;
-                    if let Err(e) = lengthen(
-                        slurm,
-                        state,
-                        &plan,
-                        |id| id != held[i].id,
-                        |id| partners_comment(id, held[i], slot),
-                        &mut report,
-                    ) {
-                        report.problems.push(e);
-                    }
+                    continue;
+                }
+                Err(Failed(e)) => {
+                    let at = &slot.at;
+                    report.problems.push(format!(
+                        "couldn't choose a joiner for {} GPU {}: {e}",
+                        at.node, at.index.0
+                    ));
+                    continue;
+                }
+            };
+            let kind = slot.join_kind();
+            let mut tries = 0;
+            for &i in &chosen.ranked {
+                if tries == RELEASE_TRIES {
                     break;
                 }
-                Err(e) => report.problems.push(e),
-            }
-        }
-    }
-
-    // 3. Leads onto free GPUs in Slurm's priority order, each onto the first free GPU it may
-    //    use.
-    for slot in slots.iter_mut() {
-        if !slot.free() {
-            continue;
-        }
-        let Some(i) = (0..held.len()).find(|i| !taken.contains(i) && fits(*i, slot)) else {
-            continue;
-        };
-        taken.push(i);
-        match release(
-            slurm,
-            s,
-            state,
-            held[i],
-            slot,
-            ReleaseKind::LeadRelease,
-            Joined::default(),
-            now,
-        ) {
-            Ok((d, p)) => {
-                report.problems.extend(p);
-                report.records.push(d);
-                report.leads.push((held[i].id, slot.at.node.clone(), slot.at.index.0));
+                let node = &nodes[slot.node_at];
+                let progress = chosen.progress.get(&i).copied();
+                // A share whose slower joiner would need a limit the cap refuses is dropped:
+                // the pair is formed unasked, as without `mps.sm_split`.
+                let mut share = share_for(slot, held[i], state);
+                let planned = match time_plan(s, state, node, slot, held[i], progress, share, now) {
+                    Err(_) if share.is_some() => {
+                        share = None;
+                        time_plan(s, state, node, slot, held[i], progress, None, now)
+                    }
+                    p => p,
+                };
+                let plan = match planned {
+                    Ok(p) => p,
+                    Err(why) => {
+                        report.time_refused.push((held[i].id, why));
+                        continue;
+                    }
+                };
+                tries += 1;
+                taken.push(i);
+                // The joiner's own limit first, while it is held: it never runs short.
+                if let Err(e) =
+                    lengthen(slurm, state, &plan, |id| id == held[i].id, |_| None, &mut report)
+                {
+                    report.problems.push(e);
+                    continue;
+                }
+                let joined = Joined { chosen: Some(&chosen), plan: &plan, thread_pct: share };
+                let how = (kind, Placed::Joiner);
+                let (mut st, mv) = stage(s, state, (i, held[i]), (k, slot), how, joined, now);
+                // Jobs ahead of it in Slurm's order that this GPU could have taken.
+                st.ahead = cands
+                    .iter()
+                    .take_while(|&&c| c != i)
+                    .filter(|&&c| !taken.contains(&c))
+                    .map(|&c| held[c].id)
+                    .collect();
+                for id in &st.ahead {
+                    *state.overtaken.entry(*id).or_default() += 1;
+                    if !state.passed_over_since.contains_key(id) {
+                        state.passed_over_since.insert(*id, now);
+                        st.first_passed.push(*id);
+                    }
+                }
                 usage.borrow_mut().add(counted_of(held[i]));
                 slot.coming += 1;
-                expired_left.retain(|k| *k != i);
+                staged.push(st);
+                moves.push(mv);
+                break;
             }
-            Err(e) => report.problems.push(e),
+        }
+
+        // 3. Leads onto free GPUs in Slurm's priority order, each onto the first free GPU it
+        //    may use.
+        for (k, slot) in slots.iter_mut().enumerate() {
+            if !slot.free() {
+                continue;
+            }
+            let Some(i) = (0..held.len()).find(|i| !taken.contains(i) && fits(*i, slot)) else {
+                continue;
+            };
+            taken.push(i);
+            let how = (ReleaseKind::LeadRelease, Placed::Lead);
+            let (st, mv) = stage(s, state, (i, held[i]), (k, slot), how, Joined::default(), now);
+            usage.borrow_mut().add(counted_of(held[i]));
+            slot.coming += 1;
+            expired_left.retain(|x| *x != i);
+            staged.push(st);
+            moves.push(mv);
+        }
+
+        if staged.is_empty() {
+            break;
+        }
+        // Every release of the round noted as begun, durably, before any move.
+        if let Err(e) = state.save(s.state_dir) {
+            let jobs: Vec<u32> = staged.iter().map(|st| held[st.i].id).collect();
+            report
+                .problems
+                .push(format!("couldn't note the releases of jobs {jobs:?} as begun: {e}"));
+        }
+        let outcomes = slurm.moves(&moves);
+        let mut failed = false;
+        for (st, moved) in staged.into_iter().zip(outcomes) {
+            failed |= !settle(s, state, held[st.i], st, moved, &mut slots, &mut report, now);
+        }
+        if !failed {
+            break;
         }
     }
     // 4. max_hold is a bound: an expired job no GPU takes now goes to Slurm (one that a
@@ -1395,20 +1388,56 @@ struct Joined<'a> {
     thread_pct: Option<u8>,
 }
 
-/// Releases `j` into `slot`: records the decision, notes the release as begun, pins and
-/// releases, then forgets the note; a failed release withdraws the record. The record and any
-/// problem met on the way (a full spool) on success; the problem otherwise.
-#[allow(clippy::too_many_arguments)]
-fn release(
-    slurm: &dyn Slurm,
+/// Which of the report's lists a staged release joins once its move is made.
+#[derive(Debug, Clone, Copy)]
+enum Placed {
+    /// `PassReport::expired`.
+    Expired,
+    /// `PassReport::joiners`.
+    Joiner,
+    /// `PassReport::leads`.
+    Lead,
+}
+
+/// A release a pass staged: its record spooled (or parked), its begun note and ticket written;
+/// its move ([`Move`]) not made yet.
+struct Staged {
+    /// The job, as an index into the pass's held jobs.
+    i: usize,
+    /// Its slot, as an index into the pass's slots.
+    k: usize,
+    /// Which list it joins.
+    placed: Placed,
+    /// Its decision record.
+    record: SpooledDecision,
+    /// Where the record went: `Ok(None)` the spool, `Ok(Some(path))` parked, `Err` nowhere.
+    spooled: std::result::Result<Option<PathBuf>, ()>,
+    /// Whether its release ticket was written.
+    ticketed: bool,
+    /// Problems met on the way (a full spool), said with the release.
+    problems: Vec<String>,
+    /// Its SM share.
+    thread_pct: Option<u8>,
+    /// The time limits its move lengthens after the release: (job, from, to) seconds.
+    others: Vec<(u32, f64, f64)>,
+    /// Held jobs of higher priority it passes over (a joiner), and which of them it is the
+    /// first to pass over: counted when staged (the rest of the round sees them), undone if
+    /// the move fails.
+    ahead: Vec<u32>,
+    first_passed: Vec<u32>,
+}
+
+/// Stages the release of `j` into slot `k`: records the decision, notes the release as begun
+/// (saved with the round's others before any move), writes the ticket; returns the move.
+fn stage(
     s: &Settings<'_>,
     state: &mut DeciderState,
-    j: &QueuedJob,
-    slot: &Slot,
-    kind: ReleaseKind,
+    (i, j): (usize, &QueuedJob),
+    (k, slot): (usize, &Slot),
+    (kind, placed): (ReleaseKind, Placed),
     joined: Joined<'_>,
     now: f64,
-) -> std::result::Result<(SpooledDecision, Option<String>), String> {
+) -> (Staged, Move) {
     let Joined { chosen, plan, thread_pct } = joined;
     let (lead_job, lead_workload) = match slot.jobs.first() {
         Some(m) => (m.id.to_string(), m.workload.clone()),
@@ -1444,13 +1473,12 @@ fn release(
     // The job is released even when the record could be neither spooled nor parked: a broken
     // spool must not hold kace jobs.
     let spooled = spool_decision(s, &d, &mut problems).map_err(|e| problems.push(e));
+    // Counted now, so that the round's later choices see it (`selection.explore_pairs`).
+    count_explored(state, &d.decision, &released);
     let shards = j.shards().unwrap_or(1);
     state
         .begun
         .insert(j.id, Begun { node: slot.at.node.clone(), kind: slot.at.kind.clone(), shards });
-    if let Err(e) = state.save(s.state_dir) {
-        problems.push(format!("couldn't note the release of job {} as begun: {e}", j.id));
-    }
     // The prolog's word that this is a kace job of this workload, so that it need not ask
     // slurmctld (two RPCs on 22.05); without it the prolog asks, so a failure only costs that.
     // It also carries the job's SM share, which only the decider chooses: a job without its
@@ -1462,43 +1490,110 @@ fn release(
             problems.push(format!("couldn't write the release ticket of job {}: {e}", j.id))
         })
         .is_ok();
-    let target = Target { node: slot.at.node.clone(), kind: slot.at.kind.clone() };
-    let comment = partners_comment(j.id, j, slot);
-    let moved = slurm
-        .pin(j.id, &target, shards, None, comment.as_deref())
-        .and_then(|()| slurm.release(j.id));
+    let others: Vec<(u32, f64, f64)> = plan.iter().filter(|p| p.0 != j.id).copied().collect();
+    let mv = Move {
+        job: j.id,
+        target: Target { node: slot.at.node.clone(), kind: slot.at.kind.clone() },
+        shards,
+        comment: partners_comment(j.id, j, slot),
+        then: others
+            .iter()
+            .map(|&(id, _, to)| (id, (to / 60.0).ceil() as u64, partners_comment(id, j, slot)))
+            .collect(),
+    };
+    let st = Staged {
+        i,
+        k,
+        placed,
+        record: d,
+        spooled,
+        ticketed,
+        problems,
+        thread_pct,
+        others,
+        ahead: Vec::new(),
+        first_passed: Vec::new(),
+    };
+    (st, mv)
+}
+
+/// Settles a staged release once its move was made: forgets the begun note; on success keeps
+/// what the release taught the decider and reports it; otherwise withdraws the record and the
+/// ticket, undoes the round's counts and gives the slot back. Whether the job was released.
+#[allow(clippy::too_many_arguments)]
+fn settle(
+    s: &Settings<'_>,
+    state: &mut DeciderState,
+    j: &QueuedJob,
+    st: Staged,
+    moved: Moved,
+    slots: &mut [Slot],
+    report: &mut PassReport,
+    now: f64,
+) -> bool {
     state.begun.remove(&j.id);
-    if moved.is_err() && ticketed {
-        if let Err(e) = release_ticket::remove(s.spool, j.id) {
-            problems.push(format!("couldn't remove the release ticket of job {}: {e}", j.id));
+    let slot = &mut slots[st.k];
+    let released = j.id.to_string();
+    let mut problems = st.problems;
+    if let Err(e) = moved.released {
+        if st.ticketed {
+            if let Err(e) = release_ticket::remove(s.spool, j.id) {
+                problems.push(format!("couldn't remove the release ticket of job {}: {e}", j.id));
+            }
         }
+        let withdrawn = match st.spooled {
+            Ok(None) => withdraw_decision(s.spool, &st.record.key).map_err(|w| w.to_string()),
+            Ok(Some(parked)) => std::fs::remove_file(&parked).map_err(|w| w.to_string()),
+            Err(()) => Ok(()),
+        };
+        if let Err(w) = withdrawn {
+            problems.push(format!("couldn't withdraw its record: {w}"));
+        }
+        problems.insert(0, format!("couldn't release job {}: {e}", j.id));
+        report.problems.push(problems.join("; "));
+        uncount_explored(state, &st.record.decision, &released);
+        for id in &st.ahead {
+            if let Some(n) = state.overtaken.get_mut(id) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        state.overtaken.retain(|_, n| *n > 0);
+        for id in &st.first_passed {
+            state.passed_over_since.remove(id);
+        }
+        slot.coming = slot.coming.saturating_sub(1);
+        return false;
     }
-    match moved {
-        Ok(()) => {
-            stop_inversion(state, j.id, now);
-            count_explored(state, &d.decision, &released);
-            if let Some(t) = thread_pct {
-                state.thread_pcts.insert(j.id, t);
-            }
-            // Its GPU is known without asking Slurm when it runs.
-            if slot.sole_of_kind {
-                state.gpus.insert(j.id, (slot.at.node.clone(), vec![slot.at.index.0]));
-            }
-            Ok((d, (!problems.is_empty()).then(|| problems.join("; "))))
-        }
-        Err(e) => {
-            let withdrawn = match spooled {
-                Ok(None) => withdraw_decision(s.spool, &d.key).map_err(|w| w.to_string()),
-                Ok(Some(parked)) => std::fs::remove_file(&parked).map_err(|w| w.to_string()),
-                Err(()) => Ok(()),
-            };
-            if let Err(w) = withdrawn {
-                problems.push(format!("couldn't withdraw its record: {w}"));
-            }
-            problems.insert(0, format!("couldn't release job {}: {e}", j.id));
-            Err(problems.join("; "))
-        }
+    stop_inversion(state, j.id, now);
+    if let Some(t) = st.thread_pct {
+        state.thread_pcts.insert(j.id, t);
     }
+    // Its GPU is known without asking Slurm when it runs.
+    if slot.sole_of_kind {
+        state.gpus.insert(j.id, (slot.at.node.clone(), vec![slot.at.index.0]));
+    }
+    if !problems.is_empty() {
+        report.problems.push(problems.join("; "));
+    }
+    report.records.push(st.record);
+    let at = (j.id, slot.at.node.clone(), slot.at.index.0);
+    match st.placed {
+        Placed::Expired => report.expired.push(at),
+        Placed::Joiner => report.joiners.push(at),
+        Placed::Lead => report.leads.push(at),
+    }
+    if !st.ahead.is_empty() {
+        state.inversions_total += 1;
+        report.passed_over.push((j.id, st.ahead));
+    }
+    for &(id, old, new) in st.others.iter().take(moved.then_done) {
+        state.own_limits.entry(id).or_insert(old);
+        report.lengthened.push((id, old, new));
+    }
+    if let (Some(e), Some((id, _, _))) = (moved.then_failed, st.others.get(moved.then_done)) {
+        report.problems.push(format!("couldn't lengthen job {id}'s time limit for sharing: {e}"));
+    }
+    true
 }
 
 /// The `AdminComment` ([`crate::slurm::write_mark`]) of `id` once `joiner` joins `slot`'s

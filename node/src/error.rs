@@ -90,6 +90,12 @@ pub enum Error {
         /// The step that was not started.
         step: String,
     },
+    /// A move's worker thread stopped before saying how the move went (a bug, or no thread
+    /// could be started): the job may or may not have been released.
+    NoOutcome {
+        /// The job.
+        job: u32,
+    },
     /// A held job is no longer kace's to move: another decider moved or released it since
     /// the listing, or its user asked for something else meanwhile.
     Taken {
@@ -115,6 +121,9 @@ impl fmt::Display for Error {
             Error::Io { op, path, cause } => write!(f, "couldn't {op} {}: {cause}", path.display()),
             Error::Db(e) => e.fmt(f),
             Error::Budget { step } => write!(f, "the time budget ran out before {step}"),
+            Error::NoOutcome { job } => {
+                write!(f, "the move of job {job} ended without an outcome (its worker stopped)")
+            }
             Error::Taken { job, why } => write!(f, "job {job} was taken meanwhile: {why}"),
             Error::Env { var, why } => write!(f, "${var} {why}"),
         }

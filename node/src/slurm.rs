@@ -348,8 +348,91 @@ pub struct Target {
     pub kind: Option<String>,
 }
 
+/// A held job's move onto the GPU a pass chose for it: pinned there and released, then the
+/// time limits of the jobs already on the GPU lengthened for sharing, in that order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Move {
+    /// The held job.
+    pub job: u32,
+    /// Where it goes.
+    pub target: Target,
+    /// The shards it asks for there.
+    pub shards: u32,
+    /// Its `AdminComment` in the pin's update ([`Slurm::pin`]).
+    pub comment: Option<String>,
+    /// Once it is released: (job, minutes, `AdminComment`) for [`Slurm::set_time_limit`],
+    /// in order, stopping at the first that fails.
+    pub then: Vec<(u32, u64, Option<String>)>,
+}
+
+/// How a [`Move`] went.
+#[derive(Debug)]
+pub struct Moved {
+    /// The pin and the release.
+    pub released: Result<()>,
+    /// How many of [`Move::then`] were made.
+    pub then_done: usize,
+    /// Why the next of them failed, if one did.
+    pub then_failed: Option<Error>,
+}
+
+/// Makes one move with `slurm`'s single commands: the pin, the release, then each of `then`.
+pub fn move_one(slurm: &(impl Slurm + ?Sized), m: &Move) -> Moved {
+    let released = slurm
+        .pin(m.job, &m.target, m.shards, None, m.comment.as_deref())
+        .and_then(|()| slurm.release(m.job));
+    let mut moved = Moved { released, then_done: 0, then_failed: None };
+    if moved.released.is_ok() {
+        for (id, minutes, comment) in &m.then {
+            if let Err(e) = slurm.set_time_limit(*id, *minutes, comment.as_deref()) {
+                moved.then_failed = Some(e);
+                break;
+            }
+            moved.then_done += 1;
+        }
+    }
+    moved
+}
+
+/// How many moves [`Commands`] makes at once: each is a few short-lived `scontrol` processes
+/// that mostly wait (for their start, for slurmctld); a pass releasing many jobs no longer
+/// waits for each in turn, and slurmctld sees at most this many of kace's requests at a time.
+pub const MOVES_AT_ONCE: usize = 4;
+
+/// `f` of each item, up to `workers` at a time, in the items' order: `None` for an item whose
+/// worker stopped (panicked) before saying. Without a thread to start, this thread does all.
+fn at_once<T: Sync, R: Send>(
+    items: &[T],
+    workers: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<Option<R>> {
+    // Workers take the next item in turn; each result goes to its item's place.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let work = || {
+        let mut done = Vec::new();
+        loop {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(item) = items.get(i) else { break done };
+            done.push((i, f(item)));
+        }
+    };
+    let mut results: Vec<Option<R>> = items.iter().map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let started: Vec<_> = (0..workers.min(items.len()))
+            .filter_map(|_| std::thread::Builder::new().spawn_scoped(scope, work).ok())
+            .collect();
+        let mine = if started.is_empty() { work() } else { Vec::new() };
+        for (i, r) in started.into_iter().filter_map(|w| w.join().ok()).flatten().chain(mine) {
+            if let Some(slot) = results.get_mut(i) {
+                *slot = Some(r);
+            }
+        }
+    });
+    results
+}
+
 /// What kace needs from Slurm. Every method is one Slurm command, except [`Slurm::pin`] (a
-/// read and one or two updates); [`Commands`] counts them by [`CommandKind`], whose
+/// read and one or two updates) and [`Slurm::moves`]; [`Commands`] counts them by [`CommandKind`], whose
 /// [`CommandKind::rpcs`] says what each costs slurmctld.
 pub trait Slurm {
     /// The pass's one listing (one `squeue -O` of every job pending, starting, running or
@@ -384,6 +467,12 @@ pub trait Slurm {
     ) -> Result<()>;
     /// Releases a held job.
     fn release(&self, id: u32) -> Result<()>;
+    /// Makes `moves` (different jobs'; each one's steps in order, [`move_one`]), their
+    /// outcomes in the same order. Made one after another unless the backend says otherwise
+    /// ([`Commands`] makes up to [`MOVES_AT_ONCE`] at once).
+    fn moves(&self, moves: &[Move]) -> Vec<Moved> {
+        moves.iter().map(|m| move_one(self, m)).collect()
+    }
     /// Hands a held job back to Slurm: asks for `shards` shards of one GPU (of the type it
     /// asks for, if any; a whole GPU's, so that wherever Slurm starts it no kace job is crowded
     /// beside it; a job asking for no shard keeps its request) and releases it, unpinned. Like [`Slurm::pin`], it re-reads the job first and
@@ -815,6 +904,24 @@ impl Slurm for Commands {
 
     fn release(&self, id: u32) -> Result<()> {
         self.scontrol(CommandKind::Release, &["release", &id.to_string()]).map(drop)
+    }
+
+    fn moves(&self, moves: &[Move]) -> Vec<Moved> {
+        if moves.len() < 2 {
+            return moves.iter().map(|m| move_one(self, m)).collect();
+        }
+        let outcomes = at_once(moves, MOVES_AT_ONCE, |m| move_one(self, m));
+        outcomes
+            .into_iter()
+            .zip(moves)
+            .map(|(o, m)| {
+                o.unwrap_or_else(|| Moved {
+                    released: Err(Error::NoOutcome { job: m.job }),
+                    then_done: 0,
+                    then_failed: None,
+                })
+            })
+            .collect()
     }
 
     fn hand_back(&self, id: u32, shards: u32) -> Result<()> {
@@ -1302,6 +1409,39 @@ pub fn parse_utc(s: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn work_at_once_runs_together_and_keeps_the_items_order() {
+        use std::sync::{Condvar, Mutex};
+        // Each call waits (up to 10 s, only if they do not run together) until all four have
+        // begun: that they all return `true` proves four ran at once.
+        let begun = (Mutex::new(0usize), Condvar::new());
+        let results = at_once(&[40u64, 30, 20, 10], 4, |&ms| {
+            let (count, cv) = &begun;
+            let mut n = count.lock().unwrap();
+            *n += 1;
+            cv.notify_all();
+            let (n, timeout) =
+                cv.wait_timeout_while(n, Duration::from_secs(10), |n| *n < 4).unwrap();
+            drop(n);
+            // The first item finishes last: the results are still in the items' order.
+            std::thread::sleep(Duration::from_millis(ms));
+            (ms, !timeout.timed_out())
+        });
+        assert_eq!(
+            results,
+            [Some((40, true)), Some((30, true)), Some((20, true)), Some((10, true))]
+        );
+        // Fewer workers than items: every item is still done, once.
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let results = at_once(&(0..9).collect::<Vec<u32>>(), 2, |&i| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            i * 2
+        });
+        assert_eq!(results, (0..9).map(|i| Some(i * 2)).collect::<Vec<_>>());
+        assert_eq!(calls.into_inner(), 9);
+        assert!(at_once(&[] as &[u32], 4, |&i| i).is_empty());
+    }
 
     #[test]
     fn the_mark_names_the_workload_and_the_partners() {

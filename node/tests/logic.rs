@@ -50,6 +50,10 @@ struct FakeSlurm {
     others: RefCell<Vec<kace_node::limits::Counted>>,
     /// What `site_limits` answers (default: none enforced).
     limits: kace_node::limits::Limits,
+    /// The decider's state directory, when a test wants the begun releases each pin saw
+    /// there (`begun_at_pin`).
+    decider_dir: Option<std::path::PathBuf>,
+    begun_at_pin: RefCell<Vec<Vec<u32>>>,
     calls: RefCell<Vec<String>>,
 }
 
@@ -156,6 +160,14 @@ impl Slurm for FakeSlurm {
         self.calls
             .borrow_mut()
             .push(format!("pin {id} {} {:?} {shards}", target.node, target.kind));
+        if let Some(dir) = &self.decider_dir {
+            let begun = kace_node::decider_state::DeciderState::peek(dir)
+                .ok()
+                .flatten()
+                .map(|s| s.begun.keys().copied().collect())
+                .unwrap_or_default();
+            self.begun_at_pin.borrow_mut().push(begun);
+        }
         self.comment(id, comment);
         if self.gone.contains(&id) {
             return Err(failed("scontrol update"));
@@ -1310,6 +1322,40 @@ fn dispatch_fills_open_gpus_before_free_ones() {
     let r = pass(&w2, 1100.0);
     assert!(r.joiners.is_empty(), "{r:?}");
     assert_eq!(r.leads.iter().map(|l| l.2).collect::<Vec<_>>(), vec![0, 1], "{r:?}");
+}
+
+/// A pass decides every place before it moves a job: each release's record and begun note are
+/// durable before the first pin (one save of the decider's state for the round, not one per
+/// release), and the moves follow. A move that fails gives its GPU to the next candidate in
+/// the same pass.
+#[test]
+fn a_pass_notes_every_release_as_begun_before_its_first_move() {
+    let mut s = FakeSlurm { nodes: node_n1(&["g0", "g1", "g2"]), ..FakeSlurm::default() };
+    *s.pending.get_mut() = vec![
+        held(5, "alpha", "alice", "gres:shard:1"),
+        held(6, "beta", "alice", "gres:shard:1"),
+        held(7, "gamma", "alice", "gres:shard:1"),
+        held(8, "delta", "alice", "gres:shard:1"),
+    ];
+    s.gone = vec![6];
+    let mut w = World::new("staged", s);
+    w.slurm.decider_dir = Some(w.config.dispatch.state_dir.clone());
+    let mut state = kace_node::decider_state::DeciderState::default();
+    let r = dispatch::run(&w.slurm, &dispatch_settings(&w), &mut state, 1000.0).unwrap();
+    // Round one: 5, 6 and 7 onto the three GPUs, all noted before the first pin; 6's pin
+    // fails, and round two gives its GPU to 8.
+    let seen = w.slurm.begun_at_pin.borrow().clone();
+    assert_eq!(seen[0], vec![5, 6, 7], "{seen:?}");
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert_eq!(seen[3], vec![8], "the second round notes its own release: {seen:?}");
+    let mut leads: Vec<(u32, u32)> = r.leads.iter().map(|l| (l.0, l.2)).collect();
+    leads.sort();
+    assert_eq!(leads, vec![(5, 0), (7, 2), (8, 1)], "{r:?}");
+    assert!(r.problems.iter().any(|p| p.starts_with("couldn't release job 6")), "{r:?}");
+    // Nothing stays noted once the moves are made, and only real releases are recorded.
+    assert!(state.begun.is_empty(), "{:?}", state.begun);
+    let spooled = kace_sql::spool::spooled_decisions(&w.config.spool.dir).unwrap();
+    assert_eq!(spooled.len(), 3, "{spooled:?}");
 }
 
 /// A job held past `max_hold` with no free GPU goes to an open GPU where the group fits (no
