@@ -47,8 +47,9 @@ use crate::slurm::{Commands, Move, Moved, NodeGpus, QueuedJob, Slurm, Target};
 /// How long one pass may take in all, so that a hanging Slurm command cannot pile up passes.
 pub const BUDGET: Duration = Duration::from_secs(60);
 
-/// At most this many candidates are tried for one open GPU when the chosen one cannot be
-/// released (cancelled meanwhile).
+/// At most this many rounds of releases a pass makes (a round's failed moves, of jobs cancelled
+/// meanwhile, give their GPUs to the next), and candidates it tries for one open GPU whose
+/// own limit cannot be lengthened.
 const RELEASE_TRIES: usize = 3;
 
 /// How long a job held again for a policy reason (a QOS or association limit, a node Slurm
