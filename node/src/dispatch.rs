@@ -997,196 +997,212 @@ pub fn run(
         ..s.policy.clone()
     };
 
-    // Steps 1 to 3 decide every place first and stage each release (its record, its begun
+    // Each step decides every place first and stages each release (its record, its begun
     // note, its ticket); the moves are then made together (`Slurm::moves`). A move that fails
-    // gives its GPU back to the next round, which decides again without that job.
-    for _round in 0..RELEASE_TRIES {
-        let mut staged: Vec<Staged> = Vec::new();
-        let mut moves: Vec<Move> = Vec::new();
+    // gives its GPU back to the next round, which decides again without that job. Joiners
+    // (steps 1 and 2) are moved before leads are chosen (step 3), so that a joiner that cannot
+    // be released is replaced by the GPU's next best candidate, not by what was left.
+    for joining in [true, false] {
+        for _round in 0..RELEASE_TRIES {
+            let mut staged: Vec<Staged> = Vec::new();
+            let mut moves: Vec<Move> = Vec::new();
 
-        // 1. Nothing waits forever, and nothing expired is crowded onto a full GPU.
-        for &i in &expired {
-            if taken.contains(&i) {
-                continue;
-            }
-            let j = held[i];
-            let place = match slots.iter().position(|x| x.free() && fits(i, x)) {
-                Some(k) => Some((k, None)),
-                None => slots
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, x)| x.open(limit) && fits(i, x))
-                    .find_map(|(k, x)| match choose(x, &[i], &fit_only, &state.explored) {
-                        Ok(c) if c.ranked == [i] => {
-                            let progress = c.progress.get(&i).copied();
-                            let plan =
-                                time_plan(s, state, &nodes[x.node_at], x, j, progress, None, now);
-                            plan.ok().map(|plan| (k, c, plan))
-                        }
-                        _ => None,
-                    })
-                    .map(|(k, c, plan)| (k, Some((c, plan)))),
-            };
-            let Some((k, chosen)) = place else {
-                if !expired_left.contains(&i) {
-                    expired_left.push(i);
+            // 1. Nothing waits forever, and nothing expired is crowded onto a full GPU.
+            for &i in expired.iter().filter(|_| joining) {
+                if taken.contains(&i) {
+                    continue;
                 }
-                continue;
-            };
-            expired_left.retain(|x| *x != i);
-            taken.push(i);
-            let plan = chosen.as_ref().map(|c| c.1.clone()).unwrap_or_default();
-            if let Err(e) = lengthen(slurm, state, &plan, |id| id == j.id, |_| None, &mut report) {
-                report.problems.push(e);
-                continue;
-            }
-            let chosen = chosen.map(|c| c.0);
-            let joined = Joined { chosen: chosen.as_ref(), plan: &plan, thread_pct: None };
-            let how = (ReleaseKind::MaxHold, Placed::Expired);
-            let (st, mv) = stage(s, state, (i, j), (k, &slots[k]), how, joined, now);
-            usage.borrow_mut().add(counted_of(j));
-            slots[k].coming += 1;
-            staged.push(st);
-            moves.push(mv);
-        }
-
-        // 2. Open GPUs first: a GPU already running kace jobs gains most from a joiner.
-        for (k, slot) in slots.iter_mut().enumerate() {
-            // `selection.refill = false` keeps a starting lead's first partner, nothing more.
-            if !slot.open(limit) || (!s.fill_open && slot.join_kind() != ReleaseKind::Lead) {
-                continue;
-            }
-            if (0..held.len()).all(|i| taken.contains(&i)) {
-                break;
-            }
-            let cands: Vec<usize> =
-                (0..held.len()).filter(|i| !taken.contains(i) && fits(*i, slot)).collect();
-            if cands.is_empty() {
-                continue;
-            }
-            let cands = within_window(&cands, &held, state, s.priority_window);
-            let chosen = match choose(slot, &cands, &s.policy, &state.explored) {
-                Ok(c) => c,
-                Err(Unpaired(why)) => {
-                    let at = &slot.at;
-                    let new: Vec<u32> = slot
-                        .jobs
+                let j = held[i];
+                let place = match slots.iter().position(|x| x.free() && fits(i, x)) {
+                    Some(k) => Some((k, None)),
+                    None => slots
                         .iter()
-                        .map(|m| m.id)
-                        .filter(|j| state.unpaired_said.insert(*j))
-                        .collect();
-                    if !new.is_empty() {
-                        report.notes.push(format!(
-                            "{} GPU {} takes no joiner while it runs job(s) {new:?}: {why}",
-                            at.node, at.index.0
-                        ));
+                        .enumerate()
+                        .filter(|(_, x)| x.open(limit) && fits(i, x))
+                        .find_map(|(k, x)| match choose(x, &[i], &fit_only, &state.explored) {
+                            Ok(c) if c.ranked == [i] => {
+                                let progress = c.progress.get(&i).copied();
+                                let plan = time_plan(
+                                    s,
+                                    state,
+                                    &nodes[x.node_at],
+                                    x,
+                                    j,
+                                    progress,
+                                    None,
+                                    now,
+                                );
+                                plan.ok().map(|plan| (k, c, plan))
+                            }
+                            _ => None,
+                        })
+                        .map(|(k, c, plan)| (k, Some((c, plan)))),
+                };
+                let Some((k, chosen)) = place else {
+                    if !expired_left.contains(&i) {
+                        expired_left.push(i);
                     }
                     continue;
-                }
-                Err(Failed(e)) => {
-                    let at = &slot.at;
-                    report.problems.push(format!(
-                        "couldn't choose a joiner for {} GPU {}: {e}",
-                        at.node, at.index.0
-                    ));
-                    continue;
-                }
-            };
-            let kind = slot.join_kind();
-            let mut tries = 0;
-            for &i in &chosen.ranked {
-                if tries == RELEASE_TRIES {
-                    break;
-                }
-                let node = &nodes[slot.node_at];
-                let progress = chosen.progress.get(&i).copied();
-                // A share whose slower joiner would need a limit the cap refuses is dropped:
-                // the pair is formed unasked, as without `mps.sm_split`.
-                let mut share = share_for(slot, held[i], state);
-                let planned = match time_plan(s, state, node, slot, held[i], progress, share, now) {
-                    Err(_) if share.is_some() => {
-                        share = None;
-                        time_plan(s, state, node, slot, held[i], progress, None, now)
-                    }
-                    p => p,
                 };
-                let plan = match planned {
-                    Ok(p) => p,
-                    Err(why) => {
-                        report.time_refused.push((held[i].id, why));
-                        continue;
-                    }
-                };
-                tries += 1;
+                expired_left.retain(|x| *x != i);
                 taken.push(i);
-                // The joiner's own limit first, while it is held: it never runs short.
+                let plan = chosen.as_ref().map(|c| c.1.clone()).unwrap_or_default();
                 if let Err(e) =
-                    lengthen(slurm, state, &plan, |id| id == held[i].id, |_| None, &mut report)
+                    lengthen(slurm, state, &plan, |id| id == j.id, |_| None, &mut report)
                 {
                     report.problems.push(e);
                     continue;
                 }
-                let joined = Joined { chosen: Some(&chosen), plan: &plan, thread_pct: share };
-                let how = (kind, Placed::Joiner);
-                let (mut st, mv) = stage(s, state, (i, held[i]), (k, slot), how, joined, now);
-                // Jobs ahead of it in Slurm's order that this GPU could have taken.
-                st.ahead = cands
-                    .iter()
-                    .take_while(|&&c| c != i)
-                    .filter(|&&c| !taken.contains(&c))
-                    .map(|&c| held[c].id)
-                    .collect();
-                for id in &st.ahead {
-                    *state.overtaken.entry(*id).or_default() += 1;
-                    if !state.passed_over_since.contains_key(id) {
-                        state.passed_over_since.insert(*id, now);
-                        st.first_passed.push(*id);
-                    }
-                }
-                usage.borrow_mut().add(counted_of(held[i]));
-                slot.coming += 1;
+                let chosen = chosen.map(|c| c.0);
+                let joined = Joined { chosen: chosen.as_ref(), plan: &plan, thread_pct: None };
+                let how = (ReleaseKind::MaxHold, Placed::Expired);
+                let (st, mv) = stage(s, state, (i, j), (k, &slots[k]), how, joined, now);
+                usage.borrow_mut().add(counted_of(j));
+                slots[k].coming += 1;
                 staged.push(st);
                 moves.push(mv);
+            }
+
+            // 2. Open GPUs first: a GPU already running kace jobs gains most from a joiner.
+            for (k, slot) in slots.iter_mut().enumerate().filter(|_| joining) {
+                // `selection.refill = false` keeps a starting lead's first partner, nothing more.
+                if !slot.open(limit) || (!s.fill_open && slot.join_kind() != ReleaseKind::Lead) {
+                    continue;
+                }
+                if (0..held.len()).all(|i| taken.contains(&i)) {
+                    break;
+                }
+                let cands: Vec<usize> =
+                    (0..held.len()).filter(|i| !taken.contains(i) && fits(*i, slot)).collect();
+                if cands.is_empty() {
+                    continue;
+                }
+                let cands = within_window(&cands, &held, state, s.priority_window);
+                let chosen = match choose(slot, &cands, &s.policy, &state.explored) {
+                    Ok(c) => c,
+                    Err(Unpaired(why)) => {
+                        let at = &slot.at;
+                        let new: Vec<u32> = slot
+                            .jobs
+                            .iter()
+                            .map(|m| m.id)
+                            .filter(|j| state.unpaired_said.insert(*j))
+                            .collect();
+                        if !new.is_empty() {
+                            report.notes.push(format!(
+                                "{} GPU {} takes no joiner while it runs job(s) {new:?}: {why}",
+                                at.node, at.index.0
+                            ));
+                        }
+                        continue;
+                    }
+                    Err(Failed(e)) => {
+                        let at = &slot.at;
+                        report.problems.push(format!(
+                            "couldn't choose a joiner for {} GPU {}: {e}",
+                            at.node, at.index.0
+                        ));
+                        continue;
+                    }
+                };
+                let kind = slot.join_kind();
+                let mut tries = 0;
+                for &i in &chosen.ranked {
+                    if tries == RELEASE_TRIES {
+                        break;
+                    }
+                    let node = &nodes[slot.node_at];
+                    let progress = chosen.progress.get(&i).copied();
+                    // A share whose slower joiner would need a limit the cap refuses is dropped:
+                    // the pair is formed unasked, as without `mps.sm_split`.
+                    let mut share = share_for(slot, held[i], state);
+                    let planned =
+                        match time_plan(s, state, node, slot, held[i], progress, share, now) {
+                            Err(_) if share.is_some() => {
+                                share = None;
+                                time_plan(s, state, node, slot, held[i], progress, None, now)
+                            }
+                            p => p,
+                        };
+                    let plan = match planned {
+                        Ok(p) => p,
+                        Err(why) => {
+                            report.time_refused.push((held[i].id, why));
+                            continue;
+                        }
+                    };
+                    tries += 1;
+                    taken.push(i);
+                    // The joiner's own limit first, while it is held: it never runs short.
+                    if let Err(e) =
+                        lengthen(slurm, state, &plan, |id| id == held[i].id, |_| None, &mut report)
+                    {
+                        report.problems.push(e);
+                        continue;
+                    }
+                    let joined = Joined { chosen: Some(&chosen), plan: &plan, thread_pct: share };
+                    let how = (kind, Placed::Joiner);
+                    let (mut st, mv) = stage(s, state, (i, held[i]), (k, slot), how, joined, now);
+                    // Jobs ahead of it in Slurm's order that this GPU could have taken.
+                    st.ahead = cands
+                        .iter()
+                        .take_while(|&&c| c != i)
+                        .filter(|&&c| !taken.contains(&c))
+                        .map(|&c| held[c].id)
+                        .collect();
+                    for id in &st.ahead {
+                        *state.overtaken.entry(*id).or_default() += 1;
+                        if !state.passed_over_since.contains_key(id) {
+                            state.passed_over_since.insert(*id, now);
+                            st.first_passed.push(*id);
+                        }
+                    }
+                    usage.borrow_mut().add(counted_of(held[i]));
+                    slot.coming += 1;
+                    staged.push(st);
+                    moves.push(mv);
+                    break;
+                }
+            }
+
+            // 3. Leads onto free GPUs in Slurm's priority order, each onto the first free GPU it
+            //    may use.
+            for (k, slot) in slots.iter_mut().enumerate().filter(|_| !joining) {
+                if !slot.free() {
+                    continue;
+                }
+                let Some(i) = (0..held.len()).find(|i| !taken.contains(i) && fits(*i, slot)) else {
+                    continue;
+                };
+                taken.push(i);
+                let how = (ReleaseKind::LeadRelease, Placed::Lead);
+                let (st, mv) =
+                    stage(s, state, (i, held[i]), (k, slot), how, Joined::default(), now);
+                usage.borrow_mut().add(counted_of(held[i]));
+                slot.coming += 1;
+                expired_left.retain(|x| *x != i);
+                staged.push(st);
+                moves.push(mv);
+            }
+
+            if staged.is_empty() {
                 break;
             }
-        }
-
-        // 3. Leads onto free GPUs in Slurm's priority order, each onto the first free GPU it
-        //    may use.
-        for (k, slot) in slots.iter_mut().enumerate() {
-            if !slot.free() {
-                continue;
+            // Every release of the round noted as begun, durably, before any move.
+            if let Err(e) = state.save(s.state_dir) {
+                let jobs: Vec<u32> = staged.iter().map(|st| held[st.i].id).collect();
+                report
+                    .problems
+                    .push(format!("couldn't note the releases of jobs {jobs:?} as begun: {e}"));
             }
-            let Some(i) = (0..held.len()).find(|i| !taken.contains(i) && fits(*i, slot)) else {
-                continue;
-            };
-            taken.push(i);
-            let how = (ReleaseKind::LeadRelease, Placed::Lead);
-            let (st, mv) = stage(s, state, (i, held[i]), (k, slot), how, Joined::default(), now);
-            usage.borrow_mut().add(counted_of(held[i]));
-            slot.coming += 1;
-            expired_left.retain(|x| *x != i);
-            staged.push(st);
-            moves.push(mv);
-        }
-
-        if staged.is_empty() {
-            break;
-        }
-        // Every release of the round noted as begun, durably, before any move.
-        if let Err(e) = state.save(s.state_dir) {
-            let jobs: Vec<u32> = staged.iter().map(|st| held[st.i].id).collect();
-            report
-                .problems
-                .push(format!("couldn't note the releases of jobs {jobs:?} as begun: {e}"));
-        }
-        let outcomes = slurm.moves(&moves);
-        let mut failed = false;
-        for (st, moved) in staged.into_iter().zip(outcomes) {
-            failed |= !settle(s, state, held[st.i], st, moved, &mut slots, &mut report, now);
-        }
-        if !failed {
-            break;
+            let outcomes = slurm.moves(&moves);
+            let mut failed = false;
+            for (st, moved) in staged.into_iter().zip(outcomes) {
+                failed |= !settle(s, state, held[st.i], st, moved, &mut slots, &mut report, now);
+            }
+            if !failed {
+                break;
+            }
         }
     }
     // 4. max_hold is a bound: an expired job no GPU takes now goes to Slurm (one that a

@@ -736,7 +736,8 @@ impl Commands {
             let _ = SCONTROL_JSON.set(true);
             return Ok(Some(self.read_json_jobs(&out.stdout, "scontrol")?));
         }
-        if SCONTROL_JSON.get().is_none() && out.stderr.contains("unrecognized option") {
+        // Moves made at once may each meet the refusal before one of them has noted it.
+        if SCONTROL_JSON.get() != Some(&true) && out.stderr.contains("unrecognized option") {
             let _ = SCONTROL_JSON.set(false);
             return Ok(None);
         }

@@ -280,12 +280,13 @@ fn drill_nvml_absent_and_no_memory_configured() {
 fn drill_candidate_cancelled_between_choice_and_release() {
     let e = env("drill_candidate_cancelled_between_choice_and_release");
     // scontrol that cancels the job it is asked to move first: the user's scancel landing
-    // between the prolog's choice and its release.
+    // between the decider's choice and its release. `mkdir` claims the one cancellation
+    // atomically: the decider may make several moves at once.
     let wrapper = e.c.dir().join("cancelling-scontrol");
     std::fs::write(
         &wrapper,
-        "#!/bin/bash\nif [ \"$1 $2\" = \"--local update\" ] && [ ! -e {dir}/cancelled-once ]; then\n  \
-         touch {dir}/cancelled-once; {scancel} \"${3#jobid=}\"; sleep 0.3\nfi\n\
+        "#!/bin/bash\nif [ \"$1 $2\" = \"--local update\" ] && mkdir {dir}/cancelled-once 2>/dev/null; then\n  \
+         {scancel} \"${3#jobid=}\"; sleep 0.3\nfi\n\
          exec {scontrol} \"$@\"\n"
             .replace("{dir}", &e.c.dir().display().to_string())
             .replace("{scancel}", &e.c.slurm().program("scancel").display().to_string())
