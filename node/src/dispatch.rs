@@ -1047,9 +1047,7 @@ pub fn run(
                 expired_left.retain(|x| *x != i);
                 taken.push(i);
                 let plan = chosen.as_ref().map(|c| c.1.clone()).unwrap_or_default();
-                if let Err(e) =
-                    lengthen(slurm, state, &plan, |id| id == j.id, |_| None, &mut report)
-                {
+                if let Err(e) = lengthen_own(slurm, state, &plan, j.id, &mut report) {
                     report.problems.push(e);
                     continue;
                 }
@@ -1134,9 +1132,7 @@ pub fn run(
                     tries += 1;
                     taken.push(i);
                     // The joiner's own limit first, while it is held: it never runs short.
-                    if let Err(e) =
-                        lengthen(slurm, state, &plan, |id| id == held[i].id, |_| None, &mut report)
-                    {
+                    if let Err(e) = lengthen_own(slurm, state, &plan, held[i].id, &mut report) {
                         report.problems.push(e);
                         continue;
                     }
@@ -1814,19 +1810,19 @@ fn time_plan(
     Ok(plan)
 }
 
-/// Sets the time limits of `plan`'s jobs that `which` picks, remembering each job's own limit
-/// the first time (the cap counts from it).
-fn lengthen(
+/// Sets the time limit `plan` gives `job` itself, while it is held (before its release is
+/// staged), remembering its own limit the first time (the cap counts from it). The GPU's other
+/// jobs are lengthened by the move, after the release ([`Move::then`]).
+fn lengthen_own(
     slurm: &dyn Slurm,
     state: &mut DeciderState,
     plan: &[(u32, f64, f64)],
-    which: impl Fn(u32) -> bool,
-    comment: impl Fn(u32) -> Option<String>,
+    job: u32,
     report: &mut PassReport,
 ) -> std::result::Result<(), String> {
-    for &(id, old, new) in plan.iter().filter(|p| which(p.0)) {
+    for &(id, old, new) in plan.iter().filter(|p| p.0 == job) {
         slurm
-            .set_time_limit(id, (new / 60.0).ceil() as u64, comment(id).as_deref())
+            .set_time_limit(id, (new / 60.0).ceil() as u64, None)
             .map_err(|e| format!("couldn't lengthen job {id}'s time limit for sharing: {e}"))?;
         state.own_limits.entry(id).or_insert(old);
         report.lengthened.push((id, old, new));
