@@ -1379,15 +1379,7 @@ fn dispatch_places_an_expired_hold_on_an_open_gpu_and_records_it() {
         }],
         ..s
     };
-    *s.running.borrow_mut() = vec![RunningJob {
-        id: 10,
-        node: "n1".into(),
-        gpus: vec![0],
-        state: "R".into(),
-        workload: "alpha".into(),
-        user: "alice".into(),
-        ..Default::default()
-    }];
+    *s.running.borrow_mut() = vec![RunningJob { started: None, ..alpha_running_since_1000() }];
     let w = World::new("expired-open", s);
     let r = pass(&w, 1100.0);
     assert_eq!(r.expired, vec![(11, "n1".to_string(), 0)], "{r:?}");

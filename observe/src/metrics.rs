@@ -447,12 +447,18 @@ mod tests {
         assert_eq!(quantile(&[1.0, 3.0], 0.9), 2.8);
     }
 
-    #[test]
-    fn the_deciders_priority_inversions_are_counters() {
-        let d = std::env::temp_dir().join(format!("kace-prom-inv-{}", std::process::id()));
+    /// A fresh database in its own temporary directory (removed by the test).
+    fn empty_db(name: &str) -> (std::path::PathBuf, Db) {
+        let d = std::env::temp_dir().join(format!("kace-prom-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
         let _ = std::fs::remove_file(d.join("kace.db"));
         let (db, _) = Db::create(&d.join("kace.db")).unwrap();
+        (d, db)
+    }
+
+    #[test]
+    fn the_deciders_priority_inversions_are_counters() {
+        let (d, db) = empty_db("inv");
         let live = Live { priority_inversions: Some((3, 42.5)), ..Live::default() };
         let text = render(&db, Objective::ThroughputSum, &live, 1000.0).unwrap();
         assert!(text.contains("# TYPE kace_priority_inversions_total counter\n"), "{text}");
@@ -465,10 +471,7 @@ mod tests {
 
     #[test]
     fn the_deciders_pass_times_are_a_summary_and_its_slowest_pass_a_gauge() {
-        let d = std::env::temp_dir().join(format!("kace-prom-pass-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        let _ = std::fs::remove_file(d.join("kace.db"));
-        let (db, _) = Db::create(&d.join("kace.db")).unwrap();
+        let (d, db) = empty_db("pass");
         let live = Live { decider_passes: Some((40, 6.5, Some(0.75))), ..Live::default() };
         let text = render(&db, Objective::ThroughputSum, &live, 1000.0).unwrap();
         assert!(
